@@ -1,0 +1,29 @@
+"""fxdebug: debug PyTorch models through torch.fx graph transformations.
+
+>>> import torch, torchvision, fxdebug
+>>> gm = fxdebug.instrument(torchvision.models.resnet18())
+>>> _ = gm(torch.randn(1, 3, 64, 64))
+>>> fxdebug.records(gm)["layer1.0.conv1"].shape
+torch.Size([1, 64, 16, 16])
+"""
+
+from . import passes
+from .errors import FxdebugError, SelectionError, TraceFailure
+from .instrument import instrument, records
+from .records import Record, Records, Stats
+from .tracing import trace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "trace",
+    "instrument",
+    "records",
+    "Records",
+    "Record",
+    "Stats",
+    "passes",
+    "FxdebugError",
+    "TraceFailure",
+    "SelectionError",
+]

@@ -1,0 +1,59 @@
+"""Exceptions raised by fxdebug.
+
+Every exception says what went wrong, where (module path or node key, and the
+user's ``file:line``) and what to do about it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["FxdebugError", "TraceFailure", "SelectionError"]
+
+
+class FxdebugError(Exception):
+    """Base class of every error fxdebug raises on purpose."""
+
+
+class SelectionError(FxdebugError, ValueError):
+    """A capture selection (keys, globs, depth, mode) that matches nothing or is malformed."""
+
+
+class TraceFailure(FxdebugError):
+    """Symbolic tracing failed; the message names the module, the line and the fix.
+
+    Attributes:
+        module_path: dotted path of the module whose ``forward`` failed
+            (``""`` for the root module).
+        module_type: class name of that module.
+        location: ``"file.py:LINE"`` of the failing statement in user code,
+            or ``None`` when no user frame was found.
+        kind: short description of the failure kind, e.g.
+            ``"control flow on a traced value"``.
+        fix: the concrete fix, as a sentence.
+        auto_leaves: modules that were already turned into leaves before
+            this failure (path, reason) pairs.
+
+    Example::
+
+        >>> import torch, fxdebug
+        >>> class Branchy(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         if x.sum() > 0:
+        ...             return x
+        ...         return -x
+        >>> try:
+        ...     fxdebug.trace(Branchy())
+        ... except fxdebug.TraceFailure as failure:
+        ...     print(failure.kind)
+        control flow on a traced value
+    """
+
+    def __init__(self, message: str, *, module_path: str, module_type: str,
+                 location: str | None, kind: str, fix: str,
+                 auto_leaves: tuple[tuple[str, str], ...] = ()):
+        super().__init__(message)
+        self.module_path = module_path
+        self.module_type = module_type
+        self.location = location
+        self.kind = kind
+        self.fix = fix
+        self.auto_leaves = auto_leaves

@@ -1,0 +1,119 @@
+"""``instrument()`` and ``records()``: the two calls most users need.
+
+Call tree::
+
+    instrument(model)
+      ├─ trace(model)                      unless it is a GraphModule already
+      ├─ DebugGraphModule(root, graph copy) the caller's module is never edited
+      ├─ passes.Capture(...)               capture nodes + recorder
+      ├─ user passes                       run in the order given
+      └─ graph.lint(); recompile()
+    gm(x)                                  begin_run, then every capture node
+    records(gm)                            the Records of that run
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Sequence
+
+import torch
+import torch.fx as fx
+
+from .errors import FxdebugError
+from .graph_module import DebugGraphModule
+from .keys import assign_missing_keys
+from .passes._recorder import RECORDER_ATTR
+from .passes.base import as_pass
+from .passes.capture import Capture
+from .records import Records
+from .runtime import Recorder
+from .tracing import trace
+
+__all__ = ["instrument", "records"]
+
+
+def _own_copy(gm: fx.GraphModule) -> DebugGraphModule:
+    """A DebugGraphModule sharing ``gm``'s parameters but with its own graph."""
+    graph = copy.deepcopy(gm.graph)
+    new = DebugGraphModule(gm, graph, class_name=type(gm).__name__.replace("GraphModuleImpl", "")
+                           or "GraphModule")
+    new.meta.update(getattr(gm, "meta", {}))
+    assign_missing_keys(new.graph)
+    return new
+
+
+def instrument(model: torch.nn.Module, capture="modules", depth: int | None = None,
+               include=None, exclude=None, grads: bool = False, mode: str = "tensor",
+               passes: Sequence = ()) -> fx.GraphModule:
+    """Trace ``model`` (unless it is a GraphModule) and insert capture nodes.
+
+    Args:
+        model: an ``nn.Module`` or a ``torch.fx.GraphModule``. It is not
+            modified; the result shares its parameters.
+        capture: ``"modules"`` (every module call, each call of a reused
+            module separately), ``"all"`` (every node) or a list of keys /
+            globs. ``[]`` inserts no capture nodes.
+        depth: only keys nested at most this deep (``key.count(".")``).
+        include / exclude: keys or globs to keep / drop.
+        grads: record activation gradients (not available in this version).
+        mode: ``"tensor"`` keeps captured values, ``"stats"`` keeps only
+            mean/std/min/max/zeros %/non-finite count.
+        passes: more passes (``fxdebug.passes.Pass`` or functions
+            ``gm -> gm``) run after the capture pass.
+
+    Returns:
+        A ``torch.fx.GraphModule`` whose graph and code show the capture
+        nodes. Run it, then read :func:`records`.
+
+    Example::
+
+        >>> import torch, torchvision, fxdebug
+        >>> gm = fxdebug.instrument(torchvision.models.resnet18(), depth=1)
+        >>> out = gm(torch.randn(1, 3, 64, 64))
+        >>> rec = fxdebug.records(gm)
+        >>> rec["layer1.0"].shape
+        torch.Size([1, 64, 16, 16])
+    """
+    if grads:
+        raise NotImplementedError(
+            "grads=True (gradient hook nodes) is not available in this version of fxdebug; "
+            "call instrument(model) and use tensor.register_hook on the captured outputs meanwhile.")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"fxdebug.instrument expects an nn.Module or a GraphModule, "
+                        f"got {type(model).__name__}.")
+    gm = _own_copy(model) if isinstance(model, fx.GraphModule) else trace(model)
+    pipeline = []
+    if not (isinstance(capture, (list, tuple)) and len(capture) == 0):
+        pipeline.append(Capture(capture, depth=depth, include=include, exclude=exclude, mode=mode))
+    pipeline.extend(as_pass(p) for p in passes)
+    for step in pipeline:
+        try:
+            gm = step(gm).graph_module
+        except FxdebugError:
+            raise
+        except Exception as exc:
+            exc.add_note(f"fxdebug: raised by pass {step.name!r} during instrument()")
+            raise
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+def records(gm: torch.nn.Module) -> Records:
+    """The Records of the latest forward of an instrumented module.
+
+    Example::
+
+        >>> import torch, fxdebug
+        >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+        >>> _ = gm(torch.ones(3, 2))
+        >>> fxdebug.records(gm)["0"].shape
+        torch.Size([3, 2])
+    """
+    recorder = getattr(gm, RECORDER_ATTR, None)
+    if not isinstance(recorder, Recorder):
+        raise FxdebugError(
+            f"{type(gm).__name__} has no fxdebug recorder, so nothing was captured. "
+            f"Use gm = fxdebug.instrument(model), run gm(inputs), then fxdebug.records(gm).")
+    return recorder.latest

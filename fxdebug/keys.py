@@ -1,0 +1,158 @@
+"""Stable node keys and canonical target names.
+
+A key names a node the way a person names a layer: the module path of the call
+plus a local counter for repeated calls, as torchvision's feature extraction
+does (``layer1.0.conv1``, ``layer1.0.relu``, ``layer1.0.relu_1``,
+``layer1.0.iadd``). Keys depend only on the model's code and module names, so
+they are identical across processes and hash seeds.
+
+Node meta written by fxdebug (all keys start with ``fxdebug_``):
+
+    fxdebug_key      the stable key (str)
+    fxdebug_source   (filename, lineno) of the user statement, or None
+    fxdebug_returns  module outputs that end at this node (see tracing.py)
+    fxdebug_pass     name of the pass that inserted the node
+"""
+
+from __future__ import annotations
+
+import builtins
+import operator
+import re
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+__all__ = ["node_key", "target_name", "op_name", "short_name", "KeyAllocator",
+           "assign_missing_keys", "META_KEY", "META_SOURCE", "META_RETURNS", "META_PASS"]
+
+META_KEY = "fxdebug_key"
+META_SOURCE = "fxdebug_source"
+META_RETURNS = "fxdebug_returns"
+META_PASS = "fxdebug_pass"
+
+_NON_IDENTIFIER = re.compile(r"[^0-9a-zA-Z_]")
+
+
+class KeyAllocator:
+    """Hands out unique keys: ``base``, then ``base_1``, ``base_2``...
+
+    >>> keys = KeyAllocator()
+    >>> [keys.allocate("relu"), keys.allocate("relu"), keys.allocate("fc")]
+    ['relu', 'relu_1', 'fc']
+    """
+
+    def __init__(self) -> None:
+        self._used: dict[str, None] = {}
+        self._next: dict[str, int] = {}
+
+    def allocate(self, base: str) -> str:
+        candidate = base
+        index = self._next.get(base, 0)
+        while candidate in self._used:
+            index += 1
+            candidate = f"{base}_{index}"
+        self._next[base] = index
+        self._used[candidate] = None
+        return candidate
+
+    def reserve(self, key: str) -> None:
+        self._used[key] = None
+
+
+def short_name(kind: str, target) -> str:
+    """The local name of a node's target: ``add``, ``flatten``, ``view``, ``conv1``."""
+    if kind == "call_function":
+        name = getattr(target, "__name__", None) or type(target).__name__
+        return _NON_IDENTIFIER.sub("_", name)
+    if kind == "placeholder":
+        return str(target).lstrip("*")
+    return str(target)
+
+
+def key_base(kind: str, target, scope: str) -> str:
+    """Key before de-duplication: module path for module calls, else ``scope.name``."""
+    if kind in ("call_module", "get_attr"):
+        return str(target)
+    if kind == "output":
+        return "output"
+    name = short_name(kind, target)
+    if kind == "placeholder" or not scope:
+        return name
+    return f"{scope}.{name}"
+
+
+def node_key(node: fx.Node) -> str:
+    """The stable key of ``node`` (falls back to the fx node name)."""
+    return node.meta.get(META_KEY, node.name)
+
+
+def target_name(target) -> str:
+    """Canonical, address-free name of a call_function target.
+
+    >>> import operator, torch
+    >>> target_name(operator.add), target_name(torch.relu)
+    ('operator.add', 'torch.relu')
+    >>> target_name(torch.nn.functional.linear)
+    'torch.nn.functional.linear'
+    """
+    name = getattr(target, "__name__", None)
+    module = getattr(target, "__module__", None)
+    if name is None:
+        return type(target).__qualname__
+    if module in ("_operator", "operator"):
+        return f"operator.{name}"
+    if target is getattr(builtins, name, None):
+        return name
+    for prefix, namespace in (("torch", torch), ("torch.nn.functional", F),
+                              ("torch.special", torch.special), ("torch.linalg", torch.linalg),
+                              ("torch.fft", torch.fft)):
+        if getattr(namespace, name, None) is target:
+            return f"{prefix}.{name}"
+    qualname = getattr(target, "__qualname__", name)
+    return f"{module}.{qualname}" if module else qualname
+
+
+def op_name(node: fx.Node, root: torch.nn.Module | None = None) -> str:
+    """What a node does, for tables: ``Conv2d``, ``torch.flatten``, ``Tensor.view``."""
+    if node.op == "call_module":
+        if root is not None:
+            try:
+                return type(root.get_submodule(node.target)).__name__
+            except AttributeError:
+                pass
+        return str(node.target)
+    if node.op == "call_function":
+        return target_name(node.target)
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    return node.op
+
+
+def assign_missing_keys(graph: fx.Graph) -> None:
+    """Give keys to nodes of a graph fxdebug did not trace (e.g. a user's own fx pass output).
+
+    Scopes come from ``nn_module_stack`` meta when fx recorded it, so keys
+    still read like module paths.
+    """
+    keys = KeyAllocator()
+    for node in graph.nodes:
+        if META_KEY in node.meta:
+            keys.reserve(node.meta[META_KEY])
+    for node in graph.nodes:
+        if META_KEY in node.meta:
+            continue
+        stack = node.meta.get("nn_module_stack") or {}
+        scope = ""
+        if stack:
+            scope = list(stack.values())[-1][0]
+        if node.op == "call_module":
+            scope = ""
+        node.meta[META_KEY] = keys.allocate(key_base(node.op, node.target, scope))
+
+
+# kept importable for callers that want the operator module's in-place names
+INPLACE_OPERATORS = tuple(getattr(operator, name) for name in (
+    "iadd", "iand", "ifloordiv", "ilshift", "imod", "imul", "imatmul", "ior",
+    "ipow", "irshift", "isub", "itruediv", "ixor"))

@@ -1,0 +1,35 @@
+"""The recorder nodes every recording pass shares: one get_attr and one begin_run."""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from .. import runtime
+from ..keys import META_KEY, META_PASS
+
+RECORDER_ATTR = "fxdebug_recorder"
+
+
+def ensure_recorder(gm: fx.GraphModule, pass_name: str) -> fx.Node:
+    """Return the ``get_attr`` node of the recorder, adding it and ``begin_run`` if missing."""
+    graph = gm.graph
+    for node in graph.nodes:
+        if node.op == "get_attr" and node.target == RECORDER_ATTR:
+            return node
+    if not isinstance(getattr(gm, RECORDER_ATTR, None), runtime.Recorder):
+        gm.add_submodule(RECORDER_ATTR, runtime.Recorder())
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    anchor = placeholders[-1] if placeholders else None
+    if anchor is None:
+        context = graph.inserting_before(next(iter(graph.nodes)))
+    else:
+        context = graph.inserting_after(anchor)
+    with context:
+        recorder = graph.create_node("get_attr", RECORDER_ATTR, name=RECORDER_ATTR)
+    with graph.inserting_after(recorder):
+        begin = graph.create_node("call_function", runtime.begin_run,
+                                  (recorder, tuple(placeholders)), {}, name="begin_run")
+    for node, key in ((recorder, RECORDER_ATTR), (begin, "begin_run")):
+        node.meta[META_KEY] = key
+        node.meta[META_PASS] = pass_name
+    return recorder

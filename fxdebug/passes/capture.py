@@ -1,0 +1,94 @@
+"""Capture: insert a ``capture`` node after every selected value.
+
+Before (resnet18)::
+
+    bn1 = self.bn1(conv1)
+    relu = self.relu(bn1)
+
+After ``Capture("modules")``::
+
+    bn1 = self.bn1(conv1)
+    capture_bn1 = fxdebug_runtime_capture(fxdebug_recorder, bn1, 'bn1', 'BatchNorm2d', clone = True)
+    relu = self.relu(bn1)
+    capture_relu = fxdebug_runtime_capture(fxdebug_recorder, relu, 'relu', 'ReLU')
+
+``clone = True`` appears only where a later in-place op (here the in-place
+ReLU) writes to the captured storage; everywhere else the capture is a
+detached view and costs no copy. Capture nodes have no users and change no
+value, so the module computes exactly what it did.
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from .. import runtime
+from ..aliasing import AliasAnalysis
+from ..errors import SelectionError
+from ..keys import META_KEY, META_PASS, META_SOURCE
+from ..selection import select
+from ._recorder import ensure_recorder
+from .base import Pass
+
+__all__ = ["Capture"]
+
+_MODES = ("tensor", "stats")
+
+
+class Capture(Pass):
+    """Insert capture nodes; after a forward, ``fxdebug.records(gm)`` holds the values.
+
+    Args:
+        capture: ``"modules"``, ``"all"`` or a list of keys / globs (see
+            :func:`fxdebug.selection.select`).
+        depth, include, exclude: further filters on the keys.
+        mode: ``"tensor"`` keeps the values, ``"stats"`` only their summary
+            statistics (constant memory per node).
+
+    Example::
+
+        >>> import torch, fxdebug
+        >>> gm = fxdebug.trace(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Tanh()))
+        >>> fxdebug.passes.Capture(["1"])(gm).modified
+        True
+        >>> _ = gm(torch.ones(1, 2)); fxdebug.records(gm).keys()
+        ['1']
+    """
+
+    name = "capture"
+
+    def __init__(self, capture="modules", depth=None, include=None, exclude=None,
+                 mode: str = "tensor") -> None:
+        if mode not in _MODES:
+            raise SelectionError(f"mode={mode!r}: use 'tensor' (keep values) or 'stats' "
+                                 f"(keep summary statistics only).")
+        self.capture = capture
+        self.depth = depth
+        self.include = include
+        self.exclude = exclude
+        self.mode = mode
+
+    def run(self, gm: fx.GraphModule) -> bool:
+        targets = select(gm, self.capture, self.depth, self.include, self.exclude)
+        if not targets:
+            return False
+        aliases = AliasAnalysis(gm)
+        recorder = ensure_recorder(gm, self.name)
+        graph = gm.graph
+        last_inserted: dict[fx.Node, fx.Node] = {}
+        for target in targets:
+            anchor = last_inserted.get(target.anchor, target.anchor)
+            if self.mode == "stats":
+                fn, kwargs = runtime.capture_stats, {}
+            else:
+                clone = aliases.written_after(target.nodes, target.anchor)
+                fn, kwargs = runtime.capture, ({"clone": True} if clone else {})
+            with graph.inserting_after(anchor):
+                node = graph.create_node("call_function", fn,
+                                         (recorder, target.value, target.key, target.op), kwargs,
+                                         name=f"capture_{target.key}")
+            node.meta[META_KEY] = f"{target.key}:capture"
+            node.meta[META_PASS] = self.name
+            node.meta[META_SOURCE] = target.source
+            last_inserted[target.anchor] = node
+        return True

@@ -1,0 +1,225 @@
+"""Records: what one forward of an instrumented module captured, in execution order.
+
+>>> import torch, fxdebug
+>>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU()))
+>>> _ = gm(torch.ones(1, 3))
+>>> rec = fxdebug.records(gm)
+>>> rec.keys()
+['0', '1']
+>>> rec["1"].shape
+torch.Size([1, 2])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any, Iterator, NamedTuple
+
+import torch
+from tabulate import tabulate
+
+__all__ = ["Records", "Record", "Stats", "tensor_stats"]
+
+
+class Stats(NamedTuple):
+    """Summary of one tensor: statistics over its finite values, plus counts."""
+
+    mean: float
+    std: float
+    min: float
+    max: float
+    zeros_pct: float
+    nonfinite: int
+    numel: int
+
+
+_NAN = float("nan")
+
+
+def tensor_stats(tensor: torch.Tensor) -> Stats:
+    """Mean, std (population), min, max over the finite values; % zeros; non-finite count.
+
+    >>> tensor_stats(torch.tensor([1.0, 3.0, float("inf"), 0.0]))
+    Stats(mean=1.3333333333333333, std=1.247219128924647, min=0.0, max=3.0, zeros_pct=25.0, nonfinite=1, numel=4)
+    """
+    t = tensor.detach()
+    if t.is_complex():
+        t = t.abs()
+    if t.layout != torch.strided or t.is_quantized or t.device.type == "meta":
+        return Stats(_NAN, _NAN, _NAN, _NAN, _NAN, 0, t.numel())
+    numel = t.numel()
+    if numel == 0:
+        return Stats(_NAN, _NAN, _NAN, _NAN, _NAN, 0, 0)
+    if not t.is_floating_point():
+        t = t.to(torch.float64)
+    elif t.dtype in (torch.float16, torch.bfloat16) or t.element_size() < 2:
+        t = t.float()
+    zeros = numel - int(torch.count_nonzero(t))
+    finite_mask = torch.isfinite(t)
+    finite = int(finite_mask.sum())
+    nonfinite = numel - finite
+    if nonfinite:
+        t = t[finite_mask]
+    if t.numel() == 0:
+        return Stats(_NAN, _NAN, _NAN, _NAN, 100.0 * zeros / numel, nonfinite, numel)
+    std, mean = torch.std_mean(t, correction=0)
+    low, high = torch.aminmax(t)
+    return Stats(float(mean), float(std), float(low), float(high), 100.0 * zeros / numel,
+                 nonfinite, numel)
+
+
+@dataclasses.dataclass
+class Record:
+    """One captured tensor.
+
+    ``value`` is the tensor in tensor mode (``None`` in stats mode);
+    ``copied`` says whether it is a copy (taken because a later in-place op
+    writes to it) or a view of the model's own activation.
+    """
+
+    key: str
+    op: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    value: torch.Tensor | None
+    copied: bool
+    _stats: Stats | None = None
+
+    @property
+    def stats(self) -> Stats:
+        if self._stats is None:
+            self._stats = tensor_stats(self.value)
+        return self._stats
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.value is None else self.value.numel() * self.value.element_size()
+
+
+def _flatten(value: Any, key: str, out: list, notes: list) -> None:
+    if isinstance(value, torch.Tensor):
+        out.append((key, value))
+        return
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        items = zip(value._fields, value)
+    elif isinstance(value, (tuple, list)):
+        items = enumerate(value)
+    elif isinstance(value, dict):
+        items = value.items()
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = ((field.name, getattr(value, field.name)) for field in dataclasses.fields(value))
+    else:
+        if value is not None:
+            notes.append(f"{key}: {type(value).__name__} is not a tensor, skipped")
+        return
+    for name, item in items:
+        _flatten(item, f"{key}/{name}", out, notes)
+
+
+class Records:
+    """Ordered store of captured values, indexable by key.
+
+    ``rec[key]`` is the captured tensor (tensor mode) or its :class:`Stats`
+    (stats mode). Nested outputs are flattened with ``/``: a module returning
+    ``(a, {"b": c})`` under key ``blk`` gives ``blk/0`` and ``blk/1/b``.
+    """
+
+    def __init__(self) -> None:
+        self._records: dict[str, Record] = {}
+        self.notes: list[str] = []
+
+    # -- writing (called by fxdebug.runtime) -------------------------------------------
+    def add(self, key: str, op: str, value: Any, *, clone: bool = False,
+            stats_only: bool = False) -> None:
+        tensors: list[tuple[str, torch.Tensor]] = []
+        _flatten(value, key, tensors, self.notes)
+        for name, tensor in tensors:
+            if stats_only:
+                record = Record(name, op, tuple(tensor.shape), tensor.dtype, None, False,
+                                tensor_stats(tensor))
+            else:
+                kept = tensor.detach().clone() if clone else tensor.detach()
+                record = Record(name, op, tuple(tensor.shape), tensor.dtype, kept, clone)
+            self._records.pop(name, None)
+            self._records[name] = record
+
+    # -- reading -----------------------------------------------------------------------
+    def __getitem__(self, key: str):
+        record = self.record(key)
+        return record.stats if record.value is None else record.value
+
+    def record(self, key: str) -> Record:
+        """The :class:`Record` (value, shape, dtype, stats) stored under ``key``."""
+        try:
+            return self._records[key]
+        except KeyError:
+            raise KeyError(self._missing(key)) from None
+
+    def _missing(self, key: str) -> str:
+        if not self._records:
+            return (f"no value captured under {key!r}: nothing was captured yet. Run the "
+                    f"instrumented module once, then call fxdebug.records(gm) again.")
+        close = difflib.get_close_matches(key, list(self._records), n=3, cutoff=0.5)
+        hint = f" Close keys: {', '.join(map(repr, close))}." if close else ""
+        return (f"no value captured under {key!r}.{hint} rec.keys() lists the "
+                f"{len(self._records)} captured keys.")
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._records
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def keys(self) -> list[str]:
+        """Captured keys in execution order."""
+        return list(self._records)
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(key, self[key]) for key in self._records]
+
+    def records(self) -> list[Record]:
+        """All :class:`Record` objects in execution order."""
+        return list(self._records.values())
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensor data held (views of live activations and copies)."""
+        return sum(record.nbytes for record in self._records.values())
+
+    def table(self, floatfmt: str = ".4g") -> str:
+        """A table of every capture: key, op, shape, dtype, statistics, then totals.
+
+        Byte-identical for identical inputs and weights, in any process.
+        """
+        rows = []
+        for record in self._records.values():
+            stats = record.stats
+            rows.append([record.key, record.op, "x".join(map(str, record.shape)) or "scalar",
+                         str(record.dtype).replace("torch.", ""),
+                         *(format(value, floatfmt) for value in stats[:4]),
+                         format(stats.zeros_pct, ".1f"), str(stats.nonfinite)])
+        headers = ["key", "op", "shape", "dtype", "mean", "std", "min", "max", "zeros %",
+                   "non-finite"]
+        text = tabulate(rows, headers=headers, disable_numparse=True,
+                        colalign=("left",) * 4 + ("right",) * 6)
+        copied = sum(r.nbytes for r in self._records.values() if r.copied)
+        lines = [text, f"{len(self._records)} tensors captured, {_human_bytes(self.nbytes)} held "
+                       f"({_human_bytes(copied)} in copies)"]
+        lines.extend(f"note: {note}" for note in self.notes)
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"Records({len(self._records)} tensors, {_human_bytes(self.nbytes)})"
+
+
+def _human_bytes(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count} B"

@@ -1,0 +1,106 @@
+"""The functions that fxdebug's inserted nodes call, and the Recorder they write to.
+
+Generated code looks like this (resnet18, ``capture="modules"``)::
+
+    fxdebug_recorder = self.fxdebug_recorder
+    begin_run = fxdebug_runtime_begin_run(fxdebug_recorder, (x,))
+    conv1 = self.conv1(x)
+    capture_conv1 = fxdebug_runtime_capture(fxdebug_recorder, conv1, 'conv1', 'Conv2d')
+    bn1 = self.bn1(conv1)
+    capture_bn1 = fxdebug_runtime_capture(fxdebug_recorder, bn1, 'bn1', 'BatchNorm2d', clone = True)
+    relu = self.relu(bn1)            # in place: that is why bn1's capture clones
+
+Each function is registered with ``torch.fx.node.has_side_effect`` so
+``eliminate_dead_code`` keeps the node, and emits itself again when called
+with fx Proxies, so re-tracing (and ``torch.load`` of a saved GraphModule,
+which re-traces) keeps the nodes. The runtime never imports the passes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+from torch.fx.node import has_side_effect, map_aggregate
+
+from .records import Records
+
+__all__ = ["Recorder", "begin_run", "capture", "capture_stats"]
+
+
+class Recorder(torch.nn.Module):
+    """Submodule ``fxdebug_recorder`` of an instrumented GraphModule: holds the latest Records.
+
+    It has no parameters and is never called; capture nodes read it through a
+    ``get_attr`` node. Copies and pickles of the module start with empty
+    Records (the values of a run belong to that run, not to the model).
+
+    >>> Recorder().latest.keys()
+    []
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.latest = Records()
+
+    def forward(self, *args, **kwargs):
+        raise TypeError("Recorder holds fxdebug's Records and is not callable; "
+                        "use fxdebug.records(gm) to read them.")
+
+    def __getstate__(self):
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        state = dict(state)
+        state["latest"] = Records()
+        return state
+
+
+def _first_proxy(*values):
+    found = []
+
+    def visit(value):
+        if isinstance(value, fx.Proxy) and not found:
+            found.append(value)
+        return value
+
+    map_aggregate(values, visit)
+    return found[0] if found else None
+
+
+def _emit_if_tracing(fn, args, kwargs):
+    proxy = _first_proxy(args, kwargs)
+    if proxy is None:
+        return None
+    return proxy.tracer.create_proxy("call_function", fn, args, kwargs)
+
+
+@has_side_effect
+def begin_run(recorder: Recorder, inputs: tuple):
+    """Start a new Records for this forward; ``inputs`` are the placeholders (kept for re-tracing)."""
+    emitted = _emit_if_tracing(begin_run, (recorder, inputs), {})
+    if emitted is not None:
+        return emitted
+    recorder.latest = Records()
+    return None
+
+
+@has_side_effect
+def capture(recorder: Recorder, value, key: str, op: str, clone: bool = False):
+    """Keep ``value`` (a tensor or nested structure of tensors) under ``key``.
+
+    Tensors are stored as detached views; ``clone=True`` (set by the capture
+    pass when a later in-place op writes to the value) stores a copy.
+    """
+    emitted = _emit_if_tracing(capture, (recorder, value, key, op), {"clone": clone} if clone else {})
+    if emitted is not None:
+        return emitted
+    recorder.latest.add(key, op, value, clone=clone)
+    return None
+
+
+@has_side_effect
+def capture_stats(recorder: Recorder, value, key: str, op: str):
+    """Keep only summary statistics of ``value`` under ``key`` (constant memory per node)."""
+    emitted = _emit_if_tracing(capture_stats, (recorder, value, key, op), {})
+    if emitted is not None:
+        return emitted
+    recorder.latest.add(key, op, value, stats_only=True)
+    return None

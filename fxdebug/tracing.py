@@ -1,0 +1,281 @@
+"""``trace()``: a faithful symbolic trace with stable keys and user source lines.
+
+Call tree::
+
+    trace(model)
+      └─ for each attempt (one more auto-leaf per failed attempt)
+           ├─ _Tracer.trace(model)                torch.fx.Tracer, plus:
+           │    ├─ create_node   -> meta: fxdebug_key, fxdebug_source
+           │    ├─ call_module   -> scope stack; non-leaf outputs -> fxdebug_returns
+           │    └─ proxy         -> _FaithfulProxy (keeps ``+=`` and ``x[i] = v`` in place)
+           └─ on failure: explain_failure() -> TraceFailure
+                 └─ auto_leaf and the failure is inside a submodule: retry with it as a leaf
+      └─ DebugGraphModule(model, graph)
+
+Plain ``torch.fx.symbolic_trace`` rewrites ``v += 1`` on a traced tensor into
+``v = v + 1``: a view of the input is no longer written through, so the traced
+model computes different numbers than eager. fxdebug's proxies keep augmented
+assignments in place (``operator.iadd``; fx prints it as ``v += 1``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+import sys
+import warnings
+from typing import Any, Iterable
+
+import torch
+import torch.fx as fx
+from torch.fx.proxy import Attribute
+
+from .errors import TraceFailure
+from .graph_module import DebugGraphModule
+from .keys import META_KEY, META_RETURNS, META_SOURCE, KeyAllocator, key_base
+from .locations import user_location
+from .trace_failure import explain_failure
+
+__all__ = ["trace"]
+
+log = logging.getLogger("fxdebug")
+
+_INPLACE_OPERATOR_NAMES = ("iadd", "iand", "ifloordiv", "ilshift", "imod", "imul",
+                           "imatmul", "ior", "ipow", "irshift", "isub", "itruediv", "ixor")
+
+
+class _InplaceMixin:
+    """Augmented assignment and item assignment recorded as in-place graph nodes."""
+
+    def __getattr__(self, name):
+        return _FaithfulAttribute(self, name)
+
+    def __setitem__(self, index, value):
+        self.tracer.create_proxy("call_function", operator.setitem, (self, index, value), {})
+
+
+def _make_inplace(name: str):
+    target = getattr(operator, name)
+
+    def method(self, other):
+        return self.tracer.create_proxy("call_function", target, (self, other), {})
+
+    method.__name__ = f"__{name}__"
+    return method
+
+
+for _name in _INPLACE_OPERATOR_NAMES:
+    setattr(_InplaceMixin, f"__{_name}__", _make_inplace(_name))
+
+
+class _FaithfulAttribute(_InplaceMixin, Attribute):
+    pass
+
+
+class _FaithfulProxy(_InplaceMixin, fx.Proxy):
+    pass
+
+
+class ModuleReturn(tuple):
+    """One module call's output, stored in ``node.meta["fxdebug_returns"]``.
+
+    Fields: ``key`` (module path plus call counter), ``module_type`` (class
+    name), ``items`` (tuple of ``(subpath, node_name)``; subpath ``""`` for a
+    single tensor, ``"0"``, ``"logits"``, ``"1/0"`` for nested outputs) and
+    ``source`` (the user ``(filename, lineno)`` of the call).
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, key: str, module_type: str, items: tuple, source):
+        return super().__new__(cls, (key, module_type, items, source))
+
+    key = property(operator.itemgetter(0))
+    module_type = property(operator.itemgetter(1))
+    items = property(operator.itemgetter(2))
+    source = property(operator.itemgetter(3))
+
+    def __reduce__(self):
+        return (ModuleReturn, tuple(self))
+
+
+def _flatten_proxies(value: Any, prefix: str = "") -> list[tuple[str, fx.Proxy]]:
+    """``(subpath, proxy)`` for every proxy in a nested module output, in order."""
+    if isinstance(value, fx.Proxy):
+        return [(prefix, value)]
+    join = (lambda name: f"{prefix}/{name}") if prefix else str
+    items: Iterable[tuple[Any, Any]] = ()
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        items = zip(value._fields, value)
+    elif isinstance(value, (tuple, list)):
+        items = enumerate(value)
+    elif isinstance(value, dict):
+        items = value.items()
+    elif hasattr(value, "__dataclass_fields__"):
+        items = ((name, getattr(value, name)) for name in value.__dataclass_fields__)
+    found: list[tuple[str, fx.Proxy]] = []
+    for name, item in items:
+        found.extend(_flatten_proxies(item, join(name)))
+    return found
+
+
+class _Tracer(fx.Tracer):
+    """torch.fx Tracer that records keys, user source lines and module outputs.
+
+    Also used by torch when it unpickles a GraphModule traced by fxdebug, so
+    the constructor must work without arguments.
+    """
+
+    def __init__(self, leaf_paths: Iterable[str] = (), leaf_types: tuple[type, ...] = (),
+                 autowrap_modules=(math,), autowrap_functions=()):
+        super().__init__(autowrap_modules=autowrap_modules, autowrap_functions=autowrap_functions)
+        self.leaf_paths = tuple(leaf_paths)
+        self.leaf_types = tuple(leaf_types)
+        self._module_scope: list[str] = []
+        self.keys = KeyAllocator()
+        self.failure_scope: tuple[str, ...] | None = None
+        self._order: dict[fx.Node, int] = {}
+        self._recorder_proxies: dict[str, fx.Proxy] = {}
+
+    # -- graph construction ----------------------------------------------------------
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _FaithfulProxy(node, self)
+
+    def create_node(self, kind, target, args, kwargs, name=None, type_expr=None):
+        node = super().create_node(kind, target, args, kwargs, name, type_expr)
+        scope = self._module_scope[-1] if self._module_scope else ""
+        node.meta[META_KEY] = self.keys.allocate(key_base(kind, target, scope))
+        node.meta[META_SOURCE] = user_location(sys._getframe(1))
+        self._order[node] = len(self._order)
+        return node
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        if module_qualified_name in self.leaf_paths or isinstance(m, self.leaf_types):
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+    def getattr(self, attr, attr_val, parameter_proxy_cache):
+        from .runtime import Recorder  # local: runtime imports records, not tracing
+        if isinstance(attr_val, Recorder):
+            # One get_attr node for the recorder when a GraphModule is re-traced.
+            if attr not in self._recorder_proxies:
+                self._recorder_proxies[attr] = self.create_proxy("get_attr", attr, (), {})
+            return self._recorder_proxies[attr]
+        return super().getattr(attr, attr_val, parameter_proxy_cache)
+
+    def call_module(self, m, forward, args, kwargs):
+        path = self.path_of_module(m)
+        if self.is_leaf_module(m, path):
+            return super().call_module(m, forward, args, kwargs)
+        source = user_location(sys._getframe(1))
+        key = self.keys.allocate(path)
+        self._module_scope.append(path)
+        try:
+            out = super().call_module(m, forward, args, kwargs)
+        except Exception:
+            if self.failure_scope is None:
+                self.failure_scope = tuple(self._module_scope)
+            raise
+        finally:
+            self._module_scope.pop()
+        self._note_module_return(key, type(m).__name__, out, source)
+        return out
+
+    def _note_module_return(self, key, module_type, out, source) -> None:
+        items = [(subpath, proxy.node) for subpath, proxy in _flatten_proxies(out)
+                 if isinstance(proxy.node, fx.Node) and proxy.node.graph is self.graph]
+        if not items or not self._order:
+            return
+        # The module's output is complete when its last node has run.
+        end = max(self._order, key=self._order.__getitem__)
+        record = ModuleReturn(key, module_type, tuple((s, n.name) for s, n in items), source)
+        end.meta.setdefault(META_RETURNS, []).append(record)
+
+
+def _resolve_leaves(model: torch.nn.Module, leaf_modules) -> tuple[list[str], tuple[type, ...]]:
+    paths: list[str] = []
+    types: list[type] = []
+    names = dict(model.named_modules())
+    for leaf in leaf_modules:
+        if isinstance(leaf, type) and issubclass(leaf, torch.nn.Module):
+            types.append(leaf)
+        elif isinstance(leaf, str):
+            if leaf not in names:
+                import difflib
+                close = difflib.get_close_matches(leaf, list(names), n=3)
+                hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+                raise ValueError(f"leaf_modules names {leaf!r}, which is not a submodule of "
+                                 f"{type(model).__name__}.{hint} Use a path from "
+                                 f"model.named_modules() or a module class.")
+            paths.append(leaf)
+        elif isinstance(leaf, torch.nn.Module):
+            matches = [name for name, module in names.items() if module is leaf]
+            if not matches:
+                raise ValueError(f"leaf_modules holds a {type(leaf).__name__} instance that is not "
+                                 f"a submodule of {type(model).__name__}; pass its path instead.")
+            paths.append(matches[0])
+        else:
+            raise TypeError(f"leaf_modules entries must be module paths (str) or nn.Module classes, "
+                            f"got {leaf!r} of type {type(leaf).__name__}.")
+    return paths, tuple(types)
+
+
+def trace(model: torch.nn.Module, leaf_modules: Iterable = (), concrete_args: dict | None = None,
+          auto_leaf: bool = True) -> fx.GraphModule:
+    """Symbolically trace ``model`` into a GraphModule with stable keys and source lines.
+
+    Args:
+        model: the module to trace; it is not modified and shares its
+            parameters with the result.
+        leaf_modules: module paths (``"layer1.0"``) or classes to keep as
+            single ``call_module`` nodes instead of tracing through them.
+        concrete_args: forwarded to ``torch.fx.Tracer.trace`` to fix
+            arguments that control flow depends on.
+        auto_leaf: when tracing fails inside a submodule, retry with that
+            submodule as a leaf. The modules this turned into leaves are
+            listed in a warning and in ``gm.meta["fxdebug_auto_leaves"]``.
+
+    Returns:
+        A ``torch.fx.GraphModule``; every node has ``node.meta["fxdebug_key"]``
+        and ``node.meta["fxdebug_source"]`` (user ``(filename, lineno)``).
+
+    Raises:
+        TraceFailure: naming the module, the user's ``file:line``, the kind of
+            failure and the fix.
+
+    Example::
+
+        >>> import torch, torchvision, fxdebug
+        >>> gm = fxdebug.trace(torchvision.models.resnet18())
+        >>> [n.meta["fxdebug_key"] for n in gm.graph.nodes][5:9]
+        ['layer1.0.conv1', 'layer1.0.bn1', 'layer1.0.relu', 'layer1.0.conv2']
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"fxdebug.trace expects an nn.Module, got {type(model).__name__}. "
+                        f"Wrap a plain function in a Module, or call torch.fx.symbolic_trace on it.")
+    leaf_paths, leaf_types = _resolve_leaves(model, leaf_modules)
+    auto_leaves: list[tuple[str, str]] = []
+    while True:
+        tracer = _Tracer(leaf_paths + [path for path, _ in auto_leaves], leaf_types)
+        try:
+            graph = tracer.trace(model, concrete_args=concrete_args)
+            break
+        except Exception as exc:  # any failure of user code under tracing is explained
+            failure = explain_failure(exc, model, tracer.failure_scope or (), tuple(auto_leaves))
+            can_retry = (auto_leaf and failure.module_path
+                         and failure.module_path not in leaf_paths
+                         and failure.module_path not in [p for p, _ in auto_leaves])
+            if not can_retry:
+                raise failure from exc
+            reason = f"{failure.kind} at {failure.location}"
+            log.info("auto-leaf: %s (%s): %s", failure.module_path, failure.module_type, reason)
+            auto_leaves.append((failure.module_path, reason))
+    gm = DebugGraphModule(model, graph, class_name=type(model).__name__)
+    gm.meta["fxdebug_auto_leaves"] = list(auto_leaves)
+    if auto_leaves:
+        listed = "; ".join(f"{path} ({reason})" for path, reason in auto_leaves)
+        warnings.warn(f"fxdebug traced {len(auto_leaves)} module(s) as leaves because tracing "
+                      f"through them failed: {listed}. Their outputs are captured, their insides "
+                      f"are not.", stacklevel=2)
+    return gm
