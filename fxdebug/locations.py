@@ -79,3 +79,13 @@ def _short_path(filename: str) -> str:
                 "site-packages" in root or "dist-packages" in root):
             best = root
     return path[len(best):] if best else path
+
+
+def caller_stacklevel() -> int:
+    """``stacklevel`` for ``warnings.warn`` that points at the first frame outside fxdebug."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_FXDEBUG_DIR):
+        frame = frame.f_back
+        level += 1
+    return level

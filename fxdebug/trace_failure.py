@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import linecache
 import re
 
@@ -87,8 +88,13 @@ def explain_failure(exc: BaseException, model: torch.nn.Module, scope: tuple[str
         builtin = match.group(1) if match else "len"
         fixes.append(f"or call torch.fx.wrap({builtin!r}) at the top level of that file")
     if code in ("control", "number") and not module_path:
-        fixes.append("or pass concrete_args={name: value} for the forward argument the "
-                     "statement depends on, fixing that branch")
+        try:
+            names = [p for p in inspect.signature(model.forward).parameters]
+        except (TypeError, ValueError):
+            names = []
+        example = ", ".join(f"{name!r}: ..." for name in names[:2]) or "'name': ..."
+        fixes.append(f"or pass concrete_args={{{example}}} (the forward arguments the "
+                     f"statement depends on) to fix that branch")
     if code == "other" and not module_path:
         fixes.append("or rewrite the statement with tensor operations")
     fixes = [f[3:] if f.startswith("or ") else f for f in fixes]

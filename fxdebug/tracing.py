@@ -34,7 +34,7 @@ from torch.fx.proxy import Attribute
 from .errors import TraceFailure
 from .graph_module import DebugGraphModule
 from .keys import META_KEY, META_RETURNS, META_SOURCE, KeyAllocator, key_base
-from .locations import user_location
+from .locations import caller_stacklevel, user_location
 from .trace_failure import explain_failure
 
 __all__ = ["trace"]
@@ -277,5 +277,5 @@ def trace(model: torch.nn.Module, leaf_modules: Iterable = (), concrete_args: di
         listed = "; ".join(f"{path} ({reason})" for path, reason in auto_leaves)
         warnings.warn(f"fxdebug traced {len(auto_leaves)} module(s) as leaves because tracing "
                       f"through them failed: {listed}. Their outputs are captured, their insides "
-                      f"are not.", stacklevel=2)
+                      f"are not.", stacklevel=caller_stacklevel())
     return gm

@@ -76,13 +76,15 @@ class Capture(Pass):
         recorder = ensure_recorder(gm, self.name)
         graph = gm.graph
         last_inserted: dict[fx.Node, fx.Node] = {}
+        start = recorder.next  # begin_run: inputs are captured after it
         for target in targets:
-            anchor = last_inserted.get(target.anchor, target.anchor)
             if self.mode == "stats":
                 fn, kwargs = runtime.capture_stats, {}
             else:
                 clone = aliases.written_after(target.nodes, target.anchor)
                 fn, kwargs = runtime.capture, ({"clone": True} if clone else {})
+            place = start if target.anchor.op == "placeholder" else target.anchor
+            anchor = last_inserted.get(place, place)
             with graph.inserting_after(anchor):
                 node = graph.create_node("call_function", fn,
                                          (recorder, target.value, target.key, target.op), kwargs,
@@ -90,5 +92,5 @@ class Capture(Pass):
             node.meta[META_KEY] = f"{target.key}:capture"
             node.meta[META_PASS] = self.name
             node.meta[META_SOURCE] = target.source
-            last_inserted[target.anchor] = node
+            last_inserted[place] = node
         return True

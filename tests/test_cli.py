@@ -1,0 +1,94 @@
+"""The fxdebug command line: working defaults, one-paragraph errors, no tracebacks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _fxdebug(*args, cwd=REPO):
+    env = dict(os.environ, PYTHONPATH=REPO)
+    return subprocess.run([sys.executable, "-m", "fxdebug", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_summary_default_model_prints_the_table():
+    result = _fxdebug("summary", "--input", "1,3,64,64")
+    assert result.returncode == 0, result.stderr
+    assert "torchvision.models:resnet18: ResNet, input 1x3x64x64" in result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[1].split()[:4] == ["key", "op", "shape", "dtype"]
+    assert any(line.startswith("layer1.0.conv1 ") and "Conv2d" in line for line in lines)
+    assert "tensors captured" in result.stdout
+
+
+def test_summary_options():
+    result = _fxdebug("summary", "torchvision.models:mobilenet_v3_small", "--input", "1,3,64,64",
+                      "--capture", "features.*.block,classifier", "--mode", "stats", "--depth", "2")
+    assert result.returncode == 0, result.stderr
+    keys = [line.split()[0] for line in result.stdout.splitlines()[3:] if line and
+            not line[0].isdigit() and not line.startswith("note")]
+    assert keys and all(k.startswith(("features.", "classifier")) for k in keys)
+    assert all(k.count(".") <= 2 for k in keys)
+
+
+def test_model_from_a_file_with_inputs(tmp_path):
+    (tmp_path / "net.py").write_text(textwrap.dedent("""
+        import torch
+        def make():
+            return torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 2))
+    """))
+    result = _fxdebug("summary", "net.py:make", "--input", "2,5:int64", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "2x5x2" in result.stdout
+
+
+def _assert_one_paragraph_error(result, *fragments):
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("fxdebug: error: ")
+    assert len(result.stderr.strip().splitlines()) == 1
+    for fragment in fragments:
+        assert fragment in result.stderr
+
+
+def test_bad_model_names(tmp_path):
+    _assert_one_paragraph_error(_fxdebug("summary", "resnet18"), "package.module:factory")
+    _assert_one_paragraph_error(_fxdebug("summary", "torchvision.models:resnet1000"),
+                                "no callable 'resnet1000'")
+    _assert_one_paragraph_error(_fxdebug("summary", "nowhere_pkg:make"), "cannot import")
+    _assert_one_paragraph_error(_fxdebug("summary", "missing.py:make", cwd=tmp_path),
+                                "does not exist")
+
+
+def test_bad_input_and_wrong_shape():
+    _assert_one_paragraph_error(_fxdebug("summary", "--input", "1,three"), "is not a shape")
+    _assert_one_paragraph_error(_fxdebug("summary", "--input", "1,1,64,64"),
+                                "failed at node 'conv1'", "resnet.py:")
+
+
+def test_untraceable_model_names_the_line(tmp_path):
+    (tmp_path / "branchy.py").write_text(textwrap.dedent("""
+        import torch
+        class Branchy(torch.nn.Module):
+            def forward(self, x):
+                if x.sum() > 0:
+                    return x
+                return -x
+        def make():
+            return Branchy()
+    """))
+    result = _fxdebug("summary", "branchy.py:make", "--input", "3", cwd=tmp_path)
+    _assert_one_paragraph_error(result, "branchy.py:5", "control flow on a traced value",
+                                "concrete_args")
+
+
+def test_bad_arguments_exit_2():
+    result = _fxdebug("summary", "--mode", "loud")
+    assert result.returncode == 2 and "invalid choice" in result.stderr
+    result = _fxdebug()
+    assert result.returncode == 2

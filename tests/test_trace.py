@@ -1,0 +1,203 @@
+"""trace(): faithful graphs, stable keys, user source lines, explained failures."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import warnings
+
+import pytest
+import torch
+import torchvision
+from torchvision.models.feature_extraction import get_graph_node_names
+
+import fxdebug
+from models import ViewAugAssign
+
+
+def _line_of(function, text: str) -> str:
+    """``file.py:LINE`` of the first line of ``function`` containing ``text``."""
+    lines, start = inspect.getsourcelines(function)
+    offset = next(i for i, line in enumerate(lines) if text in line)
+    return f"{os.path.basename(inspect.getsourcefile(function))}:{start + offset}"
+
+
+def test_augmented_assignment_on_a_view_stays_in_place():
+    model = ViewAugAssign().eval()
+    x = torch.randn(3, 4)
+    eager = model(x)
+    plain = torch.fx.symbolic_trace(model)(x)
+    assert not torch.allclose(plain, eager), "plain fx drops the write through the view"
+    gm = fxdebug.trace(model)
+    assert torch.equal(gm(x), eager)
+    assert "+= 100" in gm.code
+    assert "*= 2" in gm.code
+
+
+def test_item_assignment_is_traced():
+    class SetItem(torch.nn.Module):
+        def forward(self, x):
+            y = x * 2
+            y[:, 0] = 0.0
+            return y
+
+    x = torch.randn(2, 3)
+    gm = fxdebug.trace(SetItem())
+    assert torch.equal(gm(x), SetItem()(x))
+    assert "] = 0.0" in gm.code
+
+
+def test_keys_are_module_paths_with_local_counters():
+    model = torchvision.models.resnet18()
+    gm = fxdebug.trace(model)
+    keys = [node.meta["fxdebug_key"] for node in gm.graph.nodes]
+    assert len(keys) == len(set(keys))
+    module_calls = [n.meta["fxdebug_key"] for n in gm.graph.nodes if n.op == "call_module"]
+    assert module_calls[:4] == ["conv1", "bn1", "relu", "maxpool"]
+    assert "layer1.0.relu_1" in module_calls and "layer4.1.relu_1" in module_calls
+    # torchvision's feature extraction names the same module calls the same way
+    torchvision_names = set(get_graph_node_names(model)[1])
+    assert set(module_calls) <= torchvision_names
+    assert "flatten" in keys and "layer1.0.iadd" in keys
+
+
+def test_source_lines_point_at_user_code_not_torch():
+    gm = fxdebug.trace(torchvision.models.resnet18())
+    sources = {n.meta["fxdebug_key"]: n.meta["fxdebug_source"] for n in gm.graph.nodes}
+    resnet_file = inspect.getsourcefile(torchvision.models.resnet.BasicBlock)
+    filename, line = sources["layer1.0.conv1"]
+    assert filename == resnet_file
+    forward_lines, start = inspect.getsourcelines(torchvision.models.resnet.BasicBlock.forward)
+    assert forward_lines[line - start].strip() == "out = self.conv1(x)"
+    for key, source in sources.items():
+        if source is not None:
+            assert "torch/fx" not in source[0] and "fxdebug" not in source[0], key
+
+
+class _RootBranch(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x
+        return -x
+
+
+class _IntUse(torch.nn.Module):
+    def forward(self, x):
+        total = x
+        for _ in range(x.shape[0]):
+            total = total + 1
+        return total
+
+
+class _LenUse(torch.nn.Module):
+    def forward(self, x):
+        return x * len(x)
+
+
+def _helper_with_branch(x):
+    if x.max() > 1:
+        return x / x.max()
+    return x
+
+
+class _HelperUse(torch.nn.Module):
+    def forward(self, x):
+        return _helper_with_branch(x) + 1
+
+
+@pytest.mark.parametrize("model, text, kind, fix", [
+    (_RootBranch(), "if x.sum() > 0", "control flow on a traced value", "concrete_args"),
+    (_IntUse(), "range(x.shape[0])", "a traced value used as a Python number", "concrete_args"),
+    (_LenUse(), "len(x)", "an untraceable builtin", "torch.fx.wrap('len')"),
+])
+def test_trace_failure_names_line_kind_and_fix(model, text, kind, fix):
+    with pytest.raises(fxdebug.TraceFailure) as info:
+        fxdebug.trace(model)
+    failure = info.value
+    expected = _line_of(type(model).forward, text)
+    assert failure.location.endswith(expected)
+    assert failure.kind.startswith(kind)
+    assert failure.module_path == ""
+    message = str(failure)
+    assert expected in message and text in message and fix in message
+    assert isinstance(failure.__cause__, Exception)
+
+
+def test_trace_failure_in_a_helper_function_suggests_fx_wrap():
+    with pytest.raises(fxdebug.TraceFailure) as info:
+        fxdebug.trace(_HelperUse())
+    assert info.value.location.endswith(_line_of(_helper_with_branch, "if x.max() > 1"))
+    assert "torch.fx.wrap('_helper_with_branch')" in str(info.value)
+
+
+class _Gate(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if y.mean() > 0:
+            return y
+        return -y
+
+
+class _WithGate(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Linear(4, 4)
+        self.body = torch.nn.Sequential(torch.nn.ReLU(), _Gate())
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.body(self.stem(x)))
+
+
+def test_auto_leaf_makes_the_failing_submodule_a_leaf_and_says_so():
+    model = _WithGate().eval()
+    with pytest.warns(UserWarning, match=r"body\.1 \(control flow on a traced value at .*"
+                                         r"test_trace\.py:\d+\)"):
+        gm = fxdebug.trace(model)
+    assert [path for path, _ in gm.meta["fxdebug_auto_leaves"]] == ["body.1"]
+    assert _line_of(_Gate.forward, "if y.mean() > 0") in gm.meta["fxdebug_auto_leaves"][0][1]
+    for sign in (1.0, -1.0):  # both branches agree with eager
+        with torch.no_grad():
+            model.stem.bias.fill_(sign * 10)
+            x = torch.randn(5, 4)
+            assert torch.equal(gm(x), model(x))
+    with pytest.warns(UserWarning, match="body.1"):
+        instrumented = fxdebug.instrument(model)
+    with torch.no_grad():
+        instrumented(x)
+    assert "body.1" in fxdebug.records(instrumented)
+
+
+def test_auto_leaf_off_raises_with_the_leaf_fix():
+    with pytest.raises(fxdebug.TraceFailure) as info:
+        fxdebug.trace(_WithGate(), auto_leaf=False)
+    assert info.value.module_path == "body.1"
+    assert "leaf_modules=['body.1']" in str(info.value)
+    assert info.value.location.endswith(_line_of(_Gate.forward, "if y.mean() > 0"))
+
+
+def test_leaf_modules_by_path_and_type():
+    model = torchvision.models.resnet18()
+    gm = fxdebug.trace(model, leaf_modules=["layer1"])
+    assert "layer1" in [n.target for n in gm.graph.nodes if n.op == "call_module"]
+    gm = fxdebug.trace(model, leaf_modules=[torchvision.models.resnet.BasicBlock])
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_module"]
+    assert "layer2.1" in targets and "layer2.1.conv1" not in targets
+    with pytest.raises(ValueError, match="Did you mean 'layer1'"):
+        fxdebug.trace(model, leaf_modules=["layer01"])
+
+
+def test_trace_rejects_non_modules():
+    with pytest.raises(TypeError, match="expects an nn.Module"):
+        fxdebug.trace(lambda x: x)
+
+
+def test_no_warning_when_nothing_became_a_leaf():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gm = fxdebug.trace(torchvision.models.mobilenet_v3_small())
+    assert gm.meta["fxdebug_auto_leaves"] == []
