@@ -48,7 +48,9 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     gm = fxdebug.instrument(net)
 print("== GatedNet: control flow in submodule 'gate'")
-print("warning:", caught[0].message)
+leaf_warnings = [str(w.message) for w in caught if "as leaves" in str(w.message)]
+print("warning:", *leaf_warnings)
+assert len(leaf_warnings) == 1 and "gate (" in leaf_warnings[0]
 print("auto leaves:", gm.meta["fxdebug_auto_leaves"])
 assert [path for path, _ in gm.meta["fxdebug_auto_leaves"]] == ["gate"]
 for x in (torch.ones(1, 4), -torch.ones(1, 4)):  # both branches of Gate, run eagerly
