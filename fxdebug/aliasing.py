@@ -54,6 +54,9 @@ def mutated_argument(node: fx.Node, root: torch.nn.Module | None) -> fx.Node | N
             return first if isinstance(first, fx.Node) else None
         if node.kwargs.get("inplace") is True:
             return first if isinstance(first, fx.Node) else None
+        name = getattr(node.target, "__name__", "")
+        if _is_torch_callable(node.target) and name.endswith("_") and not name.startswith("__"):
+            return first if isinstance(first, fx.Node) else None  # torch.relu_, F.relu_ ...
     elif node.op == "call_method":
         name = str(node.target)
         if name.endswith("_") and not name.startswith("__"):

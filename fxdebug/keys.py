@@ -38,19 +38,27 @@ _NON_IDENTIFIER = re.compile(r"[^0-9a-zA-Z_]")
 class KeyAllocator:
     """Hands out unique keys: ``base``, then ``base_1``, ``base_2``...
 
-    >>> keys = KeyAllocator()
-    >>> [keys.allocate("relu"), keys.allocate("relu"), keys.allocate("fc")]
-    ['relu', 'relu_1', 'fc']
+    Names in ``owned`` (module paths) are given out only to their owner:
+    a second call of module ``relu`` never takes the key of a module that is
+    really named ``relu_1``.
+
+    >>> keys = KeyAllocator(owned=["relu", "relu_1", "fc"])
+    >>> [keys.allocate("relu", owner=True), keys.allocate("relu", owner=True),
+    ...  keys.allocate("relu_1", owner=True), keys.allocate("fc")]
+    ['relu', 'relu_2', 'relu_1', 'fc_1']
     """
 
-    def __init__(self) -> None:
+    def __init__(self, owned=()) -> None:
         self._used: dict[str, None] = {}
         self._next: dict[str, int] = {}
+        self._owned: dict[str, None] = dict.fromkeys(owned)
 
-    def allocate(self, base: str) -> str:
+    def allocate(self, base: str, owner: bool = False) -> str:
+        """The next free key for ``base``; ``owner`` marks the module whose path ``base`` is."""
         candidate = base
         index = self._next.get(base, 0)
-        while candidate in self._used:
+        while candidate in self._used or (candidate in self._owned
+                                          and not (owner and candidate == base)):
             index += 1
             candidate = f"{base}_{index}"
         self._next[base] = index

@@ -56,6 +56,25 @@ def _failing_function(exc: BaseException) -> str | None:
     return name
 
 
+def _root_branch_fix(model: torch.nn.Module) -> str:
+    """Advice for a branch in the root forward: concrete_args only helps for flag arguments."""
+    try:
+        parameters = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        parameters = []
+    flags = [p.name for p in parameters if p.default is not inspect.Parameter.empty]
+    advice = ("if the branch depends on tensor values, move it into a submodule (which "
+              "auto_leaf then keeps as a leaf), use torch.where, or call it through a "
+              "function wrapped with torch.fx.wrap")
+    if flags:
+        example = ", ".join(f"{name!r}: ..." for name in flags[:2])
+        advice += (f"; if it depends on a flag argument, fix the flag with "
+                   f"concrete_args={{{example}}}")
+    else:
+        advice += "; if it depends on a non-tensor argument, fix it with concrete_args={name: value}"
+    return advice
+
+
 def explain_failure(exc: BaseException, model: torch.nn.Module, scope: tuple[str, ...],
                     auto_leaves: tuple[tuple[str, str], ...]) -> TraceFailure:
     """Build the TraceFailure for ``exc`` raised while tracing ``model``.
@@ -88,13 +107,7 @@ def explain_failure(exc: BaseException, model: torch.nn.Module, scope: tuple[str
         builtin = match.group(1) if match else "len"
         fixes.append(f"or call torch.fx.wrap({builtin!r}) at the top level of that file")
     if code in ("control", "number") and not module_path:
-        try:
-            names = [p for p in inspect.signature(model.forward).parameters]
-        except (TypeError, ValueError):
-            names = []
-        example = ", ".join(f"{name!r}: ..." for name in names[:2]) or "'name': ..."
-        fixes.append(f"or pass concrete_args={{{example}}} (the forward arguments the "
-                     f"statement depends on) to fix that branch")
+        fixes.append(_root_branch_fix(model))
     if code == "other" and not module_path:
         fixes.append("or rewrite the statement with tensor operations")
     fixes = [f[3:] if f.startswith("or ") else f for f in fixes]

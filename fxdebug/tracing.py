@@ -133,10 +133,15 @@ class _Tracer(fx.Tracer):
         self.leaf_paths = tuple(leaf_paths)
         self.leaf_types = tuple(leaf_types)
         self._module_scope: list[str] = []
-        self.keys = KeyAllocator()
+        self.keys = KeyAllocator()  # re-made with the root's module paths in trace()
         self.failure_scope: tuple[str, ...] | None = None
         self._order: dict[fx.Node, int] = {}
         self._recorder_proxies: dict[str, fx.Proxy] = {}
+
+    def trace(self, root, concrete_args=None):
+        if isinstance(root, torch.nn.Module):
+            self.keys = KeyAllocator(owned=(name for name, _ in root.named_modules() if name))
+        return super().trace(root, concrete_args)
 
     # -- graph construction ----------------------------------------------------------
     def proxy(self, node: fx.Node) -> fx.Proxy:
@@ -145,7 +150,8 @@ class _Tracer(fx.Tracer):
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None):
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
         scope = self._module_scope[-1] if self._module_scope else ""
-        node.meta[META_KEY] = self.keys.allocate(key_base(kind, target, scope))
+        node.meta[META_KEY] = self.keys.allocate(key_base(kind, target, scope),
+                                                 owner=kind == "call_module")
         node.meta[META_SOURCE] = user_location(sys._getframe(1))
         self._order[node] = len(self._order)
         return node
@@ -169,7 +175,7 @@ class _Tracer(fx.Tracer):
         if self.is_leaf_module(m, path):
             return super().call_module(m, forward, args, kwargs)
         source = user_location(sys._getframe(1))
-        key = self.keys.allocate(path)
+        key = self.keys.allocate(path, owner=True)
         self._module_scope.append(path)
         try:
             out = super().call_module(m, forward, args, kwargs)

@@ -102,6 +102,29 @@ def test_capture_keeps_value_when_a_later_inplace_op_overwrites_it(hooks):
     assert rec.record("act").copied
 
 
+@pytest.mark.parametrize("write", [torch.relu_, torch.nn.functional.relu_, lambda h: h.relu_(),
+                                   lambda h: h.clamp_(min=0), lambda h: h.data.zero_()])
+def test_function_form_inplace_ops_make_the_capture_copy(write):
+    class Writes(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.lin(x)
+            write(h)
+            return h * 1
+
+    model = Writes()
+    x = torch.randn(2, 4)
+    gm = fxdebug.instrument(model, capture=["lin"])
+    with torch.no_grad():
+        gm(x)
+        expected = model.lin(x)
+    assert (expected < 0).any()
+    assert torch.equal(fxdebug.records(gm)["lin"], expected)
+
+
 def test_capture_is_a_view_when_nothing_writes_later():
     model, x = _build("later_inplace")
     gm = fxdebug.instrument(model)

@@ -106,8 +106,8 @@ class _HelperUse(torch.nn.Module):
 
 
 @pytest.mark.parametrize("model, text, kind, fix", [
-    (_RootBranch(), "if x.sum() > 0", "control flow on a traced value", "concrete_args"),
-    (_IntUse(), "range(x.shape[0])", "a traced value used as a Python number", "concrete_args"),
+    (_RootBranch(), "if x.sum() > 0", "control flow on a traced value", "torch.where"),
+    (_IntUse(), "range(x.shape[0])", "a traced value used as a Python number", "submodule"),
     (_LenUse(), "len(x)", "an untraceable builtin", "torch.fx.wrap('len')"),
 ])
 def test_trace_failure_names_line_kind_and_fix(model, text, kind, fix):
@@ -189,6 +189,35 @@ def test_leaf_modules_by_path_and_type():
     assert "layer2.1" in targets and "layer2.1.conv1" not in targets
     with pytest.raises(ValueError, match="Did you mean 'layer1'"):
         fxdebug.trace(model, leaf_modules=["layer01"])
+
+
+def test_flag_argument_gets_a_concrete_args_fix():
+    class Flag(torch.nn.Module):
+        def forward(self, x, normalize=True):
+            if normalize:
+                return x / x.norm()
+            return x
+
+    with pytest.raises(fxdebug.TraceFailure, match=r"concrete_args=\{'normalize': \.\.\.\}"):
+        fxdebug.trace(Flag())
+    x = torch.randn(3)
+    assert torch.equal(fxdebug.trace(Flag(), concrete_args={"normalize": True})(x), Flag()(x))
+
+
+def test_counter_keys_never_take_a_real_module_name():
+    class Named(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.relu = torch.nn.ReLU()
+            self.relu_1 = torch.nn.Tanh()
+            self.fc = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.relu_1(self.relu(self.fc(self.relu(x))))
+
+    gm = fxdebug.trace(Named())
+    calls = {n.meta["fxdebug_key"]: n.target for n in gm.graph.nodes if n.op == "call_module"}
+    assert calls == {"relu": "relu", "fc": "fc", "relu_2": "relu", "relu_1": "relu_1"}
 
 
 def test_trace_rejects_non_modules():
