@@ -11,7 +11,9 @@ from . import passes
 from .errors import FxdebugError, SelectionError, TraceFailure
 from .instrument import instrument, records
 from .records import Record, Records, Stats
+from .jacobian import JacobianNorms, jacobian_norms
 from .tracing import trace
+from .vjp import vjp
 
 __version__ = "0.1.0"
 
@@ -22,6 +24,9 @@ __all__ = [
     "Records",
     "Record",
     "Stats",
+    "vjp",
+    "jacobian_norms",
+    "JacobianNorms",
     "passes",
     "FxdebugError",
     "TraceFailure",

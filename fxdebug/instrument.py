@@ -6,6 +6,7 @@ Call tree::
       ├─ trace(model)                      unless it is a GraphModule already
       ├─ DebugGraphModule(root, graph copy) the caller's module is never edited
       ├─ passes.Capture(...)               capture nodes + recorder
+      ├─ passes.GradHooks(...)             with grads=True: gradient-recording nodes
       ├─ user passes                       run in the order given
       └─ graph.lint(); recompile()
     gm(x)                                  begin_run, then every capture node
@@ -26,6 +27,7 @@ from .keys import assign_missing_keys
 from .passes._recorder import RECORDER_ATTR
 from .passes.base import as_pass
 from .passes.capture import Capture
+from .passes.grad_hooks import GradHooks
 from .records import Records
 from .runtime import Recorder
 from .tracing import trace
@@ -56,7 +58,9 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
             globs. ``[]`` inserts no capture nodes.
         depth: only keys nested at most this deep (``key.count(".")``).
         include / exclude: keys or globs to keep / drop.
-        grads: record activation gradients (not available in this version).
+        grads: also record the gradient of every selected activation during
+            backward (``records(gm).grads[key]``); parameter gradients
+            appear in ``records(gm).table()``.
         mode: ``"tensor"`` keeps captured values, ``"stats"`` keeps only
             mean/std/min/max/zeros %/non-finite count.
         passes: more passes (``fxdebug.passes.Pass`` or functions
@@ -75,10 +79,6 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
         >>> rec["layer1.0"].shape
         torch.Size([1, 64, 16, 16])
     """
-    if grads:
-        raise NotImplementedError(
-            "grads=True (gradient hook nodes) is not available in this version of fxdebug; "
-            "call instrument(model) and use tensor.register_hook on the captured outputs meanwhile.")
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fxdebug.instrument expects an nn.Module or a GraphModule, "
                         f"got {type(model).__name__}.")
@@ -86,6 +86,10 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
     pipeline = []
     if not (isinstance(capture, (list, tuple)) and len(capture) == 0):
         pipeline.append(Capture(capture, depth=depth, include=include, exclude=exclude, mode=mode))
+    if grads:
+        selection = "modules" if isinstance(capture, (list, tuple)) and not capture else capture
+        pipeline.append(GradHooks(selection, depth=depth, include=include, exclude=exclude,
+                                  mode=mode))
     pipeline.extend(as_pass(p) for p in passes)
     for step in pipeline:
         try:
@@ -116,4 +120,6 @@ def records(gm: torch.nn.Module) -> Records:
         raise FxdebugError(
             f"{type(gm).__name__} has no fxdebug recorder, so nothing was captured. "
             f"Use gm = fxdebug.instrument(model), run gm(inputs), then fxdebug.records(gm).")
-    return recorder.latest
+    latest = recorder.latest
+    latest.bind_parameters(gm.named_parameters())
+    return latest

@@ -19,7 +19,7 @@ from typing import Any, Iterator, NamedTuple
 import torch
 from tabulate import tabulate
 
-__all__ = ["Records", "Record", "Stats", "tensor_stats"]
+__all__ = ["Records", "Record", "Stats", "tensor_stats", "flatten_tensors"]
 
 
 class Stats(NamedTuple):
@@ -32,6 +32,7 @@ class Stats(NamedTuple):
     zeros_pct: float
     nonfinite: int
     numel: int
+    norm: float = float("nan")
 
 
 _NAN = float("nan")
@@ -67,7 +68,7 @@ def tensor_stats(tensor: torch.Tensor) -> Stats:
     std, mean = torch.std_mean(t, correction=0)
     low, high = torch.aminmax(t)
     return Stats(float(mean), float(std), float(low), float(high), 100.0 * zeros / numel,
-                 nonfinite, numel)
+                 nonfinite, numel, float(torch.linalg.vector_norm(t)))
 
 
 @dataclasses.dataclass
@@ -118,6 +119,17 @@ def _flatten(value: Any, key: str, out: list, notes: list) -> None:
         _flatten(item, f"{key}/{name}", out, notes)
 
 
+def flatten_tensors(value: Any, key: str, notes: list | None = None) -> list[tuple[str, torch.Tensor]]:
+    """``(key/path, tensor)`` for every tensor in a nested value, in order.
+
+    >>> [k for k, _ in flatten_tensors((torch.ones(1), {"b": torch.ones(1)}), "blk")]
+    ['blk/0', 'blk/1/b']
+    """
+    found: list[tuple[str, torch.Tensor]] = []
+    _flatten(value, key, found, notes if notes is not None else [])
+    return found
+
+
 class Records:
     """Ordered store of captured values, indexable by key.
 
@@ -129,6 +141,29 @@ class Records:
     def __init__(self) -> None:
         self._records: dict[str, Record] = {}
         self.notes: list[str] = []
+        self._grads: Records | None = None
+        self._parameters: list[tuple[str, torch.nn.Parameter]] = []
+
+    @property
+    def grads(self) -> "Records":
+        """Gradients of the captured activations, keyed like the captures, in backward order.
+
+        Filled during ``backward()`` by the gradient-hook nodes of
+        ``instrument(..., grads=True)``; ``rec.grads[key]`` is a tensor (or
+        :class:`Stats` in stats mode).
+        """
+        if self._grads is None:
+            self._grads = Records()
+        return self._grads
+
+    def bind_parameters(self, named_parameters) -> None:
+        """Remember the module's parameters so the table can show their gradients."""
+        self._parameters = list(named_parameters)
+
+    def parameter_grads(self) -> list[tuple[str, tuple[int, ...], Stats | None]]:
+        """``(name, shape, Stats of .grad or None)`` for every parameter, in module order."""
+        return [(name, tuple(p.shape), None if p.grad is None else tensor_stats(p.grad))
+                for name, p in self._parameters]
 
     # -- writing (called by fxdebug.runtime) -------------------------------------------
     def add(self, key: str, op: str, value: Any, *, clone: bool = False,
@@ -194,27 +229,56 @@ class Records:
     def table(self, floatfmt: str = ".4g") -> str:
         """A table of every capture: key, op, shape, dtype, statistics, then totals.
 
+        With recorded gradients it adds ``grad norm`` and ``grad non-finite``
+        columns and a table of parameter gradients (name, shape, grad norm).
         Byte-identical for identical inputs and weights, in any process.
         """
+        grads = self._grads if self._grads is not None and len(self._grads) else None
         rows = []
         for record in self._records.values():
             stats = record.stats
-            rows.append([record.key, record.op, "x".join(map(str, record.shape)) or "scalar",
-                         str(record.dtype).replace("torch.", ""),
-                         *(format(value, floatfmt) for value in stats[:4]),
-                         format(stats.zeros_pct, ".1f"), str(stats.nonfinite)])
+            row = [record.key, record.op, _shape_text(record.shape),
+                   str(record.dtype).replace("torch.", ""),
+                   *(format(value, floatfmt) for value in stats[:4]),
+                   format(stats.zeros_pct, ".1f"), str(stats.nonfinite)]
+            if grads is not None:
+                grad = grads._records.get(record.key)
+                row += (["-", "-"] if grad is None else
+                        [format(grad.stats.norm, floatfmt), str(grad.stats.nonfinite)])
+            rows.append(row)
         headers = ["key", "op", "shape", "dtype", "mean", "std", "min", "max", "zeros %",
                    "non-finite"]
+        if grads is not None:
+            headers += ["grad norm", "grad non-finite"]
         text = tabulate(rows, headers=headers, disable_numparse=True,
-                        colalign=("left",) * 4 + ("right",) * 6)
+                        colalign=("left",) * 4 + ("right",) * (len(headers) - 4))
         copied = sum(r.nbytes for r in self._records.values() if r.copied)
         lines = [text, f"{len(self._records)} tensors captured, {_human_bytes(self.nbytes)} held "
                        f"({_human_bytes(copied)} in copies)"]
+        if grads is not None:
+            held = grads.nbytes
+            lines.append(f"{len(grads)} gradients recorded, {_human_bytes(held)} held")
+            bad = [r.key for r in grads._records.values() if r.stats.nonfinite]
+            if bad:
+                lines.append(f"first non-finite gradient in backward order: {bad[0]}")
+        parameters = [(name, shape, stats) for name, shape, stats in self.parameter_grads()
+                      if stats is not None]
+        if parameters:
+            lines.append("")
+            lines.append(tabulate(
+                [[name, _shape_text(shape), format(stats.norm, floatfmt), str(stats.nonfinite)]
+                 for name, shape, stats in parameters],
+                headers=["parameter", "shape", "grad norm", "grad non-finite"],
+                disable_numparse=True, colalign=("left", "left", "right", "right")))
         lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
 
     def __repr__(self) -> str:
         return f"Records({len(self._records)} tensors, {_human_bytes(self.nbytes)})"
+
+
+def _shape_text(shape) -> str:
+    return "x".join(map(str, shape)) or "scalar"
 
 
 def _human_bytes(count: int) -> str:

@@ -22,9 +22,10 @@ import torch
 import torch.fx as fx
 from torch.fx.node import has_side_effect, map_aggregate
 
-from .records import Records
+from .records import Records, flatten_tensors
 
-__all__ = ["Recorder", "begin_run", "capture", "capture_stats"]
+__all__ = ["Recorder", "GradEdit", "begin_run", "capture", "capture_stats", "record_grads",
+           "edit_grads"]
 
 
 class Recorder(torch.nn.Module):
@@ -103,4 +104,105 @@ def capture_stats(recorder: Recorder, value, key: str, op: str):
     if emitted is not None:
         return emitted
     recorder.latest.add(key, op, value, stats_only=True)
+    return None
+
+
+class _StoreGrad:
+    """Tensor hook that files a gradient under its key; changes nothing."""
+
+    __slots__ = ("records", "key", "op", "stats_only")
+
+    def __init__(self, records: Records, key: str, op: str, stats_only: bool) -> None:
+        self.records, self.key, self.op, self.stats_only = records, key, op, stats_only
+
+    def __call__(self, grad):
+        self.records.grads.add(self.key, self.op, grad, stats_only=self.stats_only)
+        return None
+
+
+@has_side_effect
+def record_grads(recorder: Recorder, value, key: str, op: str, stats_only: bool = False):
+    """Register a hook on every tensor in ``value`` that requires grad; the hook keeps its gradient.
+
+    The hook sees the gradient of the value *at this node*, even when a later
+    in-place op rewrites the tensor. Nothing is done under ``torch.no_grad()``.
+    """
+    kwargs = {"stats_only": True} if stats_only else {}
+    emitted = _emit_if_tracing(record_grads, (recorder, value, key, op), kwargs)
+    if emitted is not None:
+        return emitted
+    if torch.is_grad_enabled():
+        for name, tensor in flatten_tensors(value, key):
+            if tensor.requires_grad:
+                tensor.register_hook(_StoreGrad(recorder.latest, name, op, stats_only))
+    return None
+
+
+class GradEdit(torch.nn.Module):
+    """Holds a gradient edit ``fn(grad) -> grad`` for ``edit_grads`` nodes (submodule ``fxdebug_grad_edit_N``).
+
+    >>> edit = GradEdit(lambda g: g.clamp(min=0), "clamp(min=0)")
+    >>> edit.fn(torch.tensor([-1.0, 2.0]))
+    tensor([0., 2.])
+    """
+
+    def __init__(self, fn, description: str) -> None:
+        super().__init__()
+        if not callable(fn):
+            raise TypeError(f"a gradient edit must be callable (grad -> grad), got {fn!r}")
+        self.fn = fn
+        self.description = description
+        self._leaf_handles: dict[str, object] = {}
+
+    def forward(self, *args, **kwargs):
+        raise TypeError("GradEdit is applied by edit_grads nodes and is not callable.")
+
+    def extra_repr(self) -> str:
+        return self.description
+
+    def __getstate__(self):
+        state = dict(super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__)
+        state["_leaf_handles"] = {}
+        return state
+
+
+class _EditOnce:
+    """Hook on a leaf tensor (a parameter): applies the edit to one backward, then removes itself."""
+
+    __slots__ = ("fn", "handle")
+
+    def __init__(self, fn) -> None:
+        self.fn, self.handle = fn, None
+
+    def __call__(self, grad):
+        if self.handle is not None:
+            self.handle.remove()
+        return self.fn(grad)
+
+
+@has_side_effect
+def edit_grads(edit: GradEdit, value, key: str):
+    """Make backward use ``edit.fn(grad)`` instead of the gradient of ``value``.
+
+    Parameters (leaf tensors) are shared with the original model, so their
+    hooks fire for one backward only and are replaced on the next forward:
+    no hook outlives the run it belongs to.
+    """
+    emitted = _emit_if_tracing(edit_grads, (edit, value, key), {})
+    if emitted is not None:
+        return emitted
+    if not torch.is_grad_enabled():
+        return None
+    for name, tensor in flatten_tensors(value, key):
+        if not tensor.requires_grad:
+            continue
+        if tensor.is_leaf:
+            stale = edit._leaf_handles.pop(name, None)
+            if stale is not None:
+                stale.remove()
+            once = _EditOnce(edit.fn)
+            once.handle = tensor.register_hook(once)
+            edit._leaf_handles[name] = once.handle
+        else:
+            tensor.register_hook(edit.fn)
     return None

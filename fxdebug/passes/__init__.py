@@ -1,11 +1,22 @@
 """Graph passes: one pass a file.
 
+``BUILTIN_PASSES`` maps the names the command line accepts (``--pass NAME``)
+to pass factories that take no arguments.
+
 >>> import fxdebug
->>> sorted(fxdebug.passes.__all__)
-['Capture', 'Pass', 'PassResult', 'as_pass']
+>>> fxdebug.passes.BUILTIN_PASSES["capture"]().name
+'capture'
 """
 
 from .base import Pass, PassResult, as_pass
 from .capture import Capture
+from .grad_hooks import GradHooks
+from .grad_transform import GradTransform
 
-__all__ = ["Pass", "PassResult", "as_pass", "Capture"]
+__all__ = ["Pass", "PassResult", "as_pass", "Capture", "GradHooks", "GradTransform",
+           "BUILTIN_PASSES"]
+
+BUILTIN_PASSES = {
+    "capture": Capture,
+    "grads": GradHooks,
+}
