@@ -1,18 +1,28 @@
 """DebugGraphModule: a torch.fx.GraphModule that names the node where a run failed.
 
-It differs from a GraphModule in two ways only:
+It differs from a GraphModule in three ways only:
 
 * an exception raised while running the generated ``forward`` gets a note
   (PEP 678, printed under the traceback) naming the node key, what the node
   does, the user's source line and the shapes of its inputs;
 * pickling (``torch.save``) keeps fxdebug's node meta (keys, source lines),
-  which torch otherwise drops because it re-traces the code on load.
+  which torch otherwise drops because it re-traces the code on load;
+* the generated ``forward`` has a real, stable filename derived from a hash of
+  its code (``/fxdebug-generated/ResNet_1f0c2a9b7d3e.py``), registered with
+  ``linecache``: tracebacks keep their frames and show the generated line, and
+  ``pdb`` can ``break`` in it (torch's ``<eval_with_key>.N`` names change with a
+  global counter and make torch drop the traceback of errors raised there).
 """
 
 from __future__ import annotations
 
+import hashlib
+import linecache
+import os
+
 import torch
 import torch.fx as fx
+from torch.fx.graph_module import _forward_from_src
 
 from .keys import META_KEY, META_SOURCE, op_name
 from .locations import format_location
@@ -20,6 +30,26 @@ from .locations import format_location
 __all__ = ["DebugGraphModule"]
 
 _NOTE_MARK = "fxdebug: "
+
+# Not a folder on disk: the source lives in linecache (see generated_filename).
+GENERATED_DIR = os.path.join(os.sep, "fxdebug-generated")
+
+
+def generated_filename(class_name: str, code: str) -> str:
+    """The stable filename of a generated ``forward``: class name plus a hash of the code.
+
+    >>> generated_filename("ResNet", "def forward(self, x):\n    return x\n")
+    '/fxdebug-generated/ResNet_43ee807b0894.py'
+    """
+    digest = hashlib.sha1(code.encode()).hexdigest()[:12]
+    stem = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in class_name) or "GraphModule"
+    return os.path.join(GENERATED_DIR, f"{stem}_{digest}.py")
+
+
+def _register_source(filename: str, code: str) -> None:
+    """Put ``code`` into linecache under ``filename`` (mtime None: checkcache keeps it)."""
+    lines = code.splitlines(keepends=True)
+    linecache.cache[filename] = (len(code), None, lines, filename)
 
 
 class DebugGraphModule(fx.GraphModule):
@@ -36,7 +66,19 @@ class DebugGraphModule(fx.GraphModule):
         fxdebug: failed at node '0'
     """
 
+    def recompile(self):
+        python_code = super().recompile()
+        cls = type(self)  # torch makes one class per instance, named after the model
+        filename = generated_filename(cls.__name__, self._code)
+        _register_source(filename, self._code)
+        cls.forward = _forward_from_src(self._code, python_code.globals,
+                                        {"co_filename": filename})
+        return python_code
+
     def __call__(self, *args, **kwargs):
+        filename = type(self).forward.__code__.co_filename
+        if filename not in linecache.cache:  # linecache.clearcache() was called
+            _register_source(filename, self._code)
         try:
             return super().__call__(*args, **kwargs)
         except Exception as exc:

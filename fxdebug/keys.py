@@ -12,6 +12,8 @@ Node meta written by fxdebug (all keys start with ``fxdebug_``):
     fxdebug_source   (filename, lineno) of the user statement, or None
     fxdebug_returns  module outputs that end at this node (see tracing.py)
     fxdebug_pass     name of the pass that inserted the node
+    fxdebug_provenance  [(node name, key), ...] of the nodes this node replaced
+                     (written by :func:`inherit_key`)
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 __all__ = ["node_key", "target_name", "op_name", "short_name", "KeyAllocator",
-           "assign_missing_keys", "META_KEY", "META_SOURCE", "META_RETURNS", "META_PASS"]
+           "assign_missing_keys", "inherit_key", "META_KEY", "META_SOURCE", "META_RETURNS",
+           "META_PASS", "META_PROVENANCE"]
 
 META_KEY = "fxdebug_key"
 META_SOURCE = "fxdebug_source"
 META_RETURNS = "fxdebug_returns"
 META_PASS = "fxdebug_pass"
+META_PROVENANCE = "fxdebug_provenance"
 
 _NON_IDENTIFIER = re.compile(r"[^0-9a-zA-Z_]")
 
@@ -136,6 +140,39 @@ def op_name(node: fx.Node, root: torch.nn.Module | None = None) -> str:
     if node.op == "call_method":
         return f"Tensor.{node.target}"
     return node.op
+
+
+def inherit_key(new_node: fx.Node, old_node: fx.Node) -> fx.Node:
+    """Let ``new_node`` carry the key and source line of ``old_node``, which it replaces.
+
+    Call it in a pass that replaces a node by a new one computing the same
+    value (or, in a faulty pass, a value meant to be the same): equivalence
+    checks then compare the two, and diffs show a change instead of a removal
+    and an addition. ``old_node`` (name and key) is appended to
+    ``new_node.meta["fxdebug_provenance"]``. Give a fused node the key of the
+    node whose value it computes (for conv+bn, the bn). Returns ``new_node``.
+
+    >>> import torch, fxdebug
+    >>> gm = fxdebug.trace(torch.nn.Sequential(torch.nn.ReLU()))
+    >>> relu = [n for n in gm.graph.nodes if n.op == "call_module"][0]
+    >>> with gm.graph.inserting_after(relu):
+    ...     new = gm.graph.call_function(torch.sigmoid, relu.args)
+    >>> relu.replace_all_uses_with(new); gm.graph.erase_node(relu)
+    [output]
+    >>> inherit_key(new, relu).meta["fxdebug_key"], new.meta["fxdebug_provenance"]
+    ('0', [('_0', '0')])
+    """
+    old_key = node_key(old_node)
+    new_node.meta[META_KEY] = old_key
+    if old_node.meta.get(META_SOURCE) is not None:
+        new_node.meta[META_SOURCE] = old_node.meta[META_SOURCE]
+    if "nn_module_stack" in old_node.meta and "nn_module_stack" not in new_node.meta:
+        new_node.meta["nn_module_stack"] = old_node.meta["nn_module_stack"]
+    provenance = list(new_node.meta.get(META_PROVENANCE, ()))
+    provenance.extend(old_node.meta.get(META_PROVENANCE, ()))
+    provenance.append((old_node.name, old_key))
+    new_node.meta[META_PROVENANCE] = provenance
+    return new_node
 
 
 def assign_missing_keys(graph: fx.Graph) -> None:

@@ -32,10 +32,9 @@ def vjp(model: torch.nn.Module, inputs, of: str, wrt: str, grad_outputs=None) ->
     Example::
 
         >>> import torch, fxdebug
-        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Tanh())
-        >>> g = fxdebug.vjp(net, torch.zeros(1, 2), of="1", wrt="0")
-        >>> torch.allclose(g, torch.ones(1, 2))   # tanh'(0) = 1
-        True
+        >>> net = torch.nn.Sequential(torch.nn.Identity(), torch.nn.Tanh())
+        >>> fxdebug.vjp(net, torch.zeros(1, 2), of="1", wrt="0")   # tanh'(0) = 1
+        tensor([[1., 1.]])
     """
     gm = traced(model)
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
