@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from .errors import FxdebugError
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fxdebug: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and closed: stop quietly, like cat does
+        sys.stdout = open(os.devnull, "w")
+        return 141
     except Exception as exc:  # a model error: report it in one paragraph, never a traceback
         print(f"fxdebug: error: {type(exc).__name__}: {_one_paragraph(exc)}", file=sys.stderr)
         return 1

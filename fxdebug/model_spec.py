@@ -38,6 +38,30 @@ def _import_file(path: str):
     return module
 
 
+def load_object(spec: str, what: str = "model"):
+    """The object named by ``package.module:name`` or ``path/to/file.py:name``.
+
+    >>> load_object("torch.nn.functional:relu", "loss").__name__
+    'relu'
+    """
+    if ":" not in spec:
+        raise FxdebugError(f"{what} {spec!r} has no ':name' part. {_FORMAT_HINT}")
+    where, _, name = spec.rpartition(":")
+    if where.endswith(".py") or os.sep in where:
+        module = _import_file(where)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as exc:
+            raise FxdebugError(f"cannot import {where!r} for {what} {spec!r}: {exc}. "
+                               f"{_FORMAT_HINT}") from exc
+    found = getattr(module, name, None)
+    if found is None or not callable(found):
+        raise FxdebugError(f"{where!r} has no callable {name!r} for {what} {spec!r}. "
+                           f"{_FORMAT_HINT}")
+    return found
+
+
 def load_model(spec: str):
     """Return ``(model, inputs_or_None)`` for ``spec``; the model is in eval mode.
 
@@ -45,21 +69,7 @@ def load_model(spec: str):
     >>> type(model).__name__, inputs
     ('Identity', None)
     """
-    if ":" not in spec:
-        raise FxdebugError(f"model {spec!r} has no ':factory' part. {_FORMAT_HINT}")
-    where, _, factory_name = spec.rpartition(":")
-    if where.endswith(".py") or os.sep in where:
-        module = _import_file(where)
-    else:
-        try:
-            module = importlib.import_module(where)
-        except ImportError as exc:
-            raise FxdebugError(f"cannot import {where!r} for model {spec!r}: {exc}. "
-                               f"{_FORMAT_HINT}") from exc
-    factory = getattr(module, factory_name, None)
-    if factory is None or not callable(factory):
-        raise FxdebugError(f"{where!r} has no callable {factory_name!r} for model {spec!r}. "
-                           f"{_FORMAT_HINT}")
+    factory = load_object(spec, "model")
     made = factory()
     inputs = None
     if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):

@@ -36,6 +36,28 @@ def test_summary_options():
     assert all(k.count(".") <= 2 for k in keys)
 
 
+def test_summary_grads_loss_and_plot(tmp_path):
+    (tmp_path / "losses.py").write_text("def first(out):\n    return out[0, 0]\n")
+    result = _fxdebug("summary", "torchvision.models:resnet18", "--input", "1,3,64,64", "--depth",
+                      "0", "--grads", "--loss", "losses.py:first", "--plot", "norms.png",
+                      cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    header = result.stdout.splitlines()[1]
+    assert header.split()[-4:] == ["grad", "norm", "grad", "non-finite"]
+    assert "fc.weight" in result.stdout and "grads of losses.py:first" in result.stdout
+    assert (tmp_path / "norms.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\nsys.modules['matplotlib'] = None  # as if it were not installed\n")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
+    result = subprocess.run([sys.executable, "-m", "fxdebug", "summary", "--plot", "x.png"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    _assert_one_paragraph_error(result, "pip install 'fxdebug[plot]'")
+    assert not (tmp_path / "x.png").exists()
+
+
 def test_model_from_a_file_with_inputs(tmp_path):
     (tmp_path / "net.py").write_text(textwrap.dedent("""
         import torch
