@@ -6,7 +6,7 @@ user's ``file:line``) and what to do about it.
 
 from __future__ import annotations
 
-__all__ = ["FxdebugError", "TraceFailure", "SelectionError"]
+__all__ = ["FxdebugError", "TraceFailure", "SelectionError", "PassEquivalenceError"]
 
 
 class FxdebugError(Exception):
@@ -57,3 +57,18 @@ class TraceFailure(FxdebugError):
         self.kind = kind
         self.fix = fix
         self.auto_leaves = auto_leaves
+
+
+class PassEquivalenceError(FxdebugError):
+    """A pass changed what the module computes; raised by :class:`fxdebug.PassManager`.
+
+    Attributes:
+        pass_name: the pass that broke equivalence.
+        report: the :class:`~fxdebug.passes.manager.PassReport` up to and
+            including that pass (snapshots, diffs, the equivalence report).
+    """
+
+    def __init__(self, message: str, *, pass_name: str, report) -> None:
+        super().__init__(message)
+        self.pass_name = pass_name
+        self.report = report

@@ -28,12 +28,13 @@ import torch.nn.functional as F
 
 __all__ = ["node_key", "target_name", "op_name", "short_name", "KeyAllocator",
            "assign_missing_keys", "inherit_key", "META_KEY", "META_SOURCE", "META_RETURNS",
-           "META_PASS", "META_PROVENANCE"]
+           "META_PASS", "META_PROVENANCE", "META_MODULE", "module_path"]
 
 META_KEY = "fxdebug_key"
 META_SOURCE = "fxdebug_source"
 META_RETURNS = "fxdebug_returns"
 META_PASS = "fxdebug_pass"
+META_MODULE = "fxdebug_module"
 META_PROVENANCE = "fxdebug_provenance"
 
 _NON_IDENTIFIER = re.compile(r"[^0-9a-zA-Z_]")
@@ -166,6 +167,8 @@ def inherit_key(new_node: fx.Node, old_node: fx.Node) -> fx.Node:
     new_node.meta[META_KEY] = old_key
     if old_node.meta.get(META_SOURCE) is not None:
         new_node.meta[META_SOURCE] = old_node.meta[META_SOURCE]
+    if META_MODULE in old_node.meta:
+        new_node.meta[META_MODULE] = old_node.meta[META_MODULE]
     if "nn_module_stack" in old_node.meta and "nn_module_stack" not in new_node.meta:
         new_node.meta["nn_module_stack"] = old_node.meta["nn_module_stack"]
     provenance = list(new_node.meta.get(META_PROVENANCE, ()))
@@ -173,6 +176,16 @@ def inherit_key(new_node: fx.Node, old_node: fx.Node) -> fx.Node:
     provenance.append((old_node.name, old_key))
     new_node.meta[META_PROVENANCE] = provenance
     return new_node
+
+
+def module_path(node: fx.Node) -> str:
+    """The module a node belongs to: its target for module calls, else the enclosing module."""
+    if node.op == "call_module":
+        return str(node.target)
+    if META_MODULE in node.meta:
+        return node.meta[META_MODULE]
+    stack = node.meta.get("nn_module_stack") or {}
+    return list(stack.values())[-1][0] if stack else ""
 
 
 def assign_missing_keys(graph: fx.Graph) -> None:

@@ -33,7 +33,7 @@ from torch.fx.proxy import Attribute
 
 from .errors import TraceFailure
 from .graph_module import DebugGraphModule
-from .keys import META_KEY, META_RETURNS, META_SOURCE, KeyAllocator, key_base
+from .keys import META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, key_base
 from .locations import caller_stacklevel, user_location
 from .trace_failure import explain_failure
 
@@ -153,6 +153,7 @@ class _Tracer(fx.Tracer):
         node.meta[META_KEY] = self.keys.allocate(key_base(kind, target, scope),
                                                  owner=kind == "call_module")
         node.meta[META_SOURCE] = user_location(sys._getframe(1))
+        node.meta[META_MODULE] = str(target) if kind == "call_module" else scope
         self._order[node] = len(self._order)
         return node
 

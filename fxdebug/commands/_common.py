@@ -39,3 +39,27 @@ def capture_argument(text: str):
     if text in ("modules", "all"):
         return text
     return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def add_pass_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--pass NAME`` (repeatable), naming built-in passes."""
+    from ..passes import BUILTIN_PASSES
+    parser.add_argument("--pass", dest="passes", action="append", metavar="NAME",
+                        help=f"a built-in pass to run, in order; repeat for several "
+                             f"({', '.join(BUILTIN_PASSES)})")
+
+
+def built_in_passes(names) -> list:
+    """Instances of the named built-in passes; an unknown name lists the known ones."""
+    from ..errors import FxdebugError
+    from ..passes import BUILTIN_PASSES
+    if not names:
+        raise FxdebugError(f"name at least one pass with --pass NAME; built-in passes: "
+                           f"{', '.join(BUILTIN_PASSES)}.")
+    passes = []
+    for name in names:
+        if name not in BUILTIN_PASSES:
+            raise FxdebugError(f"--pass {name!r} is not a built-in pass; choose from "
+                               f"{', '.join(BUILTIN_PASSES)}.")
+        passes.append(BUILTIN_PASSES[name]())
+    return passes

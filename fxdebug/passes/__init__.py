@@ -9,14 +9,17 @@ to pass factories that take no arguments.
 """
 
 from .base import Pass, PassResult, as_pass
+from .breakpoint import Breakpoint
 from .capture import Capture
 from .grad_hooks import GradHooks
 from .grad_transform import GradTransform
+from .manager import PassManager, PassReport, Stage
 
 __all__ = ["Pass", "PassResult", "as_pass", "Capture", "GradHooks", "GradTransform",
-           "BUILTIN_PASSES"]
+           "PassManager", "PassReport", "Stage", "Breakpoint", "BUILTIN_PASSES"]
 
 BUILTIN_PASSES = {
     "capture": Capture,
     "grads": GradHooks,
+    "breakpoint": Breakpoint,
 }
