@@ -8,7 +8,10 @@ torch.Size([1, 64, 16, 16])
 """
 
 from . import passes
-from .errors import FxdebugError, SelectionError, TraceFailure
+from .passes.manager import PassManager
+from .errors import FxdebugError, PassEquivalenceError, SelectionError, TraceFailure
+from .graph_diff import DiffRow, GraphDiff, diff
+from .graph_table import print_tabular, tabular
 from .instrument import instrument, records
 from .records import Record, Records, Stats
 from .jacobian import JacobianNorms, jacobian_norms
@@ -24,11 +27,18 @@ __all__ = [
     "Records",
     "Record",
     "Stats",
+    "print_tabular",
+    "tabular",
+    "diff",
+    "GraphDiff",
+    "DiffRow",
     "vjp",
     "jacobian_norms",
     "JacobianNorms",
     "passes",
+    "PassManager",
     "FxdebugError",
     "TraceFailure",
     "SelectionError",
+    "PassEquivalenceError",
 ]
