@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from typing import Any, Iterator, NamedTuple
 
 import torch
@@ -58,11 +59,17 @@ def tensor_stats(tensor: torch.Tensor) -> Stats:
     elif t.dtype in (torch.float16, torch.bfloat16) or t.element_size() < 2:
         t = t.float()
     zeros = numel - int(torch.count_nonzero(t))
+    # Fast path, three passes: a non-finite value shows up in min/max (inf) or both (nan).
+    std, mean = torch.std_mean(t, correction=0)
+    low, high = torch.aminmax(t)
+    if math.isfinite(float(low)) and math.isfinite(float(high)):
+        mean_f, std_f = float(mean), float(std)
+        norm = math.sqrt(numel * (std_f * std_f + mean_f * mean_f))
+        return Stats(mean_f, std_f, float(low), float(high), 100.0 * zeros / numel, 0, numel, norm)
     finite_mask = torch.isfinite(t)
     finite = int(finite_mask.sum())
     nonfinite = numel - finite
-    if nonfinite:
-        t = t[finite_mask]
+    t = t[finite_mask]
     if t.numel() == 0:
         return Stats(_NAN, _NAN, _NAN, _NAN, 100.0 * zeros / numel, nonfinite, numel)
     std, mean = torch.std_mean(t, correction=0)
