@@ -264,6 +264,32 @@ def test_instrument_does_not_touch_the_model_or_a_given_graph_module():
     assert "layer1.0.conv1" in fxdebug.records(gm2)
 
 
+def test_submodules_stay_shared_like_torch_fx():
+    model = torchvision.models.resnet18()
+    gm = fxdebug.instrument(model)
+    for path in ("conv1", "layer1.0.conv1", "layer4.1.bn2", "fc"):  # leaf modules, as in torch.fx
+        assert gm.get_submodule(path) is model.get_submodule(path), path
+    model.eval()  # switching the user's model to eval switches the instrumented one too
+    assert not gm.bn1.training
+    seen = []
+    model.fc.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    with torch.no_grad():
+        gm(torch.randn(1, 3, 64, 64))
+    assert seen == [torch.Size([1, 1000])]
+
+
+def test_tracing_writes_nothing_onto_the_users_model():
+    class Constant(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.tensor([1.0, 2.0])
+
+    model = Constant()
+    before = set(vars(model))
+    gm = fxdebug.instrument(model)
+    assert set(vars(model)) == before
+    assert torch.equal(gm(torch.zeros(2)), torch.tensor([1.0, 2.0]))
+
+
 def test_non_tensor_leaves_are_skipped_with_a_note():
     class SizeOut(torch.nn.Module):
         def __init__(self):
