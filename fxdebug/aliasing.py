@@ -12,6 +12,8 @@ extra copy, never a wrong capture.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import operator
 
 import torch
@@ -19,7 +21,7 @@ import torch.fx as fx
 
 from .keys import INPLACE_OPERATORS, short_name
 
-__all__ = ["AliasAnalysis", "mutated_argument"]
+__all__ = ["AliasAnalysis", "mutated_argument", "inplace_requested"]
 
 # Ops that return a view of (or the very same tensor as) their first argument.
 _VIEW_NAMES = frozenset("""
@@ -43,6 +45,41 @@ def _is_torch_callable(target) -> bool:
     return module in ("_operator", "operator", "builtins") or module == "torch" or module.startswith("torch.")
 
 
+@functools.lru_cache(maxsize=None)
+def _signature(target):
+    try:
+        return inspect.signature(target)
+    except (TypeError, ValueError):  # builtins without a Python signature
+        return None
+
+
+def inplace_requested(node: fx.Node) -> bool:
+    """Whether a ``call_function`` node passes ``inplace=True``, by keyword or by position.
+
+    >>> import torch, fxdebug
+    >>> class Net(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         return torch.nn.functional.relu(x, True)
+    >>> relu = [n for n in fxdebug.trace(Net()).graph.nodes if n.op == "call_function"][0]
+    >>> inplace_requested(relu)
+    True
+    """
+    if node.op != "call_function":
+        return False
+    if node.kwargs.get("inplace") is True:
+        return True
+    if not _is_torch_callable(node.target):
+        return False
+    signature = _signature(node.target)
+    if signature is None or "inplace" not in signature.parameters:
+        return False
+    try:
+        bound = signature.bind_partial(*node.args, **node.kwargs)
+    except TypeError:
+        return False
+    return bound.arguments.get("inplace") is True
+
+
 def mutated_argument(node: fx.Node, root: torch.nn.Module | None) -> fx.Node | None:
     """The node whose storage ``node`` writes in place, or ``None``."""
     first = node.args[0] if node.args else None
@@ -52,7 +89,7 @@ def mutated_argument(node: fx.Node, root: torch.nn.Module | None) -> fx.Node | N
     if node.op == "call_function":
         if node.target in INPLACE_OPERATORS or node.target is operator.setitem:
             return first if isinstance(first, fx.Node) else None
-        if node.kwargs.get("inplace") is True:
+        if inplace_requested(node):
             return first if isinstance(first, fx.Node) else None
         name = getattr(node.target, "__name__", "")
         if _is_torch_callable(node.target) and name.endswith("_") and not name.startswith("__"):
@@ -146,6 +183,13 @@ class AliasAnalysis:
         after = self._position[anchor]
         return any(position > after and id(self._find(target)) in classes
                    for position, target in self._writes if target in self._parent)
+
+    def members(self, node: fx.Node) -> list[fx.Node]:
+        """Every node that may share ``node``'s storage (itself included), in graph order."""
+        if node not in self._parent:
+            return [node]
+        root = self._find(node)
+        return [other for other in self._position if self._find(other) is root]
 
     def writes(self) -> list[tuple[fx.Node, fx.Node]]:
         """``(writer, written)`` pairs: each in-place node and the node whose storage it writes."""
