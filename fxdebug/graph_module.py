@@ -36,7 +36,7 @@ GENERATED_DIR = os.path.join(os.sep, "fxdebug-generated")
 
 
 def generated_filename(class_name: str, code: str) -> str:
-    """The stable filename of a generated ``forward``: class name plus a hash of the code.
+    r"""The stable filename of a generated ``forward``: class name plus a hash of the code.
 
     >>> generated_filename("ResNet", "def forward(self, x):\n    return x\n")
     '/fxdebug-generated/ResNet_43ee807b0894.py'
