@@ -13,13 +13,15 @@ this times one forward of:
    every eval node of ``get_graph_node_names``.
 
 Everything is built once, before timing. All variants run in one process with
-interleaved repeats (each repeat runs every variant once, round-robin), and the
-table reports the median per variant. The hook dicts are cleared at the start
-of each timed call, as fxdebug drops the previous run's Records at the start of
-each forward, so memory does not grow. A correctness line per model compares
-the ``bn1`` value kept by the detach-only hooks, create_feature_extractor and
-fxdebug with the true ``bn1`` output. Timings on a shared machine are noisy: the
-header prints the load average; compare ratios within one run only.
+interleaved repeats (each repeat runs every variant once, round-robin, the
+starting variant rotating so no variant always follows the same one), and the
+table reports the median per variant (and the minimum, which other load on the
+machine disturbs least). The hook dicts are cleared at the start of each timed
+call, as fxdebug drops the previous run's Records at the start of each forward,
+so memory does not grow. A correctness line per model compares the ``bn1`` value
+kept by the detach-only hooks, create_feature_extractor and fxdebug with the
+true ``bn1`` output. Timings on a shared machine are noisy: the header prints
+the load average; compare ratios within one run only.
 
 Run (from the repository root)::
 
@@ -54,14 +56,12 @@ def leaf_hooks(model, store, clone):
 
 
 def hooked(model, store, clone):
-    """A deep copy of ``model`` with leaf hooks (fxdebug and torchvision share the
-    original's submodules, so hooks there would fire in them too), as a timed callable."""
-    copy = deepcopy(model)
-    leaf_hooks(copy, store, clone)
+    """``model`` (a private copy) with leaf hooks, as a timed callable that resets ``store``."""
+    leaf_hooks(model, store, clone)
 
     def run(x):
         store.clear()
-        return copy(x)
+        return model(x)
     return run
 
 
@@ -69,13 +69,15 @@ def bench_model(name, shape, repeats, warmup):
     model = torchvision.models.get_model(name, weights=None).eval()
     x = torch.randn(shape)
     detach_store, clone_store = {}, {}
-    gms = {f"fxdebug {c}/{m}": fxdebug.instrument(model, capture=c, mode=m).eval()
+    # Every variant gets its own deep copy: hooks must not fire inside the others (which
+    # would share submodules), and all variants' weights are allocated the same way.
+    gms = {f"fxdebug {c}/{m}": fxdebug.instrument(deepcopy(model), capture=c, mode=m).eval()
            for c in ("modules", "all") for m in ("tensor", "stats")}
-    variants = {"eager": model, **gms}
-    variants["hooks detach (seed code)"] = hooked(model, detach_store, clone=False)
-    variants["hooks detach+clone"] = hooked(model, clone_store, clone=True)
+    variants = {"eager": deepcopy(model), **gms}
+    variants["hooks detach (seed code)"] = hooked(deepcopy(model), detach_store, clone=False)
+    variants["hooks detach+clone"] = hooked(deepcopy(model), clone_store, clone=True)
     variants["create_feature_extractor"] = create_feature_extractor(
-        model, return_nodes=get_graph_node_names(model)[1]).eval()
+        deepcopy(model), return_nodes=get_graph_node_names(model)[1]).eval()
 
     times = {v: [] for v in variants}
     with torch.no_grad():
@@ -83,10 +85,11 @@ def bench_model(name, shape, repeats, warmup):
             for fn in variants.values():
                 fn(x)
         counts = {label: len(fxdebug.records(gm)) for label, gm in gms.items()}
-        for _ in range(repeats):
-            for v, fn in variants.items():
+        names = list(variants)
+        for r in range(repeats):  # round-robin, starting one variant later each repeat
+            for v in names[r % len(names):] + names[:r % len(names)]:
                 start = time.perf_counter()
-                fn(x)
+                variants[v](x)
                 times[v].append(time.perf_counter() - start)
 
         # Correctness: bn1 is followed by ReLU(inplace=True), which overwrites its storage.
@@ -102,11 +105,12 @@ def bench_model(name, shape, repeats, warmup):
         ok_tv = torch.equal(variants["create_feature_extractor"](x)["bn1"], truth["bn1"])
 
     eager = statistics.median(times["eager"])
-    rows = [[v, f"{statistics.median(t) * 1e3:.2f}", f"{statistics.median(t) / eager:.2f}x",
-             counts.get(v, "")] for v, t in times.items()]
+    rows = [[v, f"{statistics.median(t) * 1e3:.2f}", f"{min(t) * 1e3:.2f}",
+             f"{statistics.median(t) / eager:.2f}x", counts.get(v, "")] for v, t in times.items()]
     print(f"\n### {name}\n")
-    print(tabulate(rows, headers=["variant", "median ms", "vs eager", "captured tensors"],
-                   tablefmt="github", disable_numparse=True, colalign=("left", "right", "right", "right")))
+    print(tabulate(rows, headers=["variant", "median ms", "min ms", "vs eager (median)",
+                                  "captured tensors"], tablefmt="github", disable_numparse=True,
+                   colalign=("left",) + ("right",) * 4))
     print(f"\nbn1 correctness: hooks output.detach() == true bn1: {ok_hooks}; "
           f"fxdebug records(gm)['bn1'] == true bn1: {ok_fx}; create_feature_extractor: {ok_tv} "
           f"(the in-place ReLU after bn1 overwrites a detached view; fxdebug copies there)")
