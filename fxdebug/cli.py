@@ -21,7 +21,7 @@ from .errors import FxdebugError
 __all__ = ["main"]
 
 # Subcommands, in the order ``fxdebug --help`` lists them.
-COMMANDS = ("summary", "passes", "dump", "debug")
+COMMANDS = ("summary", "passes", "check", "nonfinite", "lint", "dump", "debug")
 
 
 def _parser() -> argparse.ArgumentParser:

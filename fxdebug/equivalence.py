@@ -402,11 +402,16 @@ def check_equivalence(reference: torch.nn.Module, candidate: torch.nn.Module, *i
 def _instrumented(model: torch.nn.Module, role: str, notes: list[str]):
     from .instrument import instrument  # local: instrument imports the passes
     try:
-        return instrument(model, capture="all")
+        gm = instrument(model, capture="all")
     except FxdebugError as exc:
         notes.append(f"node values not compared: the {role} could not be instrumented: "
                      f"{' '.join(str(exc).split())}")
         return None
+    if not isinstance(gm, fx.GraphModule):  # instrumented part by part (fxdebug.partial)
+        notes.append(f"node values not compared: the {role} cannot be traced as a whole; "
+                     f"compare its traced parts (fxdebug.traced_parts, fxdebug.part_inputs)")
+        return None
+    return gm
 
 
 def _values_by_node(gm: fx.GraphModule) -> dict[str, list[tuple[str, torch.Tensor]]]:

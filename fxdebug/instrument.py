@@ -4,6 +4,9 @@ Call tree::
 
     instrument(model)
       ├─ trace(model)                      unless it is a GraphModule already
+      │    └─ TraceFailure of the root:     partial.instrument_parts: each module traced
+      │                                     when first called, specialised to the call;
+      │                                     what cannot be traced runs eagerly
       ├─ DebugGraphModule(root, graph copy) the caller's module is never edited
       ├─ passes.Capture(...)               capture nodes + recorder
       ├─ passes.GradHooks(...)             with grads=True: gradient-recording nodes
@@ -21,7 +24,7 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
-from .errors import FxdebugError
+from .errors import FxdebugError, TraceFailure
 from .graph_module import DebugGraphModule
 from .keys import assign_missing_keys
 from .passes._recorder import RECORDER_ATTR
@@ -32,7 +35,7 @@ from .records import Records
 from .runtime import Recorder
 from .tracing import trace
 
-__all__ = ["instrument", "records"]
+__all__ = ["instrument", "records", "build_pipeline", "run_pipeline"]
 
 
 def _own_copy(gm: fx.GraphModule) -> DebugGraphModule:
@@ -68,7 +71,12 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
 
     Returns:
         A ``torch.fx.GraphModule`` whose graph and code show the capture
-        nodes. Run it, then read :func:`records`.
+        nodes. Run it, then read :func:`records`. When the root module
+        cannot be traced even with auto-leaf, the model comes back partially
+        instrumented instead (a copy of it whose largest traceable submodules
+        are traced and instrumented when first called, the rest eager, see
+        :mod:`fxdebug.partial`); a warning after its first run lists what ran
+        eagerly and why, and ``records()`` works the same.
 
     Example::
 
@@ -82,7 +90,30 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fxdebug.instrument expects an nn.Module or a GraphModule, "
                         f"got {type(model).__name__}.")
-    gm = _own_copy(model) if isinstance(model, fx.GraphModule) else trace(model)
+    from . import partial  # local: partial builds on instrument
+    if partial.is_partial(model):
+        return partial.instrument_parts(model, capture, depth, include, exclude, grads, mode,
+                                        passes)
+    if isinstance(model, fx.GraphModule):
+        gm = _own_copy(model)
+    else:
+        try:
+            gm = trace(model)
+        except TraceFailure as failure:  # the root cannot be traced: instrument its parts
+            if next(model.children(), None) is None:
+                raise  # no submodules: there are no parts, the TraceFailure says what to do
+            return partial.instrument_parts(model, capture, depth, include, exclude, grads,
+                                            mode, passes, failure=failure)
+    return run_pipeline(gm, build_pipeline(capture, depth, include, exclude, grads, mode, passes))
+
+
+def build_pipeline(capture="modules", depth=None, include=None, exclude=None, grads=False,
+                   mode="tensor", passes=()) -> list:
+    """The passes ``instrument()`` runs for these arguments, in order.
+
+    >>> [p.name for p in build_pipeline(grads=True)]
+    ['capture', 'grads']
+    """
     pipeline = []
     if not (isinstance(capture, (list, tuple)) and len(capture) == 0):
         pipeline.append(Capture(capture, depth=depth, include=include, exclude=exclude, mode=mode))
@@ -91,6 +122,11 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
         pipeline.append(GradHooks(selection, depth=depth, include=include, exclude=exclude,
                                   mode=mode))
     pipeline.extend(as_pass(p) for p in passes)
+    return pipeline
+
+
+def run_pipeline(gm: fx.GraphModule, pipeline) -> fx.GraphModule:
+    """Run ``pipeline`` on ``gm`` (in place where the passes allow), lint and recompile."""
     for step in pipeline:
         try:
             gm = step(gm).graph_module
@@ -120,6 +156,9 @@ def records(gm: torch.nn.Module) -> Records:
         raise FxdebugError(
             f"{type(gm).__name__} has no fxdebug recorder, so nothing was captured. "
             f"Use gm = fxdebug.instrument(model), run gm(inputs), then fxdebug.records(gm).")
+    shared = getattr(recorder, "shared", None)
+    if isinstance(shared, Recorder):  # a traced part of a partially instrumented model
+        return shared.latest
     latest = recorder.latest
     latest.bind_parameters(gm.named_parameters())
     return latest

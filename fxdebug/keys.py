@@ -28,7 +28,8 @@ import torch.nn.functional as F
 
 __all__ = ["node_key", "target_name", "op_name", "short_name", "KeyAllocator",
            "assign_missing_keys", "inherit_key", "META_KEY", "META_SOURCE", "META_RETURNS",
-           "META_PASS", "META_PROVENANCE", "META_MODULE", "module_path"]
+           "META_PASS", "META_PROVENANCE", "META_MODULE", "module_path", "join_path",
+           "prefix_keys"]
 
 META_KEY = "fxdebug_key"
 META_SOURCE = "fxdebug_source"
@@ -107,9 +108,11 @@ def target_name(target) -> str:
     >>> import operator, torch
     >>> target_name(operator.add), target_name(torch.relu)
     ('operator.add', 'torch.relu')
-    >>> target_name(torch.nn.functional.linear)
-    'torch.nn.functional.linear'
+    >>> target_name(torch.nn.functional.linear), target_name(torch.ops.aten.conv2d.default)
+    ('torch.nn.functional.linear', 'aten.conv2d.default')
     """
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return str(target)  # aten.conv2d.default (graphs from torch.export)
     name = getattr(target, "__name__", None)
     module = getattr(target, "__module__", None)
     if name is None:
@@ -208,6 +211,43 @@ def assign_missing_keys(graph: fx.Graph) -> None:
         if node.op == "call_module":
             scope = ""
         node.meta[META_KEY] = keys.allocate(key_base(node.op, node.target, scope))
+
+
+def join_path(prefix: str, name: str) -> str:
+    """``prefix.name``, or ``name`` alone under the root module.
+
+    >>> join_path("backbone.body", "layer1"), join_path("", "layer1"), join_path("rpn", "")
+    ('backbone.body.layer1', 'layer1', 'rpn')
+    """
+    if not prefix:
+        return name
+    return f"{prefix}.{name}" if name else prefix
+
+
+def prefix_keys(graph: fx.Graph, prefix: str) -> None:
+    """Put the module path ``prefix`` in front of every key of ``graph``, in place.
+
+    For a graph traced from a submodule: its keys then read as they would in
+    a trace of the whole model (``conv1`` of ``backbone.body`` becomes
+    ``backbone.body.conv1``). Module scopes and the keys of module outputs
+    (``fxdebug_returns``) are prefixed too.
+
+    >>> import torch, fxdebug
+    >>> gm = fxdebug.trace(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))
+    >>> prefix_keys(gm.graph, "head.mlp")
+    >>> [node_key(n) for n in gm.graph.nodes]
+    ['head.mlp.input', 'head.mlp.0', 'head.mlp.1', 'head.mlp.output']
+    """
+    if not prefix:
+        return
+    for node in graph.nodes:
+        node.meta[META_KEY] = join_path(prefix, node_key(node))
+        if META_MODULE in node.meta:
+            node.meta[META_MODULE] = join_path(prefix, node.meta[META_MODULE])
+        returns = node.meta.get(META_RETURNS)
+        if returns:
+            node.meta[META_RETURNS] = [type(ret)(join_path(prefix, ret.key), ret.module_type,
+                                                 ret.items, ret.source) for ret in returns]
 
 
 # kept importable for callers that want the operator module's in-place names

@@ -2,7 +2,10 @@
 
 Call tree::
 
-    trace(model)
+    trace(model, *example_inputs, frontend="fx")
+      ├─ frontend="export": export_frontend.export_trace(model, *example_inputs)
+      ├─ frontend="auto":   fx, else export, else partial.trace_parts(model)
+    _trace_fx(model)
       └─ for each attempt (one more auto-leaf per failed attempt)
            ├─ _Tracer.trace(model)                torch.fx.Tracer, plus:
            │    ├─ create_node   -> meta: fxdebug_key, fxdebug_source
@@ -20,6 +23,7 @@ assignments in place (``operator.iadd``; fx prints it as ``v += 1``).
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import operator
@@ -200,6 +204,49 @@ class _Tracer(fx.Tracer):
         end.meta.setdefault(META_RETURNS, []).append(record)
 
 
+def shallow_module_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``module`` alone: same parameters, buffers and submodules, own dictionaries.
+
+    >>> lin = torch.nn.Linear(2, 2)
+    >>> twin = shallow_module_copy(lin)
+    >>> twin.weight is lin.weight, twin._parameters is lin._parameters
+    (True, False)
+    """
+    new = object.__new__(type(module))  # not copy.copy: some modules pickle their state oddly
+    new.__dict__.update(module.__dict__)
+    for name, value in module.__dict__.items():
+        if name.startswith("_") and isinstance(value, (dict, set)):
+            new.__dict__[name] = copy.copy(value)
+    return new
+
+
+def module_tree_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of every module in the tree that shares the parameters and buffers.
+
+    Tracing runs ``forward`` on it, so attributes a ``forward`` sets (a cache
+    of sizes, fx's tensor constants) land on the copy, never on the user's
+    model. Each module gets its own submodule, parameter, buffer and hook
+    dictionaries; the tensors in them are the model's own.
+
+    >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    >>> twin = module_tree_copy(net)
+    >>> twin is net, twin[0] is net[0], twin[0].weight is net[0].weight
+    (False, False, True)
+    """
+    memo: dict[int, torch.nn.Module] = {}
+
+    def copy_module(module: torch.nn.Module) -> torch.nn.Module:
+        if id(module) in memo:
+            return memo[id(module)]
+        new = memo[id(module)] = shallow_module_copy(module)
+        for name, child in module._modules.items():
+            if child is not None:
+                new._modules[name] = copy_module(child)
+        return new
+
+    return copy_module(model)
+
+
 def _resolve_leaves(model: torch.nn.Module, leaf_modules) -> tuple[list[str], tuple[type, ...]]:
     paths: list[str] = []
     types: list[type] = []
@@ -228,13 +275,19 @@ def _resolve_leaves(model: torch.nn.Module, leaf_modules) -> tuple[list[str], tu
     return paths, tuple(types)
 
 
-def trace(model: torch.nn.Module, leaf_modules: Iterable = (), concrete_args: dict | None = None,
-          auto_leaf: bool = True) -> fx.GraphModule:
-    """Symbolically trace ``model`` into a GraphModule with stable keys and source lines.
+_FRONTENDS = ("fx", "export", "auto")
+
+
+def trace(model: torch.nn.Module, *example_inputs, leaf_modules: Iterable = (),
+          concrete_args: dict | None = None, auto_leaf: bool = True,
+          frontend: str = "fx") -> fx.GraphModule:
+    """Trace ``model`` into a GraphModule with stable keys and source lines.
 
     Args:
         model: the module to trace; it is not modified and shares its
             parameters with the result.
+        example_inputs: positional inputs; needed by ``frontend="export"``
+            (and by ``"auto"`` to try export).
         leaf_modules: module paths (``"layer1.0"``) or classes to keep as
             single ``call_module`` nodes instead of tracing through them.
         concrete_args: forwarded to ``torch.fx.Tracer.trace`` to fix
@@ -242,10 +295,20 @@ def trace(model: torch.nn.Module, leaf_modules: Iterable = (), concrete_args: di
         auto_leaf: when tracing fails inside a submodule, retry with that
             submodule as a leaf. The modules this turned into leaves are
             listed in a warning and in ``gm.meta["fxdebug_auto_leaves"]``.
+        frontend: ``"fx"`` (symbolic tracing), ``"export"`` (``torch.export``
+            on the example inputs; keys still module paths, see
+            :mod:`fxdebug.export_frontend`) or ``"auto"``: fx, else export,
+            else the model split into traced parts and eager glue (see
+            :mod:`fxdebug.partial`). ``gm.meta["fxdebug_frontend"]`` says which
+            was used and ``gm.meta["fxdebug_frontend_notes"]`` why the others
+            were not (a partially traced model has them in
+            ``model.fxdebug_partial``).
 
     Returns:
         A ``torch.fx.GraphModule``; every node has ``node.meta["fxdebug_key"]``
         and ``node.meta["fxdebug_source"]`` (user ``(filename, lineno)``).
+        With ``frontend="auto"`` and neither fx nor export working, the
+        partially traced model (an ``nn.Module``; pass it to ``instrument``).
 
     Raises:
         TraceFailure: naming the module, the user's ``file:line``, the kind of
@@ -258,6 +321,62 @@ def trace(model: torch.nn.Module, leaf_modules: Iterable = (), concrete_args: di
         >>> [n.meta["fxdebug_key"] for n in gm.graph.nodes][5:9]
         ['layer1.0.conv1', 'layer1.0.bn1', 'layer1.0.relu', 'layer1.0.conv2']
     """
+    from .partial import is_partial
+    if is_partial(model):
+        raise TraceFailure(
+            f"fxdebug cannot trace {type(model).__name__} as one graph: it is the part-by-part "
+            f"model fxdebug made because the root cannot be traced. Fix: work on its traced "
+            f"parts, fxdebug.traced_parts(model) (their inputs: fxdebug.part_inputs(model, "
+            f"*inputs)), or pass the original model with frontend='export'.",
+            module_path="", module_type=type(model).__name__, location=None,
+            kind="a partially traced model", fix="use fxdebug.traced_parts(model)")
+    if frontend not in _FRONTENDS:
+        raise ValueError(f"frontend={frontend!r}: use 'fx' (symbolic tracing), 'export' "
+                         f"(torch.export on example inputs) or 'auto' (fx, then export, then "
+                         f"the traceable parts).")
+    if frontend == "export":
+        from .export_frontend import export_trace
+        return export_trace(model, *example_inputs)
+    if frontend == "auto":
+        return _trace_auto(model, example_inputs, leaf_modules, concrete_args, auto_leaf)
+    return _trace_fx(model, leaf_modules, concrete_args, auto_leaf)
+
+
+def _trace_auto(model, example_inputs, leaf_modules, concrete_args, auto_leaf):
+    """fx, else export, else partial; the result says which and why."""
+    from .export_frontend import export_trace
+    from .partial import trace_parts
+    notes: list[str] = []
+    try:
+        gm = _trace_fx(model, leaf_modules, concrete_args, auto_leaf)
+    except TraceFailure as failure:
+        fx_failure = failure
+        notes.append(f"fx: {' '.join(str(failure).split())}")
+    else:
+        gm.meta["fxdebug_frontend_notes"] = notes
+        return gm
+    if example_inputs:
+        try:
+            gm = export_trace(model, *example_inputs)
+        except TraceFailure as failure:
+            notes.append(f"export: {' '.join(str(failure).split())}")
+        else:
+            gm.meta["fxdebug_frontend_notes"] = notes
+            warnings.warn(f"fxdebug.trace(frontend='auto') used torch.export for "
+                          f"{type(model).__name__}: symbolic tracing failed ({fx_failure.kind} at "
+                          f"{fx_failure.location}).", stacklevel=caller_stacklevel())
+            return gm
+    else:
+        notes.append("export: not tried, no example inputs (pass them: "
+                     "fxdebug.trace(model, *example_inputs, frontend='auto'))")
+    if next(model.children(), None) is None:
+        raise fx_failure  # no submodules, no parts
+    return trace_parts(model, fx_failure, leaf_modules, notes[1:])  # it notes fx_failure itself
+
+
+def _trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
+              concrete_args: dict | None = None, auto_leaf: bool = True) -> fx.GraphModule:
+    """Symbolic tracing with auto-leaf (the ``"fx"`` front end)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fxdebug.trace expects an nn.Module, got {type(model).__name__}. "
                         f"Wrap a plain function in a Module, or call torch.fx.symbolic_trace on it.")
@@ -265,8 +384,11 @@ def trace(model: torch.nn.Module, leaf_modules: Iterable = (), concrete_args: di
     auto_leaves: list[tuple[str, str]] = []
     while True:
         tracer = _Tracer(leaf_paths + [path for path, _ in auto_leaves], leaf_types)
+        # fx writes tensor constants onto the traced root: a shallow copy keeps them off the
+        # user's module, while submodules stay shared as in torch.fx (model.eval() reaches gm)
+        root = shallow_module_copy(model)
         try:
-            graph = tracer.trace(model, concrete_args=concrete_args)
+            graph = tracer.trace(root, concrete_args=concrete_args)
             break
         except Exception as exc:  # any failure of user code under tracing is explained
             failure = explain_failure(exc, model, tracer.failure_scope or (), tuple(auto_leaves))
@@ -278,8 +400,9 @@ def trace(model: torch.nn.Module, leaf_modules: Iterable = (), concrete_args: di
             reason = f"{failure.kind} at {failure.location}"
             log.info("auto-leaf: %s (%s): %s", failure.module_path, failure.module_type, reason)
             auto_leaves.append((failure.module_path, reason))
-    gm = DebugGraphModule(model, graph, class_name=type(model).__name__)
+    gm = DebugGraphModule(root, graph, class_name=type(model).__name__)
     gm.meta["fxdebug_auto_leaves"] = list(auto_leaves)
+    gm.meta["fxdebug_frontend"] = "fx"
     if auto_leaves:
         listed = "; ".join(f"{path} ({reason})" for path, reason in auto_leaves)
         warnings.warn(f"fxdebug traced {len(auto_leaves)} module(s) as leaves because tracing "

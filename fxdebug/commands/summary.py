@@ -56,23 +56,32 @@ def run(args) -> int:
         warnings.simplefilter("always")
         gm = instrument(model, capture=capture_argument(args.capture), depth=args.depth,
                         mode=args.mode, grads=args.grads)
+        if args.grads:  # a partially instrumented model says after its first run what ran eagerly
+            output = gm(*inputs)
+        else:
+            with torch.no_grad():
+                gm(*inputs)
     for warning in caught:
         print(f"note: {warning.message}")
     if args.grads:
-        output = gm(*inputs)
         loss = loss_fn(output)
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise FxdebugError(f"--loss {args.loss!r} must return a scalar tensor, got "
                                f"{type(loss).__name__} {tuple(getattr(loss, 'shape', ()))}.")
         loss.backward()
-    else:
-        with torch.no_grad():
-            gm(*inputs)
     rec = records(gm)
+    from ..partial import REPORT_ATTR, is_partial
+    report = getattr(gm, REPORT_ATTR) if is_partial(gm) else None
+    if report is not None and not report.parts and len(rec) == 0:
+        reasons = " ".join(eager.reason for eager in report.eager[:1]) or "no part was traceable"
+        raise FxdebugError(f"nothing in {type(model).__name__} could be traced, so nothing was "
+                           f"captured. {reasons}")
     grads_text = f", grads of {args.loss}" if args.grads else ""
     print(f"{args.model}: {type(model).__name__}, input {describe_inputs(inputs)}, "
           f"capture={args.capture}, mode={args.mode}{grads_text}")
     print(rec.table())
+    if report is not None:  # what was traced, what ran eagerly and why
+        print(report.summary())
     if args.plot:
         from ..plots import plot_norms
         plot_norms(rec, args.plot, title=args.model)

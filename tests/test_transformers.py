@@ -1,0 +1,85 @@
+"""transformers models (tiny configs, random weights): captures per layer under module paths.
+
+Ground truth: eager outputs and forward hooks on the same modules.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import fxdebug
+from hooks import hook_captures
+
+transformers = pytest.importorskip("transformers")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "examples"))
+import transformer_layers  # noqa: E402  (the tiny-config factories the example and the CLI use)
+
+transformers.logging.set_verbosity_error()
+MODELS = {"bert": "encoder.layer.1.", "gpt2": "h.1.", "llama": "layers.1."}
+
+
+def _quiet(fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*args, **kwargs)
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def tiny(request):
+    torch.manual_seed(0)
+    model, (ids,) = getattr(transformer_layers, request.param)()
+    with torch.no_grad():
+        expected = model(ids).last_hidden_state
+    return request.param, model, ids, expected, hook_captures(model, ids)
+
+
+def test_instrument_captures_every_layer_like_forward_hooks(tiny):
+    name, model, ids, expected, truth = tiny
+    instrumented = fxdebug.instrument(model)  # the root cannot be traced: parts
+    with torch.no_grad():
+        out = _quiet(instrumented, ids)
+    assert torch.equal(out.last_hidden_state, expected)
+    rec = fxdebug.records(instrumented)
+    layer = [key for key in rec.keys() if key.startswith(MODELS[name])]
+    assert len(layer) >= 8, layer
+    assert rec.keys() == list(truth)
+    for key in truth:
+        assert torch.equal(rec[key], truth[key]), key
+    assert instrumented.fxdebug_partial.eager[0].path == ""  # the root, and why
+    assert "transformers" in instrumented.fxdebug_partial.eager[0].reason
+
+
+def test_export_front_end_keys_are_module_paths(tiny):
+    name, model, ids, expected, truth = tiny
+    gm = _quiet(fxdebug.trace, model, ids, frontend="auto")
+    assert gm.meta["fxdebug_frontend"] == "export"
+    instrumented = fxdebug.instrument(gm)
+    with torch.no_grad():
+        assert torch.equal(instrumented(ids).last_hidden_state, expected)
+    rec = fxdebug.records(instrumented)
+    assert any(key.startswith(MODELS[name]) for key in rec.keys())
+    for key in truth:
+        if key in rec:
+            assert torch.equal(rec[key], truth[key]), key
+    # only modules that compute nothing in eval mode (dropout) have no node in the graph
+    missing = [key for key in truth if key not in rec]
+    assert missing == []  # Identity and eval-mode Dropout get an alias node when exported
+
+
+def test_cli_summary_through_a_factory():
+    env = dict(os.environ, PYTHONPATH=REPO)
+    result = subprocess.run(
+        [sys.executable, "-m", "fxdebug", "summary", "examples/transformer_layers.py:gpt2",
+         "--depth", "3"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "h.1.attn.c_attn" in result.stdout and "h.1.mlp" in result.stdout
+    assert "input 1x8" in result.stdout
+    assert "eager modules (run as Python" in result.stdout
