@@ -67,10 +67,7 @@ def format_location(location: tuple[str, int] | None) -> str:
 
 def _short_path(filename: str) -> str:
     path = os.path.abspath(filename)
-    cwd = os.getcwd() + os.sep
-    if path.startswith(cwd):
-        return path[len(cwd):]
-    best = ""
+    best = ""  # installed packages first: a virtualenv may sit inside the working directory
     for entry in sys.path:
         if not entry:
             continue
@@ -78,7 +75,12 @@ def _short_path(filename: str) -> str:
         if path.startswith(root) and len(root) > len(best) and (
                 "site-packages" in root or "dist-packages" in root):
             best = root
-    return path[len(best):] if best else path
+    if best:
+        return path[len(best):]
+    cwd = os.getcwd() + os.sep
+    if path.startswith(cwd):
+        return path[len(cwd):]
+    return path
 
 
 def caller_stacklevel() -> int:

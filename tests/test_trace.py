@@ -230,3 +230,13 @@ def test_no_warning_when_nothing_became_a_leaf():
         warnings.simplefilter("error")
         gm = fxdebug.trace(torchvision.models.mobilenet_v3_small())
     assert gm.meta["fxdebug_auto_leaves"] == []
+
+
+def test_locations_prefer_site_packages_over_the_working_directory(tmp_path, monkeypatch):
+    from fxdebug.locations import format_location
+    site = tmp_path / ".venv" / "lib" / "python3.11" / "site-packages"
+    (site / "pkg").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(site))
+    assert format_location((str(site / "pkg" / "model.py"), 3)) == "pkg/model.py:3"
+    assert format_location((str(tmp_path / "mine.py"), 5)) == "mine.py:5"
