@@ -16,8 +16,8 @@ CPU) this times one ``out = f(x); out.sum().backward()`` of:
 Everything is built once, before timing. All variants run in one process with
 interleaved repeats (each repeat runs every variant once, round-robin), and the
 table reports the median per variant and its ratio to ``plain``. Parameter
-gradients are set to None before every call, outside the timed region. Target
-(issue 3): variant 2 within 1.15x of plain. A correctness line per model
+gradients are set to None before every call, outside the timed region. Goal:
+variant 2 within 1.15x of plain. A correctness line per model
 checks that fxdebug's gradients equal the hooks' for every leaf-module call.
 Timings on a shared machine are noisy: the header prints the load average;
 compare ratios within one run only.
