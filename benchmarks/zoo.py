@@ -92,6 +92,7 @@ class Row:
     captured: int = 0
     leaf_calls: int = 0
     missing: list = dataclasses.field(default_factory=list)  # uncaptured leaf-call keys
+    missing_why: list = dataclasses.field(default_factory=list)  # Records notes about them
     equal: str = ""
     dump: str = ""
     seconds: float = 0.0
@@ -262,7 +263,11 @@ def run_model(family: str, name: str, workdir: str, index: int = 0) -> Row:
         row.frontend, row.eager = _eager_reasons(instrumented, gm)
         row.equal = _compare(expected, output)
         row.leaf_calls = len(keys)
-        row.captured, row.missing = _captured(keys, fxdebug.records(instrumented))
+        rec = fxdebug.records(instrumented)
+        row.captured, row.missing = _captured(keys, rec)
+        row.missing_why = [note for note in rec.notes
+                           if any(note.startswith(key + "/") or note.startswith(key + ":")
+                                  for key in row.missing)]
         try:
             row.dump = _dump_check(instrumented, inputs, expected, workdir, f"zoo{index}")
         except Exception as exc:
@@ -289,12 +294,18 @@ def _gap_lines(row: Row) -> list[str]:
         lines.append(f"- `{row.name}`: {len(row.eager)} module(s) {what}: {listed}")
     if row.missing:
         shown = ", ".join(row.missing[:4]) + (", ..." if len(row.missing) > 4 else "")
+        why = f": {'; '.join(row.missing_why[:2])}" if row.missing_why else ""
         lines.append(f"- `{row.name}`: {len(row.missing)} leaf-module call(s) not captured "
-                     f"({shown})")
+                     f"({shown}){why}")
     if row.equal != "yes":
         lines.append(f"- `{row.name}`: outputs equal to eager: {row.equal}")
     if not row.dump.startswith("yes") and row.dump != "n/a":
-        lines.append(f"- `{row.name}`: dump round-trip: {row.dump}")
+        cause = ""
+        if "has no attribute '_parameters'" in row.dump:
+            cause = (" (torch's quantized modules do not survive pickling: "
+                     "pickle.loads(pickle.dumps(module)) fails the same way, and fxdebug.dump "
+                     "pickles the leaf modules it cannot rebuild from code)")
+        lines.append(f"- `{row.name}`: dump round-trip: {row.dump}{cause}")
     return lines
 
 

@@ -182,9 +182,10 @@ def is_partial(module: torch.nn.Module) -> bool:
 class SharedRecorder(runtime.Recorder):
     """The one Recorder of a partially instrumented model (its ``fxdebug_recorder``).
 
-    Counts the calls of each part and hooked module within the current
+    Counts the calls of each part and eager module within the current
     Records, so repeated calls get keys ``path_1``, ``path_2``...; ``depth``
-    is how many instrumented entry points (the root, parts) are running.
+    is how many dispatched module calls are running (0: none, so the next one
+    starts a new Records).
 
     >>> shared = SharedRecorder()
     >>> [shared.next_call("head.conv") for _ in range(3)]
@@ -287,7 +288,6 @@ def begin_part(recorder: runtime.Recorder, inputs: tuple):
     else:
         runtime.begin_run(recorder, inputs)
     return None
-
 
 
 # -- specialising a call -----------------------------------------------------------------
@@ -465,7 +465,7 @@ class _Dispatch:
     def __init__(self, context: "_Context", module: torch.nn.Module, path: str,
                  traceable: bool) -> None:
         self.context, self.module, self.path, self.traceable = context, module, path, traceable
-        self.variants: list[tuple[tuple, fx.GraphModule | None, list | None]] = []
+        self.variants: list[tuple[tuple, fx.GraphModule | None]] = []  # None: eager
 
     def __call__(self, *args, **kwargs):
         context = self.context
@@ -495,11 +495,11 @@ class _Dispatch:
         if plan.reason:
             self.context.eager(self, None, plan.reason)
             return None, None
-        for signature, part, _ in self.variants:
+        for signature, part in self.variants:
             if signature == plan.signature:
                 return part, plan.positional
         part = self.context.specialise(self, plan)
-        self.variants.append((plan.signature, part, None))
+        self.variants.append((plan.signature, part))
         return part, plan.positional
 
 
@@ -620,7 +620,7 @@ class _Context:
             return
         self.seen_keys[path] = None
         count = self.shared.next_call(path)
-        capture, grads = self.selection.for_hook(path)
+        capture, grads = self.selection.for_eager(path)
         if not (capture or grads):
             return
         key = path if count == 0 else f"{path}_{count}"
@@ -716,8 +716,8 @@ class _Selection:
         return dict(capture=capture, depth=self.depth, include=include or None,
                     exclude=here(self.exclude) or None, grads=self.grads, mode=self.mode)
 
-    def for_hook(self, key: str) -> tuple[str | None, str | None]:
-        """(capture mode or None, grads mode or None) for a hooked module's output."""
+    def for_eager(self, key: str) -> tuple[str | None, str | None]:
+        """(capture mode or None, grads mode or None) for the output of a module run eagerly."""
         if self.depth is not None and key_depth(key) > self.depth:
             return None, None
         if self.include and not any(matches(key, p) for p in self.include):
