@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.fx as fx
 
 from .. import runtime
-from ..keys import META_KEY, META_PASS
+from ..keys import META_KEY, META_PASS, META_SOURCE
 
 RECORDER_ATTR = "fxdebug_recorder"
 
@@ -33,3 +33,31 @@ def ensure_recorder(gm: fx.GraphModule, pass_name: str) -> fx.Node:
         node.meta[META_KEY] = key
         node.meta[META_PASS] = pass_name
     return recorder
+
+
+def insert_per_target(gm: fx.GraphModule, recorder: fx.Node, targets, pass_name: str,
+                      name_prefix: str, key_suffix: str, call, after=()) -> None:
+    """Insert ``fn(recorder, value, key, op, **kwargs)`` after each target, ``call(target) -> (fn, kwargs)``.
+
+    A node goes right after the node its target's value is complete at (inputs:
+    after ``begin_run``); several nodes at one spot keep the targets' order, and
+    go after nodes of fxdebug's own that call one of the functions in ``after``.
+    """
+    graph = gm.graph
+    start = recorder.next  # begin_run
+    last_inserted: dict[fx.Node, fx.Node] = {}
+    for target in targets:
+        place = start if target.anchor.op == "placeholder" else target.anchor
+        anchor = last_inserted.get(place, place)
+        while (anchor.next.op == "call_function" and anchor.next.meta.get(META_PASS)
+               and anchor.next.target in after):
+            anchor = anchor.next
+        fn, kwargs = call(target)
+        with graph.inserting_after(anchor):
+            node = graph.create_node("call_function", fn,
+                                     (recorder, target.value, target.key, target.op), kwargs,
+                                     name=f"{name_prefix}_{target.key}")
+        node.meta[META_KEY] = f"{target.key}:{key_suffix}"
+        node.meta[META_PASS] = pass_name
+        node.meta[META_SOURCE] = target.source
+        last_inserted[place] = node

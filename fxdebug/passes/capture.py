@@ -25,9 +25,8 @@ import torch.fx as fx
 from .. import runtime
 from ..aliasing import AliasAnalysis
 from ..errors import SelectionError
-from ..keys import META_KEY, META_PASS, META_SOURCE
 from ..selection import select
-from ._recorder import ensure_recorder
+from ._recorder import ensure_recorder, insert_per_target
 from .base import Pass
 
 __all__ = ["Capture"]
@@ -74,23 +73,12 @@ class Capture(Pass):
             return False
         aliases = AliasAnalysis(gm)
         recorder = ensure_recorder(gm, self.name)
-        graph = gm.graph
-        last_inserted: dict[fx.Node, fx.Node] = {}
-        start = recorder.next  # begin_run: inputs are captured after it
-        for target in targets:
+
+        def call(target):
             if self.mode == "stats":
-                fn, kwargs = runtime.capture_stats, {}
-            else:
-                clone = aliases.written_after(target.nodes, target.anchor)
-                fn, kwargs = runtime.capture, ({"clone": True} if clone else {})
-            place = start if target.anchor.op == "placeholder" else target.anchor
-            anchor = last_inserted.get(place, place)
-            with graph.inserting_after(anchor):
-                node = graph.create_node("call_function", fn,
-                                         (recorder, target.value, target.key, target.op), kwargs,
-                                         name=f"capture_{target.key}")
-            node.meta[META_KEY] = f"{target.key}:capture"
-            node.meta[META_PASS] = self.name
-            node.meta[META_SOURCE] = target.source
-            last_inserted[place] = node
+                return runtime.capture_stats, {}
+            clone = aliases.written_after(target.nodes, target.anchor)
+            return runtime.capture, ({"clone": True} if clone else {})
+
+        insert_per_target(gm, recorder, targets, self.name, "capture", "capture", call)
         return True

@@ -17,9 +17,8 @@ import torch.fx as fx
 
 from .. import runtime
 from ..errors import SelectionError
-from ..keys import META_KEY, META_PASS, META_SOURCE
 from ..selection import select
-from ._recorder import ensure_recorder
+from ._recorder import ensure_recorder, insert_per_target
 from .base import Pass
 
 __all__ = ["GradHooks"]
@@ -57,22 +56,9 @@ class GradHooks(Pass):
         if not targets:
             return False
         recorder = ensure_recorder(gm, self.name)
-        graph = gm.graph
-        start = recorder.next
-        last_inserted: dict[fx.Node, fx.Node] = {}
-        for target in targets:
-            place = start if target.anchor.op == "placeholder" else target.anchor
-            anchor = last_inserted.get(place, place)
-            while anchor.next.op == "call_function" and anchor.next.meta.get(META_PASS) and \
-                    anchor.next.target in (runtime.capture, runtime.capture_stats):
-                anchor = anchor.next  # after the captures of the same node: reads before hooks
-            kwargs = {"stats_only": True} if self.mode == "stats" else {}
-            with graph.inserting_after(anchor):
-                node = graph.create_node("call_function", runtime.record_grads,
-                                         (recorder, target.value, target.key, target.op), kwargs,
-                                         name=f"record_grads_{target.key}")
-            node.meta[META_KEY] = f"{target.key}:grads"
-            node.meta[META_PASS] = self.name
-            node.meta[META_SOURCE] = target.source
-            last_inserted[place] = node
+        kwargs = {"stats_only": True} if self.mode == "stats" else {}
+        # after the captures of the same node: values are read before hooks are registered
+        insert_per_target(gm, recorder, targets, self.name, "record_grads", "grads",
+                          lambda target: (runtime.record_grads, kwargs),
+                          after=(runtime.capture, runtime.capture_stats))
         return True
