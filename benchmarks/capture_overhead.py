@@ -32,15 +32,12 @@ Run (from the repository root)::
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
-import time
 from copy import deepcopy
+from functools import partial
 
 import torch
 import torchvision
-from tabulate import tabulate
+from _common import header, interleaved, median, parse_args, table
 from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 import fxdebug
@@ -79,18 +76,10 @@ def bench_model(name, shape, repeats, warmup):
     variants["create_feature_extractor"] = create_feature_extractor(
         deepcopy(model), return_nodes=get_graph_node_names(model)[1]).eval()
 
-    times = {v: [] for v in variants}
     with torch.no_grad():
-        for _ in range(warmup):
-            for fn in variants.values():
-                fn(x)
+        times = interleaved({v: partial(fn, x) for v, fn in variants.items()},
+                            repeats=repeats, warmup=warmup)
         counts = {label: len(fxdebug.records(gm)) for label, gm in gms.items()}
-        names = list(variants)
-        for r in range(repeats):  # round-robin, starting one variant later each repeat
-            for v in names[r % len(names):] + names[:r % len(names)]:
-                start = time.perf_counter()
-                variants[v](x)
-                times[v].append(time.perf_counter() - start)
 
         # Correctness: bn1 is followed by ReLU(inplace=True), which overwrites its storage.
         truth = {}
@@ -104,38 +93,25 @@ def bench_model(name, shape, repeats, warmup):
         ok_fx = torch.equal(fxdebug.records(gm)["bn1"], truth["bn1"])
         ok_tv = torch.equal(variants["create_feature_extractor"](x)["bn1"], truth["bn1"])
 
-    eager = statistics.median(times["eager"])
-    rows = [[v, f"{statistics.median(t) * 1e3:.2f}", f"{min(t) * 1e3:.2f}",
-             f"{statistics.median(t) / eager:.2f}x", counts.get(v, "")] for v, t in times.items()]
+    eager = median(times["eager"])
+    rows = [[v, f"{median(t) * 1e3:.2f}", f"{min(t) * 1e3:.2f}",
+             f"{median(t) / eager:.2f}x", counts.get(v, "")] for v, t in times.items()]
     print(f"\n### {name}\n")
-    print(tabulate(rows, headers=["variant", "median ms", "min ms", "vs eager (median)",
-                                  "captured tensors"], tablefmt="github", disable_numparse=True,
-                   colalign=("left",) + ("right",) * 4))
+    print(table(rows, ["variant", "median ms", "min ms", "vs eager (median)",
+                       "captured tensors"]))
     print(f"\nbn1 correctness: hooks output.detach() == true bn1: {ok_hooks}; "
           f"fxdebug records(gm)['bn1'] == true bn1: {ok_fx}; create_feature_extractor: {ok_tv} "
           f"(the in-place ReLU after bn1 overwrites a detached view; fxdebug copies there)")
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default="resnet18,resnet50")
-    parser.add_argument("--input", default="1,3,224,224")
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="input 1,3,64,64, 5 repeats")
-    args = parser.parse_args()
-    if args.quick:
-        args.input, args.repeats = "1,3,64,64", 5
-    shape = tuple(int(s) for s in args.input.split(","))
-    torch.manual_seed(0)
-    print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, "
-          f"threads {torch.get_num_threads()}, input {shape}, repeats {args.repeats} "
-          f"(interleaved, median), warmup {args.warmup}, "
-          f"load avg {os.getloadavg()[0]:.2f}")
+    args = parse_args(__doc__, models="resnet18,resnet50", input="1,3,224,224", repeats=30,
+                      warmup=3)
+    print(header(args))
     print("'hooks detach (seed code)' is what hand-written seed code does; it is wrong where a "
           "later in-place op overwrites the stored output (see the bn1 line).")
-    for name in args.models.split(","):
-        bench_model(name.strip(), shape, args.repeats, args.warmup)
+    for name in args.models:
+        bench_model(name, args.shape, args.repeats, args.warmup)
 
 
 if __name__ == "__main__":

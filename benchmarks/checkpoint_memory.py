@@ -31,16 +31,13 @@ Run (from the repository root)::
 
 from __future__ import annotations
 
-import argparse
 import gc
-import os
-import statistics
-import time
 from copy import deepcopy
+from functools import partial
 
 import torch
 import torchvision
-from tabulate import tabulate
+from _common import header, interleaved, median, parse_args, table
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -106,16 +103,9 @@ def memory(model, run, x):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="resnet50")
-    parser.add_argument("--input", default="8,3,224,224")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="input 2,3,64,64, 2 repeats")
-    args = parser.parse_args()
-    if args.quick:
-        args.input, args.repeats = "2,3,64,64", 2
-    shape = tuple(int(s) for s in args.input.split(","))
-    torch.manual_seed(0)
+    args = parse_args(__doc__, input="8,3,224,224", repeats=5, warmup=1, quick=("2,3,64,64", 2),
+                      extra=lambda parser: parser.add_argument("--model", default="resnet50"))
+    shape = args.shape
     model = torchvision.models.get_model(args.model, weights=None).train()
     x = torch.randn(shape)
     variants = {"eager": model}
@@ -143,34 +133,22 @@ def main():
 
     mem = {label: memory(model, run, x) for label, run in variants.items()}
 
-    times = {label: [] for label in variants}
-    for label, run in variants.items():  # warm-up
-        zero_grads(model)
-        step(run, x)
-    for _ in range(args.repeats):
-        for label, run in variants.items():
-            zero_grads(model)
-            start = time.perf_counter()
-            step(run, x)
-            times[label].append(time.perf_counter() - start)
+    times = interleaved({label: partial(step, run, x) for label, run in variants.items()},
+                        repeats=args.repeats, warmup=args.warmup,
+                        before=partial(zero_grads, model))
 
-    eager_time = statistics.median(times["eager"])
+    eager_time = median(times["eager"])
     eager_held, eager_peak = mem["eager"]
     rows = []
     for label in variants:
         held, peak = mem[label]
-        median = statistics.median(times[label])
+        seconds = median(times[label])
         rows.append([label, f"{held / 2**20:.1f}", f"{peak / 2**20:.1f}",
-                     f"{peak / eager_peak:.2f}x", f"{median:.2f}", f"{median / eager_time:.2f}x",
+                     f"{peak / eager_peak:.2f}x", f"{seconds:.2f}", f"{seconds / eager_time:.2f}x",
                      "yes" if equal[label] else "NO"])
-    print(f"{args.model}, train mode, input {shape}, CPU, torch {torch.__version__}, "
-          f"threads {torch.get_num_threads()}, repeats {args.repeats} (interleaved, median), "
-          f"load avg {os.getloadavg()[0]:.2f}; checkpointed: {segments}\n")
-    print(tabulate(rows, headers=["variant", "held after forward MiB", "peak fwd+bwd MiB",
-                                  "peak vs eager", "median s", "time vs eager",
-                                  "outputs+grads equal"],
-                   tablefmt="github", disable_numparse=True,
-                   colalign=("left",) + ("right",) * 6))
+    print(header(args, f"{args.model}, train mode", f"checkpointed: {segments}") + "\n")
+    print(table(rows, ["variant", "held after forward MiB", "peak fwd+bwd MiB", "peak vs eager",
+                       "median s", "time vs eager", "outputs+grads equal"]))
 
 
 if __name__ == "__main__":

@@ -32,15 +32,12 @@ Run (from the repository root)::
 
 from __future__ import annotations
 
-import argparse
 import os
-import statistics
-import time
 from copy import deepcopy
 
 import torch
 import torchvision
-from tabulate import tabulate
+from _common import header, interleaved, median, parse_args, table
 
 import fxdebug
 
@@ -97,19 +94,10 @@ def bench_model(name, shape, repeats, warmup):
         for module in modules:
             module.zero_grad(set_to_none=True)
 
-    times = {v: [] for v in variants}
-    for _ in range(warmup):
-        for fn in variants.values():
-            clear_grads()
-            fwd_bwd(fn, x)
+    times = interleaved({v: (lambda fn=fn: fwd_bwd(fn, x)) for v, fn in variants.items()},
+                        repeats=repeats, warmup=warmup, before=clear_grads)
     counts = {label: len(fxdebug.records(gm).grads) for label, gm in gms.items()}
     counts["hooks register_hook"] = len(store)
-    for _ in range(repeats):
-        for v, fn in variants.items():
-            clear_grads()
-            start = time.perf_counter()
-            fwd_bwd(fn, x)
-            times[v].append(time.perf_counter() - start)
 
     # Correctness: every gradient the hooks saw equals fxdebug's for the same call.
     gm = gms["fxdebug grads (capture=[])"]
@@ -120,40 +108,21 @@ def bench_model(name, shape, repeats, warmup):
     grads = fxdebug.records(gm).grads
     same = sum(torch.equal(grads[key], grad) for key, grad in store.items() if key in grads)
 
-    plain = statistics.median(times["plain"])
-    rows = [[v, f"{statistics.median(t) * 1e3:.2f}", f"{statistics.median(t) / plain:.2f}x",
+    plain = median(times["plain"])
+    rows = [[v, f"{median(t) * 1e3:.2f}", f"{median(t) / plain:.2f}x",
              counts.get(v, 0)] for v, t in times.items()]
     print(f"\n### {name}\n")
-    print(tabulate(rows, headers=["variant", "median ms", "vs plain", "grads recorded"],
-                   tablefmt="github", disable_numparse=True,
-                   colalign=("left", "right", "right", "right")))
+    print(table(rows, ["variant", "median ms", "vs plain", "grads recorded"]))
     print(f"\ncorrectness: {same} of {len(store)} leaf-module gradients from the hooks equal "
           f"fxdebug's (fxdebug also records the non-leaf module outputs)")
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default="resnet18,resnet50")
-    parser.add_argument("--input", default="1,3,224,224")
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="input 1,3,64,64, 5 repeats")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch.set_num_threads (default: torch's own choice); 1 is steadier "
-                             "on a machine shared with other jobs")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.quick:
-        args.input, args.repeats = "1,3,64,64", 5
-    shape = tuple(int(s) for s in args.input.split(","))
-    torch.manual_seed(0)
-    print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, "
-          f"threads {torch.get_num_threads()}, input {shape}, repeats {args.repeats} "
-          f"(interleaved, median), warmup {args.warmup}, eval mode with autograd on, "
-          f"load avg {os.getloadavg()[0]:.2f}")
-    for name in args.models.split(","):
-        bench_model(name.strip(), shape, args.repeats, args.warmup)
+    args = parse_args(__doc__, models="resnet18,resnet50", input="1,3,224,224", repeats=20,
+                      warmup=3)
+    print(header(args, "eval mode with autograd on"))
+    for name in args.models:
+        bench_model(name, args.shape, args.repeats, args.warmup)
     print(f"\nload avg at the end {os.getloadavg()[0]:.2f}")
 
 

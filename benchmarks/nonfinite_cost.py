@@ -29,14 +29,12 @@ Run (from the repository root)::
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import time
 import warnings
+from functools import partial
 
 import torch
 import torchvision
-from tabulate import tabulate
+from _common import header, interleaved, median, parse_args, table
 
 import fxdebug
 
@@ -106,50 +104,26 @@ def bench_model(name, shape, repeats, warmup):
     }
     baseline = {"forward (no_grad)": "forward (no_grad)",
                 "find_nonfinite(backward=False)": "forward (no_grad)"}
-    times = {v: [] for v in variants}
-    for _ in range(warmup):
-        for fn in variants.values():
-            fn(x)
-    for _ in range(repeats):
-        for label, fn in variants.items():
-            start = time.perf_counter()
-            fn(x)
-            times[label].append(time.perf_counter() - start)
-    medians = {label: statistics.median(t) for label, t in times.items()}
+    times = interleaved({v: partial(fn, x) for v, fn in variants.items()},
+                        repeats=repeats, warmup=warmup)
+    medians = {label: median(t) for label, t in times.items()}
     rows = []
-    for label, median in medians.items():
+    for label, seconds in medians.items():
         base = baseline.get(label, "forward + backward")
-        rows.append([label, f"{median * 1e3:.1f}", f"{median / medians[base]:.2f}x", base])
+        rows.append([label, f"{seconds * 1e3:.1f}", f"{seconds / medians[base]:.2f}x", base])
     print(f"\n### {name}\n")
-    print(tabulate(rows, headers=["variant", "median ms", "ratio", "ratio to"],
-                   tablefmt="github", disable_numparse=True,
-                   colalign=("left", "right", "right", "left")))
+    print(table(rows, ["variant", "median ms", "ratio", "ratio to"]))
     print()
     print(what_each_finds(model, x, _INJECT_AFTER.get(name, "layer2.0.bn1")))
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default="resnet18,mobilenet_v3_small")
-    parser.add_argument("--input", default="2,3,128,128")
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads (default: torch's choice)")
-    parser.add_argument("--quick", action="store_true", help="input 1,3,64,64, 3 repeats")
-    args = parser.parse_args()
-    if args.quick:
-        args.input, args.repeats, args.warmup = "1,3,64,64", 3, 1
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    shape = tuple(int(s) for s in args.input.split(","))
-    torch.manual_seed(0)
+    args = parse_args(__doc__, models="resnet18,mobilenet_v3_small", input="2,3,128,128",
+                      repeats=10, warmup=2, quick=("1,3,64,64", 3))
     warnings.filterwarnings("ignore", message=".*([Aa]nomaly|Error detected in).*")
-    print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, "
-          f"threads {torch.get_num_threads()}, input {shape}, repeats {args.repeats} "
-          f"(interleaved, median), warmup {args.warmup}, CPU")
-    for name in args.models.split(","):
-        bench_model(name.strip(), shape, args.repeats, args.warmup)
+    print(header(args))
+    for name in args.models:
+        bench_model(name, args.shape, args.repeats, args.warmup)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import fxdebug  # noqa: E402
-from fxdebug.partial import is_partial, part_inputs, traced_parts  # noqa: E402
+from fxdebug.tracing.partial import is_partial, part_inputs, traced_parts  # noqa: E402
 
 FAMILIES = {
     "classification": torchvision.models,
@@ -173,7 +173,7 @@ def _smallest_input(family: str, model: torch.nn.Module):
 
 # -- comparing -----------------------------------------------------------------------------
 def _flatten(value, prefix="out"):
-    from fxdebug.records import flatten_tensors
+    from fxdebug.runtime import flatten_tensors
     return dict(flatten_tensors(value, prefix))
 
 

@@ -7,23 +7,16 @@
 torch.Size([1, 64, 16, 16])
 """
 
-from . import passes
-from .passes.manager import PassManager
+from . import analysis, passes, reporting, runtime, testing, tracing
+from .analysis import (EquivalenceReport, Hazard, Hazards, JacobianNorms, NonfiniteReport,
+                       check_equivalence, find_nonfinite, jacobian_norms, lint_inplace, vjp)
+from .dumping import dump
 from .errors import FxdebugError, PassEquivalenceError, SelectionError, TraceFailure
-from .equivalence import EquivalenceReport, check_equivalence
-from .nonfinite import NonfiniteReport, find_nonfinite
-from . import testing
-from .graph_diff import DiffRow, GraphDiff, diff
-from .graph_table import print_tabular, tabular
-from .dump import dump
 from .instrument import instrument, records
-from .records import Record, Records, Stats
-from .jacobian import JacobianNorms, jacobian_norms
-from .lint import Hazard, Hazards, lint_inplace
-from .tracing import trace
-from . import partial
-from .partial import PartialReport, part_inputs, traced_parts
-from .vjp import vjp
+from .pass_manager import PassManager
+from .reporting import DiffRow, GraphDiff, diff, plots, print_tabular, tabular
+from .runtime import Record, Records, Stats
+from .tracing import (PartialReport, keys, part_inputs, partial, trace, traced_parts)
 
 __version__ = "0.1.0"
 

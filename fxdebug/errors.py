@@ -64,7 +64,7 @@ class PassEquivalenceError(FxdebugError):
 
     Attributes:
         pass_name: the pass that broke equivalence.
-        report: the :class:`~fxdebug.passes.manager.PassReport` up to and
+        report: the :class:`~fxdebug.pass_manager.PassReport` up to and
             including that pass (snapshots, diffs, the equivalence report).
     """
 

@@ -3,49 +3,34 @@
 Call tree::
 
     instrument(model)
-      ├─ trace(model)                      unless it is a GraphModule already
-      │    └─ TraceFailure of the root:     partial.instrument_parts: each module traced
-      │                                     when first called, specialised to the call;
+      ├─ tracing.trace(model)              unless it is a GraphModule already
+      │    └─ TraceFailure of the root:     tracing.instrument_parts(model, _instrument_part):
+      │                                     each module traced when first called, specialised
+      │                                     to the call, instrumented by the same pipeline;
       │                                     what cannot be traced runs eagerly
-      ├─ DebugGraphModule(root, graph copy) the caller's module is never edited
+      ├─ tracing.keyed_copy(gm)            a GraphModule: the caller's module is never edited
       ├─ passes.Capture(...)               capture nodes + recorder
       ├─ passes.GradHooks(...)             with grads=True: gradient-recording nodes
       ├─ user passes                       run in the order given
-      └─ graph.lint(); recompile()
+      └─ graph.lint(); recompile()         once, after every pass
     gm(x)                                  begin_run, then every capture node
     records(gm)                            the Records of that run
 """
 
 from __future__ import annotations
 
-import copy
+import functools
 from typing import Sequence
 
 import torch
 import torch.fx as fx
 
 from .errors import FxdebugError, TraceFailure
-from .graph_module import DebugGraphModule
-from .keys import assign_missing_keys
-from .passes._recorder import RECORDER_ATTR
-from .passes.base import as_pass
-from .passes.capture import Capture
-from .passes.grad_hooks import GradHooks
-from .records import Records
-from .runtime import Recorder
-from .tracing import trace
+from .passes import Capture, GradHooks, as_pass
+from .runtime import RECORDER_ATTR, Recorder, Records
+from .tracing import instrument_parts, is_partial, keyed_copy, trace
 
 __all__ = ["instrument", "records", "build_pipeline", "run_pipeline"]
-
-
-def _own_copy(gm: fx.GraphModule) -> DebugGraphModule:
-    """A DebugGraphModule sharing ``gm``'s parameters but with its own graph."""
-    graph = copy.deepcopy(gm.graph)
-    new = DebugGraphModule(gm, graph, class_name=type(gm).__name__.replace("GraphModuleImpl", "")
-                           or "GraphModule")
-    new.meta.update(getattr(gm, "meta", {}))
-    assign_missing_keys(new.graph)
-    return new
 
 
 def instrument(model: torch.nn.Module, capture="modules", depth: int | None = None,
@@ -75,8 +60,8 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
         cannot be traced even with auto-leaf, the model comes back partially
         instrumented instead (a copy of it whose largest traceable submodules
         are traced and instrumented when first called, the rest eager, see
-        :mod:`fxdebug.partial`); a warning after its first run lists what ran
-        eagerly and why, and ``records()`` works the same.
+        :mod:`fxdebug.tracing.partial`); a warning after its first run lists
+        what ran eagerly and why, and ``records()`` works the same.
 
     Example::
 
@@ -90,21 +75,29 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fxdebug.instrument expects an nn.Module or a GraphModule, "
                         f"got {type(model).__name__}.")
-    from . import partial  # local: partial builds on instrument
-    if partial.is_partial(model):
-        return partial.instrument_parts(model, capture, depth, include, exclude, grads, mode,
-                                        passes)
+    arguments = dict(capture=capture, depth=depth, include=include, exclude=exclude,
+                     grads=grads, mode=mode)
+    user_passes = [as_pass(p) for p in passes]
+    instrument_part = functools.partial(_instrument_part, user_passes=user_passes)
+    if is_partial(model):
+        return instrument_parts(model, instrument_part, **arguments)
     if isinstance(model, fx.GraphModule):
-        gm = _own_copy(model)
+        gm = keyed_copy(model)
     else:
         try:
             gm = trace(model)
         except TraceFailure as failure:  # the root cannot be traced: instrument its parts
             if next(model.children(), None) is None:
                 raise  # no submodules: there are no parts, the TraceFailure says what to do
-            return partial.instrument_parts(model, capture, depth, include, exclude, grads,
-                                            mode, passes, failure=failure)
-    return run_pipeline(gm, build_pipeline(capture, depth, include, exclude, grads, mode, passes))
+            return instrument_parts(model, instrument_part, **arguments, failure=failure)
+    return run_pipeline(gm, build_pipeline(**arguments) + user_passes)
+
+
+def _instrument_part(gm: fx.GraphModule, arguments: dict | None, user_passes) -> fx.GraphModule:
+    """How a part-by-part model instruments one traced part: the pipeline of ``instrument()``
+    (``arguments`` None: the selection picks nothing in the part, only the user's passes)."""
+    pipeline = build_pipeline(**arguments) if arguments is not None else []
+    return run_pipeline(gm, pipeline + list(user_passes), recompile=False)
 
 
 def build_pipeline(capture="modules", depth=None, include=None, exclude=None, grads=False,
@@ -125,18 +118,19 @@ def build_pipeline(capture="modules", depth=None, include=None, exclude=None, gr
     return pipeline
 
 
-def run_pipeline(gm: fx.GraphModule, pipeline) -> fx.GraphModule:
-    """Run ``pipeline`` on ``gm`` (in place where the passes allow), lint and recompile."""
+def run_pipeline(gm: fx.GraphModule, pipeline, recompile: bool = True) -> fx.GraphModule:
+    """Run ``pipeline`` on ``gm`` (in place where the passes allow), lint, recompile once."""
     for step in pipeline:
         try:
-            gm = step(gm).graph_module
+            gm = step.apply(gm).graph_module
         except FxdebugError:
             raise
         except Exception as exc:
             exc.add_note(f"fxdebug: raised by pass {step.name!r} during instrument()")
             raise
     gm.graph.lint()
-    gm.recompile()
+    if recompile:
+        gm.recompile()
     return gm
 
 

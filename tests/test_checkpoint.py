@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import copy
 import io
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,6 +18,7 @@ from torch import nn
 import fxdebug
 from fxdebug.passes import Checkpoint
 from models import NestedOutputs, Reuse
+from subprocesses import outputs_under_hash_seeds
 
 
 class Block(nn.Module):
@@ -248,13 +246,6 @@ for model, include in ((HarmlessInplaceRelu(), ["relu", "fc"]), (NestedOutputs()
 
 
 def test_generated_code_identical_across_hash_seeds():
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    outputs = []
-    for seed in ("0", "1", "2"):
-        env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=repo)
-        result = subprocess.run([sys.executable, "-c", SCRIPT], cwd=repo, env=env,
-                                capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr
-        outputs.append(result.stdout)
+    outputs = outputs_under_hash_seeds(SCRIPT)
     assert outputs[0] == outputs[1] == outputs[2]
     assert "checkpointed(fxdebug_checkpoint_relu" in outputs[0] and "0x" not in outputs[0]

@@ -6,14 +6,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from subprocesses import REPO, fxdebug_cli
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _fxdebug(*args, cwd=REPO):
-    env = dict(os.environ, PYTHONPATH=REPO)
-    return subprocess.run([sys.executable, "-m", "fxdebug", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return fxdebug_cli(*args, cwd=cwd)
 
 
 def test_summary_default_model_prints_the_table():

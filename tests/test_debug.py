@@ -153,7 +153,7 @@ def test_breakpoint_node_survives_dump_and_stops_in_module_py(tmp_path):
                             passes=[fxdebug.passes.Breakpoint("1")])
     folder = fxdebug.dump(gm, tmp_path / "seq", torch.randn(2, 3))  # dump itself does not stop
     code = open(os.path.join(folder, "module.py")).read()
-    assert "from fxdebug.debugger import stop as fxdebug_debugger_stop" in code
+    assert "from fxdebug.runtime import stop as fxdebug_runtime_stop" in code
     result = subprocess.run([sys.executable, os.path.join(folder, "run.py")], input="p _0.shape\nc\n",
                             cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from subprocesses import outputs_under_hash_seeds
 
 SCRIPT = textwrap.dedent("""
     import sys, torch, torchvision, fxdebug
@@ -25,16 +22,8 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(seed: str) -> str:
-    env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=REPO)
-    result = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
 def test_code_and_tables_identical_across_hash_seeds():
-    outputs = [_run(seed) for seed in ("0", "1", "2")]
+    outputs = outputs_under_hash_seeds(SCRIPT)
     assert outputs[0] == outputs[1] == outputs[2]
     assert "layer1.0.conv1" in outputs[0] and "mix/split/low" in outputs[0]
     assert "0x" not in outputs[0]

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import textwrap
 import zipfile
 
@@ -17,9 +15,8 @@ import torchvision
 import fxdebug
 from dump_models import DictInput, Gadgets, Opaque
 from models import LaterInplace, NestedOutputs, Reuse, SeedOneNet, ViewAugAssign
+from subprocesses import HASH_SEEDS, REPO, fxdebug_cli, outputs_under_hash_seeds, run_python
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.join(REPO, "tests")
 
 # name -> (build the model, input shape, leaf modules, capture)
 MODELS = {
@@ -78,10 +75,6 @@ def _flatten(value, prefix="output"):
     return flat
 
 
-def _child_env():
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, TESTS]))
-
-
 @pytest.fixture(scope="module")
 def round_trip(tmp_path_factory):
     """Dump every model, move the folders, load and run them in a fresh process elsewhere."""
@@ -107,8 +100,7 @@ def round_trip(tmp_path_factory):
         originals[name] = {"eager": eager, "records": records, "model": model}
     os.rename(made, moved)
     results = base / "results.pt"
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(moved), str(results)], cwd=elsewhere,
-                          env=_child_env(), capture_output=True, text=True, timeout=600)
+    proc = run_python(CHILD, str(moved), str(results), cwd=str(elsewhere))
     assert proc.returncode == 0, proc.stderr[-6000:]
     return originals, torch.load(results, weights_only=False), moved, base
 
@@ -284,14 +276,12 @@ def test_dumped_files_identical_across_hash_seeds(tmp_path):
         gm = fxdebug.instrument(fxdebug.trace(Gadgets().eval(), leaf_modules=[Opaque]))
         fxdebug.dump(gm, out + "/gadgets", torch.randn(2, 6))
     """)
+    for seed in HASH_SEEDS:
+        (tmp_path / f"seed{seed}").mkdir()
+    outputs_under_hash_seeds(script, lambda seed: [str(tmp_path / f"seed{seed}")], cwd=str(tmp_path))
     trees = []
-    for seed in ("0", "1", "2"):
+    for seed in HASH_SEEDS:
         out = tmp_path / f"seed{seed}"
-        out.mkdir()
-        proc = subprocess.run([sys.executable, "-c", script, str(out)], cwd=tmp_path,
-                              env=dict(_child_env(), PYTHONHASHSEED=seed), capture_output=True,
-                              text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr
         tree = {}
         for root, _, files in os.walk(out):
             for filename in files:
@@ -393,8 +383,7 @@ def test_disk_write_failure_leaves_nothing(tmp_path):
             print(error)
             sys.exit(3)
     """)
-    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out")], cwd=tmp_path,
-                          env=_child_env(), capture_output=True, text=True, timeout=300)
+    proc = run_python(script, str(tmp_path / "out"), cwd=str(tmp_path))
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert re.search(r"writing [\w.]+ failed \(File too large\); nothing was written", proc.stdout)
     assert _entries(tmp_path) == []
@@ -416,8 +405,7 @@ def test_inputs_that_weights_only_load_refuses(tmp_path):
 
 # -- command line --------------------------------------------------------------------------
 def _fxdebug(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "fxdebug", *args], cwd=cwd, env=_child_env(),
-                          capture_output=True, text=True, timeout=300)
+    return fxdebug_cli(*args, cwd=str(cwd))
 
 
 def test_cli_dump(tmp_path):

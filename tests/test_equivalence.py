@@ -11,10 +11,7 @@ import collections
 import copy
 import dataclasses
 import operator
-import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -24,48 +21,13 @@ import torchvision
 from torch import nn
 
 import fxdebug
-from fxdebug.keys import assign_missing_keys, inherit_key
+from fxdebug.tracing.keys import assign_missing_keys, inherit_key
+from faults import image, insert_after, node, one_thread, resnet  # noqa: F401 (fixtures)
+from subprocesses import fxdebug_cli, outputs_under_hash_seeds
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The machine is shared: one intra-op thread is faster than two fighting for cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def resnet():
-    torch.manual_seed(0)
-    return torchvision.models.resnet18().eval()
-
-
-@pytest.fixture(scope="module")
-def image():
-    return torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-def node(gm: fx.GraphModule, key: str) -> fx.Node:
-    found = [n for n in gm.graph.nodes if n.meta.get("fxdebug_key") == key]
-    assert len(found) == 1, (key, [n.meta.get("fxdebug_key") for n in gm.graph.nodes])
-    return found[0]
-
-
-def insert_after(gm: fx.GraphModule, key: str, fn, *extra) -> fx.Node:
-    """Insert ``fn(node, *extra)`` after node ``key`` and make its users read it (no key)."""
-    target = node(gm, key)
-    with gm.graph.inserting_after(target):
-        new = gm.graph.call_function(fn, (target, *extra))
-    target.replace_all_uses_with(new, delete_user_cb=lambda user: user is not new)
-    gm.recompile()
-    return new
-
 
 def interpreter_values(gm: fx.GraphModule, *inputs) -> dict[str, torch.Tensor]:
     """Every node's value by key, computed by torch.fx.Interpreter (cloned when made)."""
@@ -501,9 +463,7 @@ def scale_bn1(gm):
 
 
 def _fxdebug(*args, cwd):
-    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")  # the machine is shared
-    return subprocess.run([sys.executable, "-m", "fxdebug", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return fxdebug_cli(*args, cwd=cwd, OMP_NUM_THREADS="1")
 
 
 def test_cli_check_names_the_pass_and_node(tmp_path):
@@ -555,13 +515,7 @@ DETERMINISM = textwrap.dedent("""
 
 
 def test_tables_identical_across_hash_seeds():
-    outputs = []
-    for seed in ("0", "1", "2"):
-        env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
-        result = subprocess.run([sys.executable, "-c", DETERMINISM], cwd=REPO, env=env,
-                                capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr
-        outputs.append(result.stdout)
+    outputs = outputs_under_hash_seeds(DETERMINISM, OMP_NUM_THREADS="1")
     assert outputs[0] == outputs[1] == outputs[2]
     assert "first divergence: layer2.0.bn1" in outputs[0]
     assert "forward: first non-finite" in outputs[0]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import os
 import re
-import subprocess
 import sys
 import textwrap
 import warnings
@@ -17,8 +16,8 @@ from torch import nn
 
 import fxdebug
 from hooks import hook_captures
+from subprocesses import outputs_under_hash_seeds
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class DimBranch(nn.Module):
@@ -185,14 +184,6 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_export_code_and_tables_identical_across_hash_seeds():
-    runs = [subprocess.Popen([sys.executable, "-W", "ignore", "-c", SCRIPT], cwd=REPO, text=True,
-                             env=dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=REPO),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            for seed in ("0", "1", "2")]
-    outputs = []
-    for run in runs:
-        stdout, stderr = run.communicate(timeout=300)
-        assert run.returncode == 0, stderr
-        outputs.append(stdout)
+    outputs = outputs_under_hash_seeds(SCRIPT)
     assert outputs[0] == outputs[1] == outputs[2]
     assert "act_1" in outputs[0] and not re.search(r"0x[0-9a-f]{6}", outputs[0])

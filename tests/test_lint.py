@@ -8,21 +8,18 @@ cannot see, gradients computed by hand from the values before the write.
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torchvision
 
 import fxdebug
-from fxdebug.locations import format_location
+from fxdebug.tracing.locations import format_location
 from inplace_models import (DataZeroed, DetachZeroed, EmbeddingMaxNorm, EmbeddingTwice,
                             HarmlessInplaceRelu, MatmulThenSetitem, ReluThenInplaceAdd,
                             SigmoidZeroed, hazard_line)
+from subprocesses import REPO, fxdebug_cli, outputs_under_hash_seeds
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # model, inputs, key of the write, node whose saved value it destroys, node that saved it
 REAL_HAZARDS = {
@@ -181,21 +178,13 @@ for model, inputs in ((m.DataZeroed(), (torch.randn(2, 3),)),
 
 
 def test_tables_identical_across_hash_seeds():
-    outputs = []
-    for seed in ("0", "1", "2"):
-        env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=REPO)
-        result = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env,
-                                capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr
-        outputs.append(result.stdout)
+    outputs = outputs_under_hash_seeds(SCRIPT)
     assert outputs[0] == outputs[1] == outputs[2]
     assert "embedding.weight" in outputs[0] and "0x" not in outputs[0]
 
 
 def _fxdebug(*args, cwd=REPO):
-    env = dict(os.environ, PYTHONPATH=REPO)
-    return subprocess.run([sys.executable, "-m", "fxdebug", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return fxdebug_cli(*args, cwd=cwd)
 
 
 def test_cli_lint_default_model_and_a_hazardous_file(tmp_path):

@@ -7,57 +7,17 @@ Ground truth comes from eager runs: forward hooks on the real modules,
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
-import torch.fx as fx
-import torchvision
 from torch import nn
 
 import fxdebug
-from fxdebug.keys import assign_missing_keys
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The machine is shared: one intra-op thread is faster than two fighting for cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from faults import image, insert_after, one_thread, resnet  # noqa: F401 (fixtures)
+from subprocesses import fxdebug_cli
 
 
-@pytest.fixture(scope="module")
-def resnet():
-    torch.manual_seed(0)
-    return torchvision.models.resnet18().eval()
 
-
-@pytest.fixture(scope="module")
-def image():
-    return torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
-
-
-def node(gm: fx.GraphModule, key: str) -> fx.Node:
-    found = [n for n in gm.graph.nodes if n.meta.get("fxdebug_key") == key]
-    assert len(found) == 1, key
-    return found[0]
-
-
-def insert_after(gm: fx.GraphModule, key: str, fn) -> str:
-    """Insert ``fn(node)`` after node ``key``, make its users read it; return the new key."""
-    target = node(gm, key)
-    with gm.graph.inserting_after(target):
-        new = gm.graph.call_function(fn, (target,))
-    target.replace_all_uses_with(new, delete_user_cb=lambda user: user is not new)
-    gm.recompile()
-    assign_missing_keys(gm.graph)
-    return new.meta["fxdebug_key"]
 
 
 def test_finite_model_is_ok(resnet, image):
@@ -72,7 +32,7 @@ def test_finite_model_is_ok(resnet, image):
 
 def test_nan_from_log_of_a_negative_is_found_where_it_is_made(resnet, image):
     gm = fxdebug.trace(resnet)
-    log = insert_after(gm, "layer2.0.bn1", torch.log)
+    log = insert_after(gm, "layer2.0.bn1", torch.log, keyed=True).meta["fxdebug_key"]
     # ground truth: bn1's output is finite but has negative values; the model output is NaN
     seen = {}
     handle = gm.get_submodule("layer2.0.bn1").register_forward_hook(
@@ -178,7 +138,7 @@ def test_nan_made_by_an_in_place_op_is_created_there():
 
 def test_gradient_made_non_finite_is_found_in_backward(resnet, image):
     gm = fxdebug.trace(resnet)
-    sqrt = insert_after(gm, "layer3.1.relu_1", torch.sqrt)  # sqrt'(0) = inf
+    sqrt = insert_after(gm, "layer3.1.relu_1", torch.sqrt, keyed=True).meta["fxdebug_key"]  # sqrt'(0) = inf
     # ground truth by retain_grad on the real activations of the candidate
     acts = {}
 
@@ -313,14 +273,11 @@ def build():
 
 def test_cli_nonfinite(tmp_path):
     (tmp_path / "nan_model.py").write_text(NAN_MODEL)
-    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")
-    result = subprocess.run([sys.executable, "-m", "fxdebug", "nonfinite", "nan_model.py:build",
-                             "--input", "4,16"], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = fxdebug_cli("nonfinite", "nan_model.py:build", "--input", "4,16", cwd=str(tmp_path),
+                         OMP_NUM_THREADS="1")
     assert result.returncode == 1, result.stderr
     assert "forward: first non-finite output at log (torch.log, nan_model.py:12)" in result.stdout
     assert "it CREATED them" in result.stdout
-    fine = subprocess.run([sys.executable, "-m", "fxdebug", "nonfinite", "--input", "1,3,64,64"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    fine = fxdebug_cli("nonfinite", "--input", "1,3,64,64", cwd=str(tmp_path), OMP_NUM_THREADS="1")
     assert fine.returncode == 0, fine.stderr
     assert fine.stdout.splitlines()[-1] == "verdict: all finite"

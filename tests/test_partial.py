@@ -21,11 +21,11 @@ import torch
 import torchvision
 
 import fxdebug
-from fxdebug.partial import is_partial, part_inputs, traced_parts
+from fxdebug.tracing.partial import is_partial, part_inputs, traced_parts
 from hooks import hook_captures
 from partial_models import Flow, Wrapper, flow_inputs
+from subprocesses import REPO, outputs_under_hash_seeds
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ADDRESS = re.compile(r"0x[0-9a-f]{6}")  # an object address; "160x10" is a shape
 
 
@@ -302,17 +302,9 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_summary_tables_and_code_identical_across_hash_seeds():
-    runs = [subprocess.Popen([sys.executable, "-c", SCRIPT], cwd=REPO, text=True,
-                             env=dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=REPO),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            for seed in ("0", "1", "2")]
-    outputs = []
-    for run in runs:
-        stdout, stderr = run.communicate(timeout=300)
-        assert run.returncode == 0, stderr
-        outputs.append(stdout)
+    outputs = outputs_under_hash_seeds(SCRIPT)
     assert outputs[0] == outputs[1] == outputs[2]
-    assert "block@1" in outputs[0] and "fxdebug_partial_begin_part" in outputs[0]
+    assert "block@1" in outputs[0] and "fxdebug_runtime_begin_part" in outputs[0]
     assert not ADDRESS.search(outputs[0])
 
 

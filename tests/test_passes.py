@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import logging
 import operator
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -15,8 +12,8 @@ import torchvision
 
 import fxdebug
 from fxdebug.passes import Capture, GradHooks, Pass
+from subprocesses import fxdebug_cli, outputs_under_hash_seeds
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class TwoSubs(torch.nn.Module):
@@ -187,21 +184,13 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_tables_and_code_diffs_identical_across_hash_seeds():
-    outputs = []
-    for seed in ("0", "1", "2"):
-        env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=REPO)
-        result = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, env=env,
-                                capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr
-        outputs.append(result.stdout)
+    outputs = outputs_under_hash_seeds(SCRIPT)
     assert outputs[0] == outputs[1] == outputs[2]
     assert "0x" not in outputs[0] and "+++ after" in outputs[0]
 
 
 def _cli(*args):
-    env = dict(os.environ, PYTHONPATH=REPO)
-    return subprocess.run([sys.executable, "-m", "fxdebug", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return fxdebug_cli(*args)
 
 
 def test_cli_passes_prints_each_diff_and_code_diffs():

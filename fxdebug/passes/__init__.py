@@ -1,4 +1,18 @@
-"""Graph passes: one pass a file.
+"""Graph passes: one pass a file, each a ``torch.fx`` ``PassBase``.
+
+A pass rewrites a keyed GraphModule in place and says whether it changed it.
+The inserted nodes call :mod:`fxdebug.runtime`; passes never read Records::
+
+    instrument(model, capture=..., grads=..., passes=[...])
+      ├─ Capture        capture.py         capture / capture_stats after each value
+      │                                    (a copy where aliasing.py finds a later write)
+      ├─ GradHooks      grad_hooks.py      record_grads: a tensor hook per value
+      └─ user passes, e.g.
+           ├─ GradTransform   grad_transform.py   edit_grads: grad -> fn(grad)
+           ├─ Functionalize   functionalize.py    in-place ops -> out-of-place ops
+           ├─ Checkpoint      checkpoint.py       module calls recomputed in backward
+           └─ Breakpoint      breakpoint.py       stop in pdb before a node
+    Capture and GradHooks place their nodes with _placement.py.
 
 ``BUILTIN_PASSES`` maps the names the command line accepts (``--pass NAME``)
 to pass factories that take no arguments.
@@ -15,11 +29,9 @@ from .checkpoint import Checkpoint
 from .functionalize import Functionalize
 from .grad_hooks import GradHooks
 from .grad_transform import GradTransform
-from .manager import PassManager, PassReport, Stage
 
 __all__ = ["Pass", "PassResult", "as_pass", "Capture", "GradHooks", "GradTransform",
-           "PassManager", "PassReport", "Stage", "Breakpoint", "Functionalize", "Checkpoint",
-           "BUILTIN_PASSES"]
+           "Breakpoint", "Functionalize", "Checkpoint", "BUILTIN_PASSES"]
 
 BUILTIN_PASSES = {
     "capture": Capture,

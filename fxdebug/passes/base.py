@@ -1,30 +1,46 @@
-"""Pass and PassResult: the unit of graph rewriting.
+"""Pass and PassResult: the unit of graph rewriting, built on torch's pass infrastructure.
 
-A pass takes a GraphModule, rewrites its graph in place, and says whether it
-changed anything. Plain functions ``gm -> gm`` (or ``gm -> None``) are passes
-too, through :func:`as_pass`.
+An fxdebug pass is a ``torch.fx.passes.infra.pass_base.PassBase``: it runs in
+torch's own ``PassManager`` as it does in :class:`fxdebug.PassManager`, and
+:class:`PassResult` *is* torch's ``PassResult`` (``graph_module``,
+``modified``). Write ``run(gm) -> bool`` ("did it change the graph"); torch's
+``call(gm) -> PassResult`` is derived from it. Any other ``PassBase`` and any
+function ``gm -> PassResult | gm | None`` is a pass too, through :func:`as_pass`::
+
+    pass(gm)                      for a person calling a pass directly
+      ├─ requires(gm)             torch's PassBase protocol
+      ├─ call(gm) -> run(gm)      the rewrite, in place
+      ├─ ensures(gm)
+      └─ modified: graph.lint(); gm.recompile()    gm is ready to run
+    pass.apply(gm)                for pipelines: the same without lint and
+                                  recompile, which the pipeline does once
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch.fx as fx
+from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-__all__ = ["Pass", "PassResult", "as_pass", "FunctionPass"]
-
-
-class PassResult(NamedTuple):
-    """What a pass returns: the (possibly new) GraphModule and whether it changed."""
-
-    graph_module: fx.GraphModule
-    modified: bool
+__all__ = ["Pass", "PassResult", "as_pass", "FunctionPass", "graph_source"]
 
 
-class Pass:
+def graph_source(gm: fx.GraphModule) -> str:
+    """The code ``gm.recompile()`` would generate for the graph as it is now, without compiling it.
+
+    >>> import torch, fxdebug
+    >>> print(graph_source(fxdebug.trace(torch.nn.ReLU())).strip().splitlines()[-1])
+    return relu
+    """
+    return gm.graph.python_code(root_module="self").src
+
+
+class Pass(PassBase):
     """Base class: set ``name`` and implement ``run(gm) -> bool`` (modified).
 
-    Calling the pass runs it, lints the graph and recompiles the module::
+    Calling the pass runs it, lints the graph and recompiles the module
+    when it changed; :meth:`apply` leaves both to the caller::
 
         >>> import torch, fxdebug
         >>> class DropNothing(fxdebug.passes.Pass):
@@ -34,6 +50,9 @@ class Pass:
         >>> gm = fxdebug.trace(torch.nn.ReLU())
         >>> DropNothing()(gm).modified
         False
+        >>> from torch.fx.passes.infra.pass_manager import PassManager
+        >>> PassManager([DropNothing()])(gm).modified       # torch's own manager runs it too
+        False
     """
 
     name: str = "pass"
@@ -41,15 +60,30 @@ class Pass:
     def run(self, gm: fx.GraphModule) -> bool:
         raise NotImplementedError(f"{type(self).__name__} must implement run(gm) -> bool")
 
-    def __call__(self, gm: fx.GraphModule) -> PassResult:
-        modified = self.run(gm)
+    def call(self, graph_module: fx.GraphModule) -> PassResult:
+        """torch's ``PassBase.call``: ``run`` the pass, as a ``PassResult``."""
+        modified = self.run(graph_module)
         if not isinstance(modified, bool):
             raise TypeError(f"pass {self.name!r} ({type(self).__name__}.run) returned "
                             f"{modified!r}; it must return True or False (graph modified).")
-        if modified:
-            gm.graph.lint()
-            gm.recompile()
-        return PassResult(gm, modified)
+        return PassResult(graph_module, modified)
+
+    def apply(self, gm: fx.GraphModule) -> PassResult:
+        """Run the pass (``requires``, ``call``, ``ensures``) without linting or recompiling."""
+        self.requires(gm)
+        result = self.call(gm)
+        if not isinstance(result, PassResult):
+            raise TypeError(f"pass {self.name!r} returned {type(result).__name__}; a pass must "
+                            f"return a PassResult(graph_module, modified).")
+        self.ensures(result.graph_module)
+        return result
+
+    def __call__(self, graph_module: fx.GraphModule) -> PassResult:
+        result = self.apply(graph_module)
+        if result.modified:
+            result.graph_module.graph.lint()
+            result.graph_module.recompile()
+        return result
 
     def __repr__(self) -> str:
         return f"<Pass {self.name}>"
@@ -62,33 +96,52 @@ class FunctionPass(Pass):
         self.fn = fn
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
 
-    def __call__(self, gm: fx.GraphModule) -> PassResult:
-        before = gm.code
-        result = self.fn(gm)
+    def call(self, graph_module: fx.GraphModule) -> PassResult:
+        before = graph_source(graph_module)
+        result = self.fn(graph_module)
         if isinstance(result, PassResult):
-            out = result.graph_module
-        elif result is None:
-            out = gm
+            return result
+        if result is None:
+            out = graph_module
         elif isinstance(result, fx.GraphModule):
             out = result
         else:
             raise TypeError(f"pass {self.name!r} returned {type(result).__name__}; a pass "
                             f"function must return a GraphModule, None or a PassResult.")
-        out.graph.lint()
-        out.recompile()
-        return PassResult(out, out is not gm or out.code != before)
+        return PassResult(out, out is not graph_module or graph_source(out) != before)
+
+
+class _ForeignPass(Pass):
+    """Another library's ``PassBase`` (torch's own passes), named after its class."""
+
+    def __init__(self, inner: PassBase) -> None:
+        self.inner = inner
+        self.name = type(inner).__name__
+
+    def apply(self, gm: fx.GraphModule) -> PassResult:
+        before = graph_source(gm)
+        result = self.inner(gm)
+        if result is None:  # torch allows it: the module was edited in place
+            return PassResult(gm, graph_source(gm) != before)
+        return PassResult(result.graph_module, result.modified)
+
+    def call(self, graph_module: fx.GraphModule) -> PassResult:
+        return self.apply(graph_module)
 
 
 def as_pass(obj) -> Pass:
-    """Return ``obj`` as a Pass: Pass instances as they are, callables wrapped.
+    """Return ``obj`` as a Pass: fxdebug passes as they are, a torch ``PassBase`` or a function wrapped.
 
     >>> as_pass(lambda gm: gm).name
     '<lambda>'
     """
     if isinstance(obj, Pass):
         return obj
-    if isinstance(obj, type) and issubclass(obj, Pass):
+    if isinstance(obj, type) and issubclass(obj, PassBase):
         raise TypeError(f"got the class {obj.__name__}; pass an instance: {obj.__name__}(...)")
+    if isinstance(obj, PassBase):
+        return _ForeignPass(obj)
     if callable(obj):
         return FunctionPass(obj)
-    raise TypeError(f"{obj!r} is not a pass: use a fxdebug.passes.Pass or a function gm -> gm.")
+    raise TypeError(f"{obj!r} is not a pass: use a fxdebug.passes.Pass, a torch PassBase or a "
+                    f"function gm -> gm.")

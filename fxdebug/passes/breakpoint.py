@@ -8,11 +8,11 @@ Before (resnet18)::
 After ``Breakpoint("layer1.0.conv2")``::
 
     layer1_0_relu = getattr(self.layer1, "0").relu(layer1_0_bn1)
-    stop_layer1_0_conv2 = fxdebug_debugger_stop('layer1.0.conv2', 'Conv2d', {'layer1_0_relu': layer1_0_relu})
+    stop_layer1_0_conv2 = fxdebug_runtime_stop('layer1.0.conv2', 'Conv2d', {'layer1_0_relu': layer1_0_relu})
     layer1_0_conv2 = getattr(self.layer1, "0").conv2(layer1_0_relu)
 
 Running the module prints the node's inputs and opens pdb on the generated
-``forward`` at the line of ``layer1.0.conv2`` (see :mod:`fxdebug.debugger`;
+``forward`` at the line of ``layer1.0.conv2`` (see :mod:`fxdebug.runtime.debugger`;
 ``PYTHONBREAKPOINT=0`` turns every stop off). The stop node returns nothing
 and changes no value.
 """
@@ -23,9 +23,9 @@ import difflib
 
 import torch.fx as fx
 
-from .. import debugger
+from .. import runtime
 from ..errors import SelectionError
-from ..keys import META_KEY, META_PASS, META_SOURCE, node_key, op_name
+from ..tracing.keys import META_KEY, META_PASS, META_SOURCE, node_key, op_name
 from .base import Pass
 
 __all__ = ["Breakpoint"]
@@ -45,7 +45,7 @@ class Breakpoint(Pass):
         >>> gm = fxdebug.trace(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Tanh()))
         >>> gm = fxdebug.passes.Breakpoint("1")(gm).graph_module
         >>> print(gm.code.strip().splitlines()[3].strip())
-        stop_1 = fxdebug_debugger_stop('1', 'Tanh', {'_0': _0});  stop_1 = None
+        stop_1 = fxdebug_runtime_stop('1', 'Tanh', {'_0': _0});  stop_1 = None
         >>> import os; os.environ["PYTHONBREAKPOINT"] = "0"  # no stop in a doctest
         >>> gm(torch.ones(1, 2)).shape
         torch.Size([1, 2])
@@ -71,7 +71,7 @@ class Breakpoint(Pass):
         key = node_key(target)
         with graph.inserting_before(anchor):
             node = graph.create_node(
-                "call_function", debugger.stop,
+                "call_function", runtime.stop,
                 (key, op_name(target, gm), {arg.name: arg for arg in inputs}), {},
                 name=f"stop_{key}")
         node.meta[META_KEY] = f"{key}:breakpoint"

@@ -23,10 +23,10 @@ from __future__ import annotations
 import torch.fx as fx
 
 from .. import runtime
-from ..aliasing import AliasAnalysis
+from .aliasing import AliasAnalysis
 from ..errors import SelectionError
-from ..selection import select
-from ._recorder import ensure_recorder, insert_per_target
+from ..tracing.selection import select
+from ._placement import ensure_recorder, insert_per_target
 from .base import Pass
 
 __all__ = ["Capture"]
@@ -39,7 +39,7 @@ class Capture(Pass):
 
     Args:
         capture: ``"modules"``, ``"all"`` or a list of keys / globs (see
-            :func:`fxdebug.selection.select`).
+            :func:`fxdebug.tracing.selection.select`).
         depth, include, exclude: further filters on the keys.
         mode: ``"tensor"`` keeps the values, ``"stats"`` only their summary
             statistics (constant memory per node).

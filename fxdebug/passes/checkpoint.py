@@ -40,13 +40,14 @@ import torch
 import torch.fx as fx
 import torch.utils.checkpoint
 
-from ..aliasing import AliasAnalysis
+from .aliasing import AliasAnalysis
 from ..errors import SelectionError
-from ..graph_module import DebugGraphModule
-from ..keys import META_KEY, META_PASS, META_RETURNS, META_SOURCE, inherit_key, node_key, op_name
-from ..locations import caller_stacklevel, format_location
-from ..runtime import _emit_if_tracing
-from ..selection import key_depth, matches
+from ..tracing.graph_module import DebugGraphModule
+from ..tracing.keys import (META_KEY, META_PASS, META_RETURNS, META_SOURCE, ModuleReturn,
+                            inherit_key, node_key, op_name)
+from ..tracing.locations import caller_stacklevel, format_location
+from ..runtime import emit_if_tracing
+from ..tracing.selection import key_depth, matches
 from .base import Pass
 
 __all__ = ["Checkpoint", "CheckpointSegment", "checkpointed"]
@@ -141,7 +142,7 @@ def checkpointed(segment: CheckpointSegment, module: torch.nn.Module, *args,
     The function the Checkpoint pass's nodes call; called with fx Proxies
     (re-tracing) it emits itself again.
     """
-    emitted = _emit_if_tracing(checkpointed, (segment, module) + args,
+    emitted = emit_if_tracing(checkpointed, (segment, module) + args,
                                {"preserve_rng_state": preserve_rng_state})
     if emitted is not None:
         return emitted
@@ -428,7 +429,6 @@ class Checkpoint(Pass):
         renames = {output.name: result.name for output, result in zip(outputs, results)}
         returns = _carried_returns(nodes, renames)
         if segment.leaf:
-            from ..tracing import ModuleReturn
             returns.insert(0, ModuleReturn(segment.key, segment.module_type,
                                            (("", results[0].name),), segment.source))
         if returns:

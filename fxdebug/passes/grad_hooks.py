@@ -17,8 +17,8 @@ import torch.fx as fx
 
 from .. import runtime
 from ..errors import SelectionError
-from ..selection import select
-from ._recorder import ensure_recorder, insert_per_target
+from ..tracing.selection import select
+from ._placement import ensure_recorder, insert_per_target
 from .base import Pass
 
 __all__ = ["GradHooks"]

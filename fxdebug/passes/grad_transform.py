@@ -28,8 +28,8 @@ import torch.fx as fx
 
 from .. import runtime
 from ..errors import SelectionError
-from ..keys import META_KEY, META_PASS, META_SOURCE
-from ..selection import matches, select
+from ..tracing.keys import META_KEY, META_PASS, META_SOURCE
+from ..tracing.selection import matches, select
 from .base import Pass
 
 __all__ = ["GradTransform"]

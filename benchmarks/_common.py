@@ -1,0 +1,114 @@
+"""What every benchmark shares: its command line, its header line, interleaved timing, tables.
+
+Each benchmark builds a dict ``{label: callable}`` once, then::
+
+    args = parse_args(__doc__, models="resnet18", input="1,3,224,224", repeats=20, warmup=3,
+                      quick=("1,3,64,64", 5))
+    print(header(args))
+    times = interleaved(variants, x, repeats=args.repeats, warmup=args.warmup)
+    print(table(rows, headers))
+
+Timing is interleaved: each repeat runs every variant once, round-robin, starting
+one variant later each repeat, so no variant always follows the same one and
+slow drifts of the machine (other jobs, thermal) spread over all variants.
+Medians are reported (and the minimum where asked), and ratios are taken within
+one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Callable, Sequence
+
+import torch
+import torchvision
+from tabulate import tabulate
+
+__all__ = ["parse_args", "header", "interleaved", "median", "table"]
+
+
+def parse_args(doc: str, *, input: str, repeats: int, warmup: int = 2,
+               models: str | None = None, quick: tuple[str, int] = ("1,3,64,64", 5),
+               extra: Callable[[argparse.ArgumentParser], None] | None = None
+               ) -> argparse.Namespace:
+    """The shared command line: ``--models`` (when given), ``--input``, ``--repeats``,
+    ``--warmup``, ``--threads``, ``--quick``; ``args.shape`` is ``--input`` as a tuple.
+
+    ``--threads N`` calls ``torch.set_num_threads(N)``; ``--quick`` (a smoke test)
+    sets the input and repeats to ``quick`` and the warm-up to 1. ``extra`` adds a
+    benchmark's own options."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    if models is not None:
+        parser.add_argument("--models", default=models, help=f"comma-separated (default {models})")
+    parser.add_argument("--input", default=input, help=f"input shape (default {input})")
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--warmup", type=int, default=warmup)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch.set_num_threads (default: torch's own choice); 1 is steadier "
+                             "on a machine shared with other jobs")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smoke test: input {quick[0]}, {quick[1]} repeats, 1 warm-up")
+    if extra is not None:
+        extra(parser)
+    args = parser.parse_args()
+    if args.quick:
+        args.input, args.repeats, args.warmup = quick[0], quick[1], 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        args.shape = tuple(int(s) for s in args.input.split(","))
+    except ValueError:
+        parser.error(f"--input {args.input!r}: expected comma-separated integers, e.g. 1,3,224,224")
+    if hasattr(args, "models"):
+        args.models = [name.strip() for name in args.models.split(",") if name.strip()]
+    torch.manual_seed(0)
+    return args
+
+
+def header(args: argparse.Namespace, *notes: str) -> str:
+    """One line: versions, threads, input, repeats, warm-up, load average, and ``notes``."""
+    parts = [f"torch {torch.__version__}", f"torchvision {torchvision.__version__}",
+             f"threads {torch.get_num_threads()}", f"input {args.shape}",
+             f"repeats {args.repeats} (interleaved, median)", f"warmup {args.warmup}", "CPU",
+             f"load avg {os.getloadavg()[0]:.2f}", *notes]
+    return ", ".join(parts)
+
+
+def interleaved(variants: dict[str, Callable[[], object]], *, repeats: int, warmup: int,
+                before: Callable[[], object] | None = None) -> dict[str, list[float]]:
+    """Seconds per call of every variant, ``repeats`` times each, round-robin.
+
+    ``variants`` maps a label to a no-argument callable; ``before`` (untimed) runs
+    before every call, e.g. to zero gradients. Each variant first runs ``warmup``
+    times, untimed."""
+    names = list(variants)
+    for _ in range(warmup):
+        for name in names:
+            if before is not None:
+                before()
+            variants[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            if before is not None:
+                before()
+            start = time.perf_counter()
+            variants[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median(times: Sequence[float]) -> float:
+    """The median of ``times``."""
+    return statistics.median(times)
+
+
+def table(rows: list[list], headers: list[str]) -> str:
+    """A GitHub-markdown table, first column left-aligned, the others right-aligned."""
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True,
+                    colalign=("left",) + ("right",) * (len(headers) - 1))

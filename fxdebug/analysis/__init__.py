@@ -1,0 +1,30 @@
+"""Verdicts on a model: is it equivalent, where is the NaN, which write breaks autograd.
+
+Each analysis runs the model (or a keyed copy) under controlled conditions and
+names nodes by key and the user's ``file:line``::
+
+    check_equivalence(reference, candidate, *inputs)     equivalence.py
+      ├─ ControlledRuns                                 controlled_run.py
+      ├─ compare_values(outputs)                        compare.py
+      └─ localise: Capture("all") on both, match_nodes  node_matching.py
+           (grads=True: activation_grads, in backward order)  activation_grads.py
+    find_nonfinite(model, *inputs)                      nonfinite.py
+    lint_inplace(model, *inputs)                        lint.py (passes/aliasing.py)
+    vjp(model, inputs, of, wrt)                         vjp.py    } live.py: values with
+    jacobian_norms(model, *inputs)                      jacobian.py } their autograd graph
+
+>>> import torch, fxdebug
+>>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+>>> fxdebug.analysis.check_equivalence(model, fxdebug.trace(model), torch.randn(3, 2)).ok
+True
+"""
+
+from .equivalence import EquivalenceReport, NodeComparison, check_equivalence
+from .jacobian import JacobianNorms, jacobian_norms
+from .lint import Hazard, Hazards, lint_inplace
+from .nonfinite import NonfiniteReport, find_nonfinite
+from .vjp import vjp
+
+__all__ = ["check_equivalence", "EquivalenceReport", "NodeComparison", "find_nonfinite",
+           "NonfiniteReport", "lint_inplace", "Hazard", "Hazards", "vjp", "jacobian_norms",
+           "JacobianNorms"]

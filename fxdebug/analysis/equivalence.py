@@ -1,0 +1,574 @@
+"""``check_equivalence``: is a transformed module still the same function, and if not, where not?
+
+Call tree::
+
+    check_equivalence(reference, candidate, *inputs)
+      ├─ ControlledRuns          eval mode, same RNG state and buffers, cloned inputs
+      ├─ run both -> compare_values(outputs)       (+ parameter gradients with grads=True)
+      ├─ outputs differ: localise
+      │    ├─ instrument(reference / candidate, capture="all")   every node captured
+      │    ├─ match_nodes                                       by key, inputs, position
+      │    └─ compare every matched value in the reference's execution order
+      │         -> first_divergence, divergences, table()
+      └─ grads=True, outputs agree, gradients differ: localise in the backward
+           └─ activation_grads (tensor hooks) of both, compared in backward order
+                -> first_grad_divergence
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+import torch.fx as fx
+from tabulate import tabulate
+
+from ..errors import FxdebugError, TraceFailure
+from ..passes import Capture
+from ..runtime import RECORDER_ATTR
+from ..tracing import keyed_copy, keyed_module, trace
+from ..tracing.keys import META_SOURCE, node_key, op_name, target_name
+from ..tracing.locations import format_location
+from .activation_grads import activation_grads
+from .compare import Comparison, compare_tensors, compare_values, format_error, iter_tensors
+from .controlled_run import ControlledRuns
+from .node_matching import NodeMatching, match_nodes, value_nodes
+
+__all__ = ["check_equivalence", "EquivalenceReport", "NodeComparison"]
+
+_HOW = {"key": "key", "inputs": "same inputs", "position": "same place"}
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeComparison:
+    """The value of one reference node compared with the candidate's value for it.
+
+    ``key``, ``op``, ``target`` and ``source`` describe the reference node
+    (``source`` is the user's ``(file, line)``; ``location`` renders it);
+    ``candidate_key`` / ``candidate_op`` the candidate node compared with it.
+    ``match`` says why they were paired: ``"key"``, ``"inputs"`` (same
+    inputs), ``"position"`` (read in the same argument slot by matched users),
+    or ``"in its place"``: the candidate's node ``via`` reads
+    ``candidate_key`` where the reference's reads ``key`` (a node a pass
+    inserted in between, or what replaced a removed node). ``detail`` says
+    what differs besides the numbers.
+    """
+
+    key: str
+    op: str
+    target: str
+    source: tuple[str, int] | None
+    candidate_key: str
+    candidate_op: str
+    match: str
+    ok: bool
+    max_abs: float
+    max_rel: float
+    shape: str
+    dtype: str
+    detail: str = ""
+    via: str = ""
+
+    @property
+    def location(self) -> str:
+        """The user's ``file:line`` of the reference node (``?`` when unknown)."""
+        return format_location(self.source)
+
+    def describe(self) -> str:
+        """One line naming the node, its op, its source line and its error."""
+        text = (f"{self.key} ({self.op}, {self.location}): max abs {format_error(self.max_abs)}, "
+                f"max rel {format_error(self.max_rel)}")
+        if self.match == "in its place":
+            text += (f"; in the candidate, {self.via!r} reads {self.candidate_key!r} "
+                     f"({self.candidate_op}) in its place")
+        elif self.match != "key" or self.candidate_key != self.key:
+            text += (f"; candidate node {self.candidate_key!r} ({self.candidate_op}, matched by "
+                     f"{_HOW[self.match]})")
+        elif self.candidate_op != self.op:
+            text += f"; the candidate computes it with {self.candidate_op}"
+        return text + (f"; {self.detail}" if self.detail else "")
+
+    def candidate_text(self) -> str:
+        """The candidate column of the node table."""
+        if self.match == "in its place":
+            return f"{self.candidate_key} (read by {self.via})"
+        if self.match != "key" or self.candidate_key != self.key:
+            return f"{self.candidate_key} ({_HOW[self.match]})"
+        return "=" if self.candidate_op == self.op else f"= ({self.candidate_op})"
+
+
+@dataclasses.dataclass
+class EquivalenceReport:
+    """What :func:`check_equivalence` found.
+
+    Attributes:
+        ok: outputs (and, with ``grads=True``, parameter gradients) agree
+            within tolerance.
+        outputs: one :class:`~fxdebug.analysis.compare.Comparison` per output tensor,
+            number or structure mismatch (``path`` like ``out/1/logits``).
+        grads: the same for parameter gradients (``grad/<name>``).
+        nodes: every node value compared while localising, in the
+            reference's execution order (empty when the outputs agree,
+            unless ``localize=True``).
+        first_divergence: the first of ``nodes`` out of tolerance, or None.
+        grad_nodes: with ``grads=True``, when the outputs agree but gradients
+            do not: every activation gradient compared, in backward order.
+        first_grad_divergence: the first of ``grad_nodes`` out of tolerance.
+        unmatched_reference / unmatched_candidate: node keys with no
+            counterpart on the other side.
+        mode: ``"eval"`` or ``"train"``; notes: anything else worth knowing.
+    """
+
+    ok: bool
+    outputs: list[Comparison]
+    grads: list[Comparison]
+    nodes: list[NodeComparison]
+    unmatched_reference: list[str]
+    unmatched_candidate: list[str]
+    mode: str
+    rtol: float | None
+    atol: float | None
+    reference_name: str
+    candidate_name: str
+    inputs: str
+    localized: bool
+    notes: list[str] = dataclasses.field(default_factory=list)
+    grad_nodes: list[NodeComparison] = dataclasses.field(default_factory=list)
+
+    @property
+    def divergences(self) -> list[NodeComparison]:
+        """Compared nodes out of tolerance, in the reference's execution order."""
+        return [node for node in self.nodes if not node.ok]
+
+    @property
+    def first_divergence(self) -> NodeComparison | None:
+        """The first node (reference execution order) whose value differs, or None."""
+        return next((node for node in self.nodes if not node.ok), None)
+
+    @property
+    def first_grad_divergence(self) -> NodeComparison | None:
+        """The first node, in backward order, whose output gradient differs, or None."""
+        return next((node for node in self.grad_nodes if not node.ok), None)
+
+    @property
+    def max_error(self) -> float:
+        """Largest max-abs error over outputs and gradients (``inf`` for a structure mismatch)."""
+        return max((c.max_abs for c in self.outputs + self.grads), default=0.0)
+
+    def table(self) -> str:
+        """The verdict, the output table, the first divergence and the node error table."""
+        lines = [f"check_equivalence: {self.reference_name} (reference) vs {self.candidate_name} "
+                 f"(candidate), {self.mode} mode, cloned inputs {self.inputs}; training flags "
+                 f"restored afterwards",
+                 f"tolerance: {_tolerance_text(self.rtol, self.atol)}"]
+        failed = [c for c in self.outputs if not c.ok]
+        failed_grads = [c for c in self.grads if not c.ok]
+        verdict = "EQUIVALENT" if self.ok else "DIFFERENT"
+        counts = f"{len(self.outputs) - len(failed)}/{len(self.outputs)} outputs agree"
+        if self.grads:
+            counts += f", {len(self.grads) - len(failed_grads)}/{len(self.grads)} gradients agree"
+        lines.append(f"verdict: {verdict} ({counts})")
+        lines.append("")
+        lines.append(_comparison_table(self.outputs, "output"))
+        if self.grads:
+            lines.append("")
+            worst = max(c.max_abs for c in self.grads)
+            if failed_grads:
+                lines.append(_comparison_table(failed_grads, "parameter gradient"))
+                lines.append(f"the other {len(self.grads) - len(failed_grads)} parameter "
+                             f"gradients agree")
+            else:
+                lines.append(f"all {len(self.grads)} parameter gradients agree (max abs error "
+                             f"{format_error(worst)})")
+        lines.append("")
+        first = self.first_divergence
+        if first is not None:
+            lines.append(f"first divergence: {first.describe()}")
+            lines.append("")
+        first_grad = self.first_grad_divergence
+        if first_grad is not None:
+            bad_grads = [node for node in self.grad_nodes if not node.ok]
+            lines.append(f"first gradient divergence (backward order): {first_grad.describe()}")
+            lines.append("")
+            lines.append(f"activation gradients out of tolerance: {len(bad_grads)} of "
+                         f"{len(self.grad_nodes)} compared (backward order)")
+            lines.append(_node_table(bad_grads))
+            lines.append("")
+        if self.localized:
+            bad = self.divergences
+            lines.append(f"nodes out of tolerance: {len(bad)} of {len(self.nodes)} compared "
+                         f"(reference execution order)")
+            if bad:
+                lines.append(_node_table(bad))
+            if self.unmatched_reference:
+                lines.append("no counterpart in the candidate: " +
+                             ", ".join(self.unmatched_reference))
+            if self.unmatched_candidate:
+                lines.append("no counterpart in the reference: " +
+                             ", ".join(self.unmatched_candidate))
+        else:
+            lines.append("nodes out of tolerance: none (node values were not compared: "
+                         "the outputs agree)" if not failed else
+                         "nodes out of tolerance: not localised (see notes)")
+        lines.extend(f"note: {note}" for note in self.notes)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _tolerance_text(rtol, atol) -> str:
+    if rtol is None and atol is None:
+        return "dtype defaults of torch.testing.assert_close (float32: rtol=1.3e-06, atol=1e-05)"
+    return (f"rtol={'dtype default' if rtol is None else format(rtol, 'g')}, "
+            f"atol={'dtype default' if atol is None else format(atol, 'g')}")
+
+
+def _comparison_table(rows: list[Comparison], what: str) -> str:
+    body = [[c.path, c.shape or "-", c.dtype or "-", format_error(c.max_abs),
+             format_error(c.max_rel), f"{c.mismatched}/{c.numel}" if c.numel else "-",
+             "ok" if c.ok else "DIFFERS", c.detail] for c in rows]
+    return tabulate(body, headers=[what, "shape", "dtype", "max abs", "max rel",
+                                   "out of tol", "verdict", "detail"],
+                    disable_numparse=True, colalign=("left",) * 3 + ("right",) * 3 + ("left",) * 2)
+
+
+def _node_table(rows: list[NodeComparison]) -> str:
+    body = []
+    for row in rows:
+        body.append([row.key, row.op, row.location, row.candidate_text(), row.shape,
+                     format_error(row.max_abs), format_error(row.max_rel), row.detail])
+    return tabulate(body, headers=["key", "op", "source", "candidate", "shape", "max abs",
+                                   "max rel", "detail"],
+                    disable_numparse=True, colalign=("left",) * 5 + ("right",) * 2 + ("left",))
+
+
+def _describe_inputs(inputs) -> str:
+    parts = []
+    for value in inputs:
+        if isinstance(value, torch.Tensor):
+            parts.append(f"{'x'.join(map(str, value.shape)) or 'scalar'} "
+                         f"{str(value.dtype).replace('torch.', '')}")
+        else:
+            parts.append(type(value).__name__)
+    return ", ".join(parts) or "none"
+
+
+def _model_name(model: torch.nn.Module) -> str:
+    name = type(model).__name__
+    if isinstance(model, fx.GraphModule) and name != "GraphModule":
+        return f"GraphModule {name}"
+    return name
+
+
+def _param_grads(model: torch.nn.Module, output: Any, notes: list[str], role: str):
+    """Gradients of ``sum(output.sum())`` for every named parameter that requires grad."""
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    terms = [t.sum() for _, t in iter_tensors(output, "out")
+             if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+    if not named or not terms:
+        why = "no parameter requires grad" if not named else "no output requires grad"
+        notes.append(f"grads=True: the {role} has no parameter gradient to compare ({why})")
+        return {}
+    loss = sum(t.real if t.is_complex() else t for t in terms)
+    found = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    return {name: grad for (name, _), grad in zip(named, found)}
+
+
+def _compare_grads(ref_grads: dict, cand_grads: dict, rtol, atol, equal_nan,
+                   notes: list[str]) -> list[Comparison]:
+    rows: list[Comparison] = []
+    missing = []
+    for name, ref_grad in ref_grads.items():
+        if name not in cand_grads:
+            missing.append(name)
+            continue
+        cand_grad = cand_grads[name]
+        path = f"grad/{name}"
+        if ref_grad is None and cand_grad is None:
+            continue
+        if ref_grad is None or cand_grad is None:
+            side = "candidate" if cand_grad is None else "reference"
+            rows.append(Comparison(path, False, math.inf, math.inf,
+                                   detail=f"no gradient reaches it in the {side}"))
+            continue
+        rows.append(compare_tensors(ref_grad, cand_grad, path, rtol, atol, equal_nan))
+    if missing:
+        notes.append(f"parameters without a counterpart in the candidate (gradients not "
+                     f"compared): {', '.join(missing)}")
+    extra = [name for name in cand_grads if name not in ref_grads]
+    if extra:
+        notes.append(f"parameters only in the candidate (gradients not compared): "
+                     f"{', '.join(extra)}")
+    return rows
+
+
+def check_equivalence(reference: torch.nn.Module, candidate: torch.nn.Module, *inputs,
+                      rtol: float | None = None, atol: float | None = None,
+                      grads: bool = False, train: bool = False, equal_nan: bool = False,
+                      localize: bool | None = None) -> EquivalenceReport:
+    """Compare ``candidate`` with ``reference`` on ``inputs``; where they differ, name the node.
+
+    Both run in eval mode (``train=True``: training mode) on their own copies
+    of the inputs, from the same random-number state and buffers; both get
+    their training flags and buffers back afterwards. Outputs are compared
+    through any nesting (tuples, lists, dicts, namedtuples, dataclasses) with
+    ``torch.allclose`` semantics and the dtype-aware default tolerances of
+    ``torch.testing.assert_close`` unless ``rtol`` / ``atol`` are given.
+
+    When the outputs differ (or ``localize=True``), both models run once more
+    with every node captured; nodes are matched by key (a pass that replaces a
+    node keeps it with :func:`fxdebug.keys.inherit_key`), else by identical
+    inputs or by position, never by guessing, and the first node in the
+    reference's execution order whose value differs is
+    ``report.first_divergence``.
+
+    Args:
+        reference: the module the candidate must reproduce (any ``nn.Module``).
+        candidate: the transformed module (a GraphModule, or any module).
+        inputs: positional inputs for both.
+        rtol, atol: tolerances; each one left ``None`` takes the dtype default.
+        grads: also compare the gradients of ``sum(out.sum())`` with respect
+            to every parameter, by parameter name.
+        train: run in training mode instead of eval mode.
+        equal_nan: NaN equals NaN.
+        localize: ``None`` localise only when the outputs differ; ``True``
+            always; ``False`` never.
+
+    Returns:
+        :class:`EquivalenceReport`: ``ok``, ``first_divergence``,
+        ``max_error``, ``table()``.
+
+    Example::
+
+        >>> import operator, torch, fxdebug
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(),
+        ...                             torch.nn.Linear(4, 2))
+        >>> gm = fxdebug.trace(model)
+        >>> relu = [n for n in gm.graph.nodes if n.meta["fxdebug_key"] == "1"][0]
+        >>> relu.op, relu.target = "call_function", torch.sigmoid   # a faulty transform
+        >>> _ = gm.recompile()
+        >>> report = fxdebug.check_equivalence(model, gm, torch.randn(3, 4))
+        >>> report.ok, report.first_divergence.key, report.first_divergence.candidate_op
+        (False, '1', 'torch.sigmoid')
+    """
+    for role, module in (("reference", reference), ("candidate", candidate)):
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"check_equivalence: the {role} must be an nn.Module (or a "
+                            f"GraphModule), got {type(module).__name__}.")
+    if not inputs:
+        raise FxdebugError("check_equivalence needs example inputs: "
+                           "check_equivalence(reference, candidate, x) with x the model input(s).")
+    notes: list[str] = []
+    mode = "train" if train else "eval"
+    with ControlledRuns([reference, candidate], inputs, train=bool(train)) as runs:
+        ref_out = runs.run(reference, grad=grads)
+        ref_grads = _param_grads(reference, ref_out, notes, "reference") if grads else {}
+        cand_out = runs.run(candidate, grad=grads)
+        cand_grads = _param_grads(candidate, cand_out, notes, "candidate") if grads else {}
+        outputs = compare_values(ref_out, cand_out, "out", rtol, atol, equal_nan)
+        grad_rows = _compare_grads(ref_grads, cand_grads, rtol, atol, equal_nan, notes)
+        ok = all(c.ok for c in outputs) and all(c.ok for c in grad_rows)
+        outputs_ok = all(c.ok for c in outputs)
+        want = (not outputs_ok) if localize is None else bool(localize)
+        nodes: list[NodeComparison] = []
+        unmatched_ref: list[str] = []
+        unmatched_cand: list[str] = []
+        grad_nodes: list[NodeComparison] = []
+        if grads and outputs_ok and (not ok or localize) and localize is not False:
+            grad_nodes = _localize_grads(reference, candidate, runs, rtol, atol, equal_nan,
+                                         notes)
+        if not want and not outputs_ok:
+            notes.append("node values were not compared (localize=False)")
+        if want:
+            localized = _localize(reference, candidate, runs, ref_out, cand_out, rtol, atol,
+                                  equal_nan, notes)
+            if localized is not None:
+                nodes, unmatched_ref, unmatched_cand = localized
+        if not outputs_ok and nodes and all(node.ok for node in nodes):
+            notes.append("every compared node agrees, yet the outputs differ: the difference "
+                         "lies in nodes without a counterpart (listed above), in values that "
+                         "are not tensors, or in in-place writes after a node ran")
+    return EquivalenceReport(
+        ok=ok, outputs=outputs, grads=grad_rows, nodes=nodes,
+        unmatched_reference=unmatched_ref, unmatched_candidate=unmatched_cand, mode=mode,
+        rtol=rtol, atol=atol, reference_name=_model_name(reference),
+        candidate_name=_model_name(candidate), inputs=_describe_inputs(inputs),
+        localized=want and (bool(nodes) or bool(unmatched_ref) or bool(unmatched_cand)),
+        notes=notes, grad_nodes=grad_nodes)
+
+
+# -- localisation ------------------------------------------------------------------------
+
+def _instrumented(model: torch.nn.Module, role: str, notes: list[str]):
+    """A keyed copy of ``model`` with every node captured (Capture("all")), or None and a note."""
+    try:
+        gm = keyed_copy(model) if isinstance(model, fx.GraphModule) else trace(model)
+    except TraceFailure as exc:
+        if next(model.children(), None) is not None:  # instrument() would go part by part
+            notes.append(f"node values not compared: the {role} cannot be traced as a whole; "
+                         f"compare its traced parts (fxdebug.traced_parts, fxdebug.part_inputs)")
+        else:
+            notes.append(f"node values not compared: the {role} could not be instrumented: "
+                         f"{' '.join(str(exc).split())}")
+        return None
+    Capture("all")(gm)
+    return gm
+
+
+def _values_by_node(gm: fx.GraphModule) -> dict[str, list[tuple[str, torch.Tensor]]]:
+    recorder = getattr(gm, RECORDER_ATTR, None)
+    if recorder is None:  # nothing to capture in this graph
+        return {}
+    keys = {node_key(node): None for node in value_nodes(gm.graph)}
+    found: dict[str, list[tuple[str, torch.Tensor]]] = {}
+    for record in recorder.latest.records():
+        base, _, sub = record.key.partition("/")
+        if base in keys and record.value is not None:
+            found.setdefault(base, []).append((sub, record.value))
+    return found
+
+
+def _loss_of(output: Any) -> torch.Tensor | None:
+    terms = [t.real.sum() if t.is_complex() else t.sum() for _, t in iter_tensors(output, "out")
+             if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+    return sum(terms) if terms else None
+
+
+def _localize_grads(reference, candidate, runs: ControlledRuns, rtol, atol, equal_nan,
+                    notes: list[str]) -> list[NodeComparison]:
+    """Activation gradients of both, compared in the reference's backward order."""
+    try:
+        ref_gm, cand_gm = keyed_module(reference), keyed_module(candidate)
+    except FxdebugError as exc:
+        notes.append(f"activation gradients not compared: {' '.join(str(exc).split())}")
+        return []
+    ref_grads = runs.run(lambda *args: activation_grads(ref_gm, args, _loss_of), grad=True)
+    cand_grads = runs.run(lambda *args: activation_grads(cand_gm, args, _loss_of), grad=True)
+    matching = match_nodes(ref_gm, cand_gm)
+    rows: list[NodeComparison] = []
+    for ref, grad in ref_grads.items():
+        match = matching.counterpart.get(ref)
+        if match is None:
+            continue
+        if match.candidate in cand_grads:
+            row = _compare_node(ref, ref_gm, match.candidate, cand_gm, match.how,
+                                list(grad.items()), list(cand_grads[match.candidate].items()),
+                                rtol, atol, equal_nan)
+        else:
+            row = NodeComparison(
+                key=node_key(ref), op=op_name(ref, ref_gm), target=_target_text(ref),
+                source=ref.meta.get(META_SOURCE), candidate_key=node_key(match.candidate),
+                candidate_op=op_name(match.candidate, cand_gm), match=match.how, ok=False,
+                max_abs=math.inf, max_rel=math.inf, shape="", dtype="",
+                detail="no gradient reaches it in the candidate")
+        rows.append(row)
+    owners = {m.candidate: ref for ref, m in matching.counterpart.items()}
+    for cand in cand_grads:
+        ref = owners.get(cand)
+        if ref is not None and ref not in ref_grads:
+            rows.append(NodeComparison(
+                key=node_key(ref), op=op_name(ref, ref_gm), target=_target_text(ref),
+                source=ref.meta.get(META_SOURCE), candidate_key=node_key(cand),
+                candidate_op=op_name(cand, cand_gm), match=matching.counterpart[ref].how, ok=False,
+                max_abs=math.inf, max_rel=math.inf, shape="", dtype="",
+                detail="a gradient reaches it only in the candidate"))
+    return rows
+
+
+def _run_and_collect(gm: fx.GraphModule, runs: ControlledRuns, eager_out, role: str, rtol, atol,
+                     equal_nan, notes: list[str]) -> dict[str, list[tuple[str, torch.Tensor]]]:
+    """Run an instrumented module; its captured values by node key."""
+    traced_out = runs.run(gm)
+    if not all(c.ok for c in compare_values(eager_out, traced_out, "out", rtol, atol,
+                                            equal_nan)):
+        notes.append(f"the traced {role} does not reproduce the {role}'s own outputs (a branch "
+                     f"fixed at trace time, or randomness): node values may mislead")
+    return _values_by_node(gm)
+
+
+def _target_text(node: fx.Node) -> str:
+    if node.op == "call_function":
+        return target_name(node.target)
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    if node.op == "placeholder":
+        return f"input {node.target}"
+    return str(node.target)
+
+
+def _compare_node(ref: fx.Node, ref_gm, cand: fx.Node, cand_gm, how: str, ref_values,
+                  cand_values, rtol, atol, equal_nan) -> NodeComparison:
+    ref_key, cand_key = node_key(ref), node_key(cand)
+    if [sub for sub, _ in ref_values] == [sub for sub, _ in cand_values] == [""]:
+        rows = [compare_tensors(ref_values[0][1], cand_values[0][1], ref_key, rtol, atol,
+                                equal_nan)]
+    else:
+        rows = compare_values(dict(ref_values), dict(cand_values), ref_key, rtol, atol,
+                              equal_nan)
+    worst = max(rows, key=lambda c: (not c.ok, c.max_abs, c.max_rel)) if rows else None
+    detail = ""
+    if worst is not None and worst.detail:
+        detail = worst.detail
+    if worst is not None and not worst.ok and len(rows) > 1:
+        detail = f"{worst.path}: {detail}" if detail else f"worst at {worst.path}"
+    first_shape = rows[0].shape if rows else ""
+    return NodeComparison(
+        key=ref_key, op=op_name(ref, ref_gm), target=_target_text(ref),
+        source=ref.meta.get(META_SOURCE), candidate_key=cand_key,
+        candidate_op=op_name(cand, cand_gm), match=how,
+        ok=all(c.ok for c in rows), max_abs=max((c.max_abs for c in rows), default=0.0),
+        max_rel=max((c.max_rel for c in rows), default=0.0),
+        shape=first_shape, dtype=rows[0].dtype if rows else "", detail=detail)
+
+
+def _localize(reference, candidate, runs: ControlledRuns, ref_out, cand_out, rtol, atol,
+              equal_nan, notes: list[str]):
+    ref_gm = _instrumented(reference, "reference", notes)
+    cand_gm = _instrumented(candidate, "candidate", notes)
+    if ref_gm is None or cand_gm is None:
+        return None
+    ref_values = _run_and_collect(ref_gm, runs, ref_out, "reference", rtol, atol, equal_nan,
+                                  notes)
+    cand_values = _run_and_collect(cand_gm, runs, cand_out, "candidate", rtol, atol, equal_nan,
+                                   notes)
+    matching: NodeMatching = match_nodes(ref_gm, cand_gm)
+    matched_candidates = {m.candidate: None for m in matching.counterpart.values()}
+    owners = {m.candidate: ref for ref, m in matching.counterpart.items()}
+    compared: list[NodeComparison] = []
+    for ref in value_nodes(ref_gm.graph):
+        key = node_key(ref)
+        if key not in ref_values:
+            continue  # not a tensor (a size, a shape): its effect shows downstream
+        match = matching.counterpart.get(ref)
+        if match is not None and node_key(match.candidate) in cand_values:
+            compared.append(_compare_node(ref, ref_gm, match.candidate, cand_gm, match.how,
+                                          ref_values[key], cand_values[node_key(match.candidate)],
+                                          rtol, atol, equal_nan))
+        elif match is not None:
+            compared.append(NodeComparison(
+                key=key, op=op_name(ref, ref_gm), target=_target_text(ref),
+                source=ref.meta.get(META_SOURCE), candidate_key=node_key(match.candidate),
+                candidate_op=op_name(match.candidate, cand_gm), match=match.how, ok=False,
+                max_abs=math.inf, max_rel=math.inf, shape="", dtype="",
+                detail="the candidate's value is not a tensor"))
+        for cand, user in matching.seen_as.get(ref, ()):
+            cand_key = node_key(cand)
+            if cand_key not in cand_values:
+                continue
+            row = _compare_node(ref, ref_gm, cand, cand_gm, "in its place", ref_values[key],
+                                cand_values[cand_key], rtol, atol, equal_nan)
+            detail = ("only in the candidate" if cand not in matched_candidates else
+                      f"the candidate's counterpart of {node_key(owners[cand])!r}")
+            compared.append(dataclasses.replace(
+                row, match="in its place", via=node_key(user),
+                detail=f"{detail}; {row.detail}" if row.detail else detail))
+    unmatched_ref = [node_key(n) for n in matching.unmatched_reference
+                     if n not in matching.seen_as and n.op != "get_attr"]
+    unmatched_cand = [node_key(n) for n in matching.unmatched_candidate
+                      if n.op != "get_attr" and not any(
+                          cand is n for entries in matching.seen_as.values()
+                          for cand, _ in entries)]
+    return compared, unmatched_ref, unmatched_cand

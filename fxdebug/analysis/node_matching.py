@@ -1,0 +1,176 @@
+"""Which candidate node computes the value of each reference node.
+
+Used by :func:`fxdebug.check_equivalence` to compare two graphs node by node.
+Three rules, tried in this order, never a guess by name similarity:
+
+1. **key**: both nodes carry the same ``fxdebug_key`` (a pass that keeps a
+   node, or replaces it and calls :func:`fxdebug.keys.inherit_key`);
+2. **inputs**: both are unmatched and read exactly the same (matched) inputs in
+   the same argument slots, and no other unmatched node does (a plain
+   ``torch.fx`` candidate's ``layer1.0.add`` for fxdebug's ``layer1.0.iadd``);
+3. **position**: both are unmatched and a matched pair of users reads them in
+   the same argument slot (a node a pass replaced without carrying its key).
+
+Besides its counterpart, a reference node can be *seen as* another candidate
+node by its users: a node a pass inserted in between (``conv1 -> mul -> bn1``),
+or, for a reference node the pass removed, whatever node its users read now.
+Those are only recorded where the user is the same operation in both graphs,
+so a fused node (conv+bn -> conv) is not compared against the conv's input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.fx as fx
+
+from ..tracing.keys import META_PASS, node_key, op_name
+
+__all__ = ["Match", "NodeMatching", "match_nodes", "value_nodes", "arg_slots"]
+
+VALUE_OPS = ("placeholder", "call_function", "call_method", "call_module", "get_attr")
+
+
+@dataclasses.dataclass(frozen=True)
+class Match:
+    """The candidate node matched to a reference node, and the rule that matched it."""
+
+    candidate: fx.Node
+    how: str  # "key", "inputs" or "position"
+
+
+@dataclasses.dataclass
+class NodeMatching:
+    """Result of :func:`match_nodes`; lists are in graph order."""
+
+    counterpart: dict[fx.Node, Match]
+    seen_as: dict[fx.Node, list[tuple[fx.Node, fx.Node]]]  # ref node -> [(cand node, ref user)]
+    unmatched_reference: list[fx.Node]
+    unmatched_candidate: list[fx.Node]
+
+
+def value_nodes(graph: fx.Graph) -> list[fx.Node]:
+    """Nodes that compute a value of the model (fxdebug's own inserted nodes left out)."""
+    return [node for node in graph.nodes if node.op in VALUE_OPS and META_PASS not in node.meta]
+
+
+def arg_slots(node: fx.Node) -> dict[str, fx.Node]:
+    """Node inputs by argument slot: ``{"0": a, "1": b, "weight": w, "0/1": c}``.
+
+    >>> import torch, operator
+    >>> g = torch.fx.Graph(); a = g.placeholder("a"); b = g.placeholder("b")
+    >>> s = g.call_function(operator.sub, (a, b))
+    >>> {slot: n.name for slot, n in arg_slots(s).items()}
+    {'0': 'a', '1': 'b'}
+    """
+    slots: dict[str, fx.Node] = {}
+
+    def visit(value, label: str) -> None:
+        if isinstance(value, fx.Node):
+            slots[label] = value
+        elif isinstance(value, (tuple, list)):
+            for index, item in enumerate(value):
+                visit(item, f"{label}/{index}")
+        elif isinstance(value, dict):
+            for name, item in value.items():
+                visit(item, f"{label}/{name}")
+        elif isinstance(value, slice):
+            visit((value.start, value.stop, value.step), label)
+
+    for index, arg in enumerate(node.args):
+        visit(arg, str(index))
+    for name, arg in node.kwargs.items():
+        visit(arg, name)
+    return slots
+
+
+def _same_op(ref: fx.Node, ref_root: torch.nn.Module, cand: fx.Node,
+             cand_root: torch.nn.Module) -> bool:
+    return ref.op == cand.op and op_name(ref, ref_root) == op_name(cand, cand_root)
+
+
+def match_nodes(reference: fx.GraphModule, candidate: fx.GraphModule) -> NodeMatching:
+    """Match the value nodes of ``candidate`` to those of ``reference`` (both keyed).
+
+    >>> import torch, fxdebug
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    >>> ref, cand = fxdebug.trace(model), fxdebug.trace(model)
+    >>> m = match_nodes(ref, cand)
+    >>> [(r.meta["fxdebug_key"], x.how) for r, x in m.counterpart.items()]
+    [('input', 'key'), ('0', 'key'), ('1', 'key')]
+    """
+    ref_nodes = value_nodes(reference.graph)
+    cand_nodes = value_nodes(candidate.graph)
+    ref_set = dict.fromkeys(ref_nodes)
+    cand_set = dict.fromkeys(cand_nodes)
+    counterpart: dict[fx.Node, Match] = {}
+    owner: dict[fx.Node, fx.Node] = {}  # candidate node -> its reference node
+
+    def pair(ref: fx.Node, cand: fx.Node, how: str) -> None:
+        counterpart[ref] = Match(cand, how)
+        owner[cand] = ref
+
+    cand_by_key = {node_key(node): node for node in cand_nodes}
+    for ref in ref_nodes:
+        cand = cand_by_key.get(node_key(ref))
+        if cand is not None and cand not in owner:
+            pair(ref, cand, "key")
+
+    def pair_by_inputs() -> None:
+        def signature(slots, translate):
+            items = []
+            for label in sorted(slots):
+                target = translate(slots[label])
+                if target is None:
+                    return None
+                items.append((label, target))
+            return tuple(items) or None
+
+        cand_sigs: dict[tuple, list[fx.Node]] = {}
+        for cand in cand_nodes:
+            if cand not in owner:
+                sig = signature(arg_slots(cand), lambda n: n if n in cand_set else None)
+                if sig is not None:
+                    cand_sigs.setdefault(sig, []).append(cand)
+        ref_sigs: dict[tuple, list[fx.Node]] = {}
+        for ref in ref_nodes:
+            if ref not in counterpart:
+                sig = signature(arg_slots(ref), lambda n: counterpart[n].candidate
+                                if n in counterpart else None)
+                if sig is not None:
+                    ref_sigs.setdefault(sig, []).append(ref)
+        for sig, refs in ref_sigs.items():
+            cands = cand_sigs.get(sig, [])
+            if len(refs) == 1 and len(cands) == 1:
+                pair(refs[0], cands[0], "inputs")
+
+    pair_by_inputs()
+    seen_as: dict[fx.Node, list[tuple[fx.Node, fx.Node]]] = {}
+    for user in reversed(ref_nodes):
+        match = counterpart.get(user)
+        if match is None:
+            continue
+        same_user = _same_op(user, reference, match.candidate, candidate)
+        cand_slots = arg_slots(match.candidate)
+        for label, ref_arg in arg_slots(user).items():
+            cand_arg = cand_slots.get(label)
+            if cand_arg is None or ref_arg not in ref_set or cand_arg not in cand_set:
+                continue
+            existing = counterpart.get(ref_arg)
+            if existing is not None and existing.candidate is cand_arg:
+                continue
+            if existing is None and cand_arg not in owner:
+                pair(ref_arg, cand_arg, "position")
+            elif same_user and (existing is None or cand_arg not in owner):
+                entries = seen_as.setdefault(ref_arg, [])
+                if all(cand is not cand_arg for cand, _ in entries):
+                    entries.append((cand_arg, user))
+            # else both are matched elsewhere: the user itself reads other values
+            # (operands swapped), and its own comparison shows that.
+    pair_by_inputs()
+    return NodeMatching(
+        counterpart={ref: counterpart[ref] for ref in ref_nodes if ref in counterpart},
+        seen_as={ref: seen_as[ref] for ref in ref_nodes if ref in seen_as},
+        unmatched_reference=[ref for ref in ref_nodes if ref not in counterpart],
+        unmatched_candidate=[cand for cand in cand_nodes if cand not in owner])

@@ -1,0 +1,72 @@
+"""``vjp``: a vector-Jacobian product from any node to any earlier node.
+
+Seed 000 does this by hand with hooks that keep live tensors and
+``torch.autograd.grad(y, x, grad_outputs=ones)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import FxdebugError
+from ..tracing import keyed_module
+from .live import LiveRun, find_target
+
+__all__ = ["vjp"]
+
+
+def vjp(model: torch.nn.Module, inputs, of: str, wrt: str, grad_outputs=None) -> torch.Tensor:
+    """``grad_outputs^T · d(of)/d(wrt)``: the gradient of node ``of`` w.r.t. node ``wrt``.
+
+    Args:
+        model: an ``nn.Module`` (traced by fxdebug) or a GraphModule.
+        inputs: the model input, or a tuple of inputs.
+        of: key of the node differentiated (e.g. ``"layer2"``).
+        wrt: key of an earlier node (e.g. ``"layer1.0.conv1"``); the
+            gradient is taken w.r.t. its value at that node, even if a later
+            in-place op rewrites the tensor.
+        grad_outputs: the vector (shape of ``of``); ones by default.
+
+    Returns:
+        A tensor shaped like ``wrt``'s value (zeros when ``of`` does not depend on it).
+
+    Example::
+
+        >>> import torch, fxdebug
+        >>> net = torch.nn.Sequential(torch.nn.Identity(), torch.nn.Tanh())
+        >>> fxdebug.vjp(net, torch.zeros(1, 2), of="1", wrt="0")   # tanh'(0) = 1
+        tensor([[1., 1.]])
+    """
+    gm = keyed_module(model)
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    of_target, wrt_target = find_target(gm, of, "of"), find_target(gm, wrt, "wrt")
+    order = {node: index for index, node in enumerate(gm.graph.nodes)}
+    if order[of_target.anchor] < order[wrt_target.anchor]:
+        raise FxdebugError(f"vjp(of={of!r}, wrt={wrt!r}): {of!r} runs before {wrt!r}, so it "
+                           f"cannot depend on it; swap of and wrt.")
+    found: dict[str, torch.Tensor] = {}
+
+    def on_value(target, value):
+        if not isinstance(value, torch.Tensor):
+            raise FxdebugError(f"vjp: node {target.key!r} gives {type(value).__name__}, not a "
+                               f"tensor; pick a node with a single tensor output.")
+        if target.key == wrt:
+            leaf = value.detach().requires_grad_(True)
+            found["wrt"] = leaf
+            value = leaf.clone()  # later in-place ops write to the clone, never to the leaf
+        if target.key == of:
+            found["of"] = value.clone()  # the value at this node, whatever happens later
+        return value
+
+    with torch.enable_grad():
+        LiveRun(gm, [wrt_target] if of == wrt else [wrt_target, of_target], on_value).run(*inputs)
+        out, leaf = found["of"], found["wrt"]
+        if grad_outputs is None:
+            grad_outputs = torch.ones_like(out)
+        elif tuple(grad_outputs.shape) != tuple(out.shape):
+            raise FxdebugError(f"vjp: grad_outputs has shape {tuple(grad_outputs.shape)} but "
+                               f"{of!r} has shape {tuple(out.shape)}.")
+        if not out.requires_grad:
+            return torch.zeros_like(leaf)
+        (grad,) = torch.autograd.grad(out, leaf, grad_outputs, allow_unused=True)
+    return torch.zeros_like(leaf) if grad is None else grad

@@ -1,0 +1,80 @@
+"""The ``fxdebug`` command line: one module per subcommand, each a thin layer over the API.
+
+::
+
+    fxdebug COMMAND [MODEL] [options]        main(argv)
+      ├─ model_spec.py  load MODEL ("package.module:factory" or "file.py:factory",
+      │                 default torchvision.models:resnet18, random weights) and --input
+      ├─ summary.py     instrument -> run -> print_tabular of the captures
+      ├─ passes.py      PassManager(--pass ...) -> a diff table per pass
+      ├─ check.py       check_equivalence(model, trace(model)) -> first differing node
+      ├─ nonfinite.py   find_nonfinite -> the first node that makes a NaN/Inf
+      ├─ lint.py        lint_inplace -> in-place writes that break autograd
+      ├─ dump.py        dump -> a folder with module.py, run.py, weights
+      └─ debug.py       a dump folder's run.py under pdb, stopping at --break KEYS
+    _common.py holds the options and messages the subcommands share.
+
+Errors print one paragraph and exit with status 1 (2 for bad arguments),
+never a traceback.
+
+>>> from fxdebug.cli import main
+>>> main(["summary", "torchvision.models:resnet18", "--input", "1,3,32,32", "--depth", "1"])
+torchvision.models:resnet18: ResNet, input 1x3x32x32, capture=modules, mode=tensor
+key ...
+fc ...
+18 tensors captured, ...
+0
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from ..errors import FxdebugError
+
+__all__ = ["main"]
+
+# Subcommands, in the order ``fxdebug --help`` lists them.
+COMMANDS = ("summary", "passes", "check", "nonfinite", "lint", "dump", "debug")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fxdebug", description="Debug PyTorch models through torch.fx graph transformations.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name in COMMANDS:
+        importlib.import_module(f"fxdebug.cli.{name}").register(subparsers)
+    return parser
+
+
+def _one_paragraph(exc: BaseException) -> str:
+    parts = [" ".join(str(exc).split()) or type(exc).__name__]
+    parts += [" ".join(str(note).split()) for note in getattr(exc, "__notes__", ())]
+    return " | ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``fxdebug`` console script; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except FxdebugError as exc:
+        print(f"fxdebug: error: {_one_paragraph(exc)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("fxdebug: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # output piped into `head` and closed: stop quietly, like cat does
+        sys.stdout = open(os.devnull, "w")
+        return 141
+    except Exception as exc:  # a model error: report it in one paragraph, never a traceback
+        print(f"fxdebug: error: {type(exc).__name__}: {_one_paragraph(exc)}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

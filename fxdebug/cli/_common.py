@@ -1,0 +1,65 @@
+"""Arguments every subcommand shares: the model, its inputs and the seed."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from .model_spec import DEFAULT_INPUT, DEFAULT_MODEL, load_model, make_inputs
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``MODEL``, ``--input`` and ``--seed``."""
+    parser.add_argument("model", nargs="?", default=DEFAULT_MODEL,
+                        help=f"package.module:factory or path/to/file.py:factory "
+                             f"(default {DEFAULT_MODEL}, random weights)")
+    parser.add_argument("--input", action="append", metavar="SHAPE[:DTYPE]",
+                        help=f"input shape, e.g. 1,3,224,224 or 1,16:int64; repeat for several "
+                             f"inputs (default {DEFAULT_INPUT})")
+    parser.add_argument("--seed", type=int, default=0, help="seed for weights and inputs (default 0)")
+
+
+def model_and_inputs(args) -> tuple[torch.nn.Module, tuple]:
+    """Build the model (eval mode, seeded) and its inputs from parsed arguments."""
+    torch.manual_seed(args.seed)
+    model, inputs = load_model(args.model)
+    if inputs is None or args.input:
+        inputs = make_inputs(args.input or [DEFAULT_INPUT], seed=args.seed)
+    return model, inputs
+
+
+def describe_inputs(inputs) -> str:
+    return ", ".join("x".join(map(str, t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
+                     for t in inputs)
+
+
+def capture_argument(text: str):
+    """``modules``/``all`` as they are, anything else as a comma-separated list of keys/globs."""
+    if text in ("modules", "all"):
+        return text
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def add_pass_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--pass NAME`` (repeatable), naming built-in passes."""
+    from ..passes import BUILTIN_PASSES
+    parser.add_argument("--pass", dest="passes", action="append", metavar="NAME",
+                        help=f"a built-in pass to run, in order; repeat for several "
+                             f"({', '.join(BUILTIN_PASSES)})")
+
+
+def built_in_passes(names) -> list:
+    """Instances of the named built-in passes; an unknown name lists the known ones."""
+    from ..errors import FxdebugError
+    from ..passes import BUILTIN_PASSES
+    if not names:
+        raise FxdebugError(f"name at least one pass with --pass NAME; built-in passes: "
+                           f"{', '.join(BUILTIN_PASSES)}.")
+    passes = []
+    for name in names:
+        if name not in BUILTIN_PASSES:
+            raise FxdebugError(f"--pass {name!r} is not a built-in pass; choose from "
+                               f"{', '.join(BUILTIN_PASSES)}.")
+        passes.append(BUILTIN_PASSES[name]())
+    return passes

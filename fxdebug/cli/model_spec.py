@@ -1,0 +1,121 @@
+"""Load a model named on the command line and build its example inputs.
+
+A model is named ``package.module:factory`` or ``path/to/file.py:factory``;
+the factory is called with no arguments and returns an ``nn.Module`` or a
+``(module, example_inputs)`` pair. Inputs are given as shapes:
+``1,3,224,224`` (float, standard normal) or ``1,16:int64`` (integers 0..1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+
+import torch
+
+from ..errors import FxdebugError
+
+__all__ = ["DEFAULT_MODEL", "DEFAULT_INPUT", "load_model", "parse_input", "make_inputs"]
+
+DEFAULT_MODEL = "torchvision.models:resnet18"
+DEFAULT_INPUT = "1,3,224,224"
+_FORMAT_HINT = ("Name a model as package.module:factory (e.g. torchvision.models:resnet18) "
+                "or path/to/file.py:factory; the factory takes no arguments.")
+
+
+def _import_file(path: str):
+    if not os.path.isfile(path):
+        raise FxdebugError(f"model file {path!r} does not exist. {_FORMAT_HINT}")
+    digest = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
+    name = f"fxdebug_user_model_{digest}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_object(spec: str, what: str = "model"):
+    """The object named by ``package.module:name`` or ``path/to/file.py:name``.
+
+    >>> load_object("torch.nn.functional:relu", "loss").__name__
+    'relu'
+    """
+    if ":" not in spec:
+        raise FxdebugError(f"{what} {spec!r} has no ':name' part. {_FORMAT_HINT}")
+    where, _, name = spec.rpartition(":")
+    if where.endswith(".py") or os.sep in where:
+        module = _import_file(where)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as exc:
+            raise FxdebugError(f"cannot import {where!r} for {what} {spec!r}: {exc}. "
+                               f"{_FORMAT_HINT}") from exc
+    found = getattr(module, name, None)
+    if found is None or not callable(found):
+        raise FxdebugError(f"{where!r} has no callable {name!r} for {what} {spec!r}. "
+                           f"{_FORMAT_HINT}")
+    return found
+
+
+def load_model(spec: str):
+    """Return ``(model, inputs_or_None)`` for ``spec``; the model is in eval mode.
+
+    >>> model, inputs = load_model("torch.nn:Identity")
+    >>> type(model).__name__, inputs
+    ('Identity', None)
+    """
+    factory = load_object(spec, "model")
+    made = factory()
+    inputs = None
+    if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
+        made, inputs = made
+        inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    if not isinstance(made, torch.nn.Module):
+        raise FxdebugError(f"factory {spec!r} returned {type(made).__name__}; it must return an "
+                           f"nn.Module or a (module, example_inputs) pair.")
+    return made.eval(), inputs
+
+
+def parse_input(text: str) -> tuple[tuple[int, ...], torch.dtype]:
+    """Parse ``"1,3,224,224"`` or ``"1,16:int64"`` into (shape, dtype).
+
+    >>> parse_input("1,16:int64")
+    ((1, 16), torch.int64)
+    """
+    shape_text, _, dtype_text = text.partition(":")
+    try:
+        shape = tuple(int(part) for part in shape_text.replace("x", ",").split(",") if part.strip())
+    except ValueError:
+        shape = ()
+    if not shape or any(dim <= 0 for dim in shape):
+        raise FxdebugError(f"--input {text!r} is not a shape: write positive sizes separated by "
+                           f"commas, e.g. --input 1,3,224,224 or --input 1,16:int64.")
+    dtype = torch.float32
+    if dtype_text:
+        dtype = getattr(torch, dtype_text, None)
+        if not isinstance(dtype, torch.dtype):
+            raise FxdebugError(f"--input {text!r}: {dtype_text!r} is not a torch dtype "
+                               f"(try float32, float64, int64, bool).")
+    return shape, dtype
+
+
+def make_inputs(specs: list[str], seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Random inputs for the given ``--input`` specs, seeded.
+
+    >>> [tuple(t.shape) for t in make_inputs(["2,3", "4:int64"])]
+    [(2, 3), (4,)]
+    """
+    generator = torch.Generator().manual_seed(seed)
+    tensors = []
+    for spec in specs:
+        shape, dtype = parse_input(spec)
+        if dtype.is_floating_point or dtype.is_complex:
+            tensors.append(torch.randn(shape, generator=generator, dtype=dtype))
+        else:
+            tensors.append(torch.randint(0, 2, shape, generator=generator).to(dtype))
+    return tuple(tensors)

@@ -1,0 +1,36 @@
+"""``fxdebug passes``: run built-in passes and print what each one changed."""
+
+from __future__ import annotations
+
+from ._common import (add_model_arguments, add_pass_arguments, built_in_passes, describe_inputs,
+                      model_and_inputs)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "passes", help="run passes and print each pass's diff",
+        description="Trace MODEL, run the named passes in order and print, for each, the nodes "
+                    "it added (+), removed (-) and changed (~).")
+    add_model_arguments(parser)
+    add_pass_arguments(parser)
+    parser.add_argument("--code", action="store_true",
+                        help="print unified diffs of the generated code instead of node tables")
+    parser.add_argument("--check", action="store_true",
+                        help="also check each stage against the one before on the inputs")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..pass_manager import PassManager
+    passes = built_in_passes(args.passes)
+    model, inputs = model_and_inputs(args)
+    manager = PassManager(passes, check_inputs=inputs if args.check else None)
+    _, report = manager.run(model)
+    print(f"{args.model}: {type(model).__name__}, input {describe_inputs(inputs)}, "
+          f"passes: {', '.join(p.name for p in passes)}")
+    for stage in report.stages[1:]:
+        print(f"\n== pass {stage.name}: {stage.diff.summary()}")
+        print(stage.diff.code_diff() if args.code else stage.diff.table())
+    print()
+    print(report.table())
+    return 0

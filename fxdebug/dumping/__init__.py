@@ -1,0 +1,24 @@
+"""Dumps: a GraphModule written to a folder of plain files that runs, moves and round-trips.
+
+::
+
+    dump(gm, folder, *inputs)          dump.py: what goes into the folder
+      ├─ forward.py                    module.py's text: imports, forward a statement a
+      │                                line, each ending in ``# [node key] file:line``
+      ├─ structure.py                  submodules rebuilt by code, or pickled (and why)
+      ├─ literals.py                   values and import names written as code
+      ├─ folder_runtime.py             the functions run.py carries (flatten, compare)
+      ├─ templates/*.tmpl              the fixed text of module.py, run.py, __init__.py
+      └─ writer.py                     all or nothing: a temporary folder, then a rename
+
+>>> import os, tempfile, torch, fxdebug
+>>> folder = fxdebug.dump(torch.nn.Linear(2, 2), os.path.join(tempfile.mkdtemp(), "lin"),
+...                       torch.ones(1, 2))
+>>> "run.py" in os.listdir(folder)
+True
+"""
+
+from .dump import FILES, dump
+from .forward import portable_location
+
+__all__ = ["dump", "portable_location", "FILES"]

@@ -1,0 +1,239 @@
+"""``dump()``: write a GraphModule to a folder of plain files that runs, moves and round-trips.
+
+The folder::
+
+    module.py         the model as code: imports, submodules built in __init__,
+                      forward with one statement a line, each ending in
+                      ``# [node key] user/file.py:line``; load() builds it and loads the weights
+    weights.pt        every parameter and buffer (non-persistent ones too), once;
+                      torch.load(..., weights_only=True)
+    inputs.pt         the example inputs
+    expected.pt       the outputs (and parameter gradients) the module gave when dumped
+    run.py            load, forward (--backward: and backward), compare, print the Records table
+    breakpoints.json  node key -> line of module.py (what ``fxdebug debug --break KEY`` uses)
+    README.md         what is where, what must be importable, what had to be pickled
+    __init__.py       the folder is a package: ``from FOLDER import load``
+
+Call tree::
+
+    dump(gm, folder, *inputs)
+      ├─ forward_code(gm)        forward.py: fx codegen, re-laid out: imports, one
+      │                          statement a line, comments
+      ├─ Structure(gm)           structure.py: submodules as code; torch.nn and other
+      │                          importable classes rebuilt from extra_repr()/constructor
+      │                          arguments and checked against the original, the rest
+      │                          pickled (README says which)
+      ├─ module_py(...)          forward.py + templates/module_*.py.tmpl
+      ├─ _expected(gm, inputs)   run a copy (seed 0): outputs and parameter gradients
+      ├─ run.py                  templates/run.py.tmpl + folder_runtime.py's functions
+      └─ write_atomically()      writer.py: temporary folder in the same parent, then rename
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import io
+import json
+import os
+
+import torch
+import torch.fx as fx
+from torch.fx.graph import _PyTreeCodeGen
+
+from ..errors import FxdebugError
+from ..runtime import clone_inputs, stops_disabled
+from ..tracing import trace
+from ..tracing.keys import META_PASS, node_key
+from .folder_runtime import compare, first_line, flatten_outputs, loss_of
+from .forward import (PICKLED_FILE, class_name, forward_code, module_py, template, weights)
+from .literals import Imports
+from .structure import Structure, tensor_file
+from .writer import looks_like_dump, write_atomically
+
+__all__ = ["dump", "FILES"]
+
+FILES = ("__init__.py", "module.py", "run.py", "weights.pt", "inputs.pt", "expected.pt",
+         "breakpoints.json", "README.md")
+
+
+def _expected(gm: fx.GraphModule, inputs: tuple) -> dict:
+    """Outputs and parameter gradients of a copy of ``gm`` (seed 0, the caller's RNG untouched)."""
+    model = copy.deepcopy(gm)
+    with torch.random.fork_rng(devices=[]), stops_disabled():
+        torch.manual_seed(0)
+        flat = flatten_outputs(model(*clone_inputs(inputs)))
+        grads: dict[str, torch.Tensor] = {}
+        backward_error = ""
+        loss = loss_of(flat) if torch.is_grad_enabled() else None
+        if loss is not None:
+            try:
+                loss.backward()
+            except RuntimeError as exc:  # e.g. an in-place op autograd rejects: run.py shows it again
+                backward_error = first_line(exc)
+            grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()
+                     if p.grad is not None and not backward_error}
+    outputs = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in flat.items()}
+    return {"outputs": outputs, "grads": grads, "backward_error": backward_error}
+
+
+def _example_key(gm: fx.GraphModule) -> str:
+    """A node of the model itself (not an inserted one) to show in the README, nested if possible."""
+    keys = [node_key(n) for n in gm.graph.nodes
+            if n.op in ("call_module", "call_function", "call_method") and not n.meta.get(META_PASS)]
+    return next((k for k in keys if k.count(".") >= 2), keys[0] if keys else "KEY")
+
+
+def _readme(cls: str, inputs: tuple, structure: Structure,
+            imports: Imports, example: str, wrapped: list[str]) -> str:
+    shapes = ", ".join("x".join(map(str, t.shape)) + f" {str(t.dtype).replace('torch.', '')}"
+                       if isinstance(t, torch.Tensor) else type(t).__name__ for t in inputs)
+    lines = [
+        f"# {cls}, dumped by fxdebug",
+        "",
+        f"A traced `{cls}` as plain Python files, with its weights, example inputs "
+        f"({shapes or 'none'}) and the results it gave when dumped.",
+        "",
+        "```bash",
+        "python run.py                          # forward, compare outputs, print the Records table",
+        "python run.py --backward               # also backward, compare parameter gradients",
+        f"fxdebug debug . --break {example}   # pdb, stopped at that node's line of module.py",
+        "```",
+        "",
+        "| file | what it holds |",
+        "|---|---|",
+        "| `module.py` | the model as code; every statement of `forward` ends with `# [node key] file:line` |",
+        "| `weights.pt` | every parameter and buffer (non-persistent ones too), once; `torch.load(..., weights_only=True)` |",
+        "| `inputs.pt` | the example inputs, a list |",
+        "| `expected.pt` | `{\"outputs\": ..., \"grads\": ...}` recorded when dumped |",
+        "| `run.py` | loads, runs, compares (`torch.equal`, else `torch.allclose`) |",
+        "| `breakpoints.json` | node key -> line of `module.py`, and the names of the node's inputs |",
+    ]
+    if structure.pickled:
+        lines.append(f"| `{PICKLED_FILE}` | submodules that could not be written as code (below) |")
+    lines += ["", "Every path is relative to this folder: move or copy it freely.", "",
+              "## What must be importable", "",
+              "module.py imports `torch`" + "".join(f", `{name}`" for name in imports.top_level_packages())
+              + "; run it where these import as they did when it was dumped."]
+    if wrapped:
+        lines += ["", "Functions kept as single calls with `torch.fx.wrap`: "
+                  + ", ".join(f"`{name}`" for name in wrapped) + "."]
+    lines += ["", "## Submodules", ""]
+    if structure.pickled_notes:
+        lines.append(f"These submodules are pickled in `{PICKLED_FILE}` (their classes must be "
+                     f"importable; their parameters and buffers are in `weights.pt`):")
+        lines.append("")
+        lines += [f"* `{note.path}` ({note.type_name}): {note.reason}" for note in structure.pickled_notes]
+    else:
+        lines.append("Every submodule is built by code in `module.py`; nothing is pickled.")
+    if structure.hooked:
+        lines += ["", "Hooks registered on these modules were not written (module.py registers "
+                  "none): " + ", ".join(f"`{name}`" for name in structure.hooked) + "."]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _breakpoints_json(forward_line: int, nodes: dict[str, dict]) -> str:
+    """``{"file", "forward_line", "nodes": {key: {line, node, op, source, inputs}}}``, a node a line."""
+    rows = [f"  {json.dumps(key)}: {json.dumps(entry)}" for key, entry in nodes.items()]
+    return ("{\n" f' "file": "module.py",\n "forward_line": {forward_line},\n "nodes": {{\n'
+            + ",\n".join(rows) + "\n }\n}\n")
+
+
+def _plain_tensor_file(obj, what: str) -> bytes:
+    """torch.save of ``obj``, checked to load with ``weights_only=True``."""
+    try:
+        data = tensor_file(obj)
+        torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as exc:  # pickling or the weights_only unpickler refused a value
+        raise FxdebugError(f"cannot dump {what}: they hold values torch.load(weights_only=True) "
+                           f"cannot load ({type(exc).__name__}: {first_line(exc)}). Pass "
+                           f"tensors, numbers, strings and lists/tuples/dicts of them.") from exc
+    return data
+
+
+def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False) -> str:
+    """Write ``gm`` to ``folder`` as a package that runs on its own and round-trips.
+
+    Args:
+        gm: a GraphModule (``fxdebug.trace``/``instrument`` output, or any
+            ``torch.fx.GraphModule``); another ``nn.Module`` is traced first.
+        folder: the folder to create. Its parent must exist.
+        inputs: example inputs; the folder keeps them and the outputs (and
+            parameter gradients) ``gm`` gives on them.
+        overwrite: replace ``folder`` if it exists (only an earlier dump or an
+            empty folder is ever replaced).
+
+    Returns:
+        The absolute path of the folder. ``python FOLDER/run.py`` runs it;
+        ``fxdebug debug FOLDER --break KEY`` steps through it in pdb.
+
+    Raises:
+        FxdebugError: the folder exists, the graph calls a function that
+            cannot be imported, a leaf module's class is defined locally, or
+            writing failed. Nothing is left half-written.
+
+    Example::
+
+        >>> import os, tempfile, torch, fxdebug
+        >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU()))
+        >>> folder = fxdebug.dump(gm, os.path.join(tempfile.mkdtemp(), "seq"), torch.randn(3, 4))
+        >>> sorted(os.listdir(folder))[:4]
+        ['README.md', '__init__.py', 'breakpoints.json', 'expected.pt']
+        >>> code = open(os.path.join(folder, "module.py")).read()
+        >>> print(next(line for line in code.splitlines() if "# [0]" in line).split("#")[0].strip())
+        _0 = getattr(self, "0")(input_1)
+    """
+    if not isinstance(gm, torch.nn.Module):
+        raise TypeError(f"fxdebug.dump expects a GraphModule or nn.Module, got {type(gm).__name__}.")
+    folder = os.path.abspath(os.fspath(folder))
+    parent = os.path.dirname(folder)
+    if not os.path.isdir(parent):
+        raise FxdebugError(f"cannot dump into {folder!r}: its parent folder {parent!r} does not "
+                           f"exist. Create it first.")
+    if os.path.lexists(folder):
+        if not overwrite:
+            raise FxdebugError(f"cannot dump into {folder!r}: it already exists. Pass "
+                               f"overwrite=True (--overwrite) to replace it, or choose another folder.")
+        if not os.path.isdir(folder) or not looks_like_dump(folder):
+            raise FxdebugError(f"refusing to overwrite {folder!r}: it is not an fxdebug dump "
+                               f"(no run.py and breakpoints.json) nor an empty folder.")
+    if not isinstance(gm, fx.GraphModule):
+        gm = trace(gm)
+    pytree_inputs = isinstance(gm.graph._codegen, _PyTreeCodeGen)  # placeholders are the leaves
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    required = [n for n in placeholders if not n.args and not str(n.target).startswith("*")]
+    varargs = any(str(n.target).startswith("*") for n in placeholders)
+    if not pytree_inputs and (len(inputs) < len(required)
+                              or (len(inputs) > len(placeholders) and not varargs)):
+        raise FxdebugError(f"fxdebug.dump needs the example inputs of forward "
+                           f"({', '.join(str(n.target) for n in placeholders)}): got {len(inputs)} "
+                           f"input(s). Call fxdebug.dump(gm, folder, *inputs).")
+
+    cls = class_name(gm)
+    imports = Imports()
+    forward = forward_code(gm, imports)
+    structure = Structure(gm, imports)
+    pickled_bytes = structure.pickled_bytes()
+    module_text, forward_line, node_lines = module_py(gm, cls, imports, forward, structure,
+                                                      pickled_bytes is not None, pytree_inputs)
+    files = {
+        "__init__.py": template("package_init.py.tmpl").format(cls=cls).encode(),
+        "module.py": module_text.encode(),
+        "run.py": template("run.py.tmpl").format(
+            cls=cls, flatten=inspect.getsource(flatten_outputs).rstrip(),
+            loss=inspect.getsource(loss_of).rstrip(),
+            first_line=inspect.getsource(first_line).rstrip(),
+            compare=inspect.getsource(compare)).encode(),
+        "breakpoints.json": _breakpoints_json(forward_line, node_lines).encode(),
+        "README.md": _readme(cls, inputs, structure, imports, _example_key(gm),
+                             forward.wrapped).encode(),
+        "inputs.pt": _plain_tensor_file(list(clone_inputs(inputs)), "the example inputs"),
+        "expected.pt": _plain_tensor_file(_expected(gm, inputs), "the outputs"),
+        "weights.pt": tensor_file(weights(gm)[0]),
+    }
+    if pickled_bytes is not None:
+        files[PICKLED_FILE] = pickled_bytes
+    compile(module_text, os.path.join(folder, "module.py"), "exec")  # never write code that cannot parse
+    write_atomically(folder, files, overwrite)
+    return folder

@@ -1,0 +1,217 @@
+"""module.py's text: the imports, the submodules and ``forward``, one statement a line.
+
+fx's generated code is re-laid out: one statement a line (fx frees values
+after their last use; the dump keeps them, so pdb can print any of them),
+each ending with ``# [node key] user/file.py:line``, and every global it
+calls imported by name. :func:`module_py` also says on which line of module.py
+each node sits (what ``breakpoints.json`` and ``fxdebug debug --break`` use).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import keyword
+import os
+import re
+import sys
+import types
+from importlib import resources
+
+import torch
+import torch.fx as fx
+from torch.fx.graph import _custom_builtins
+
+from ..errors import FxdebugError
+from ..runtime import Recorder
+from ..tracing.keys import META_PASS, META_SOURCE, node_key, op_name
+from .literals import Imports, importable, literal
+from .structure import Structure
+
+__all__ = ["portable_location", "Forward", "forward_code", "module_py", "class_name", "weights",
+           "template", "PICKLED_FILE"]
+
+PICKLED_FILE = "pickled_modules.pt"
+_COMMENT_COLUMN = 60
+_DELETION = re.compile(r"^(?:[A-Za-z_]\w* = )+None$")
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+
+
+def template(name: str) -> str:
+    """The text of ``fxdebug/dumping/templates/NAME`` (package data), for ``str.format``."""
+    return resources.files(__package__).joinpath("templates", name).read_text(encoding="utf-8")
+
+
+def portable_location(location) -> str:
+    """``file:line`` without an absolute path: relative to the ``sys.path`` entry holding it.
+
+    Files on no ``sys.path`` entry are shown by their base name, so a dump
+    never records where it was written.
+
+    >>> import os, sys, torch
+    >>> site = os.path.dirname(os.path.dirname(torch.__file__))
+    >>> portable_location((os.path.join(site, "torch", "nn", "modules", "conv.py"), 12))
+    'torch/nn/modules/conv.py:12'
+    >>> portable_location(("/nowhere/model.py", 3))
+    'model.py:3'
+    """
+    if location is None:
+        return "?"
+    filename, lineno = location
+    path = os.path.abspath(filename)
+    best = ""
+    for entry in sys.path:
+        root = os.path.join(os.path.abspath(entry or os.curdir), "")
+        if path.startswith(root) and len(root) > len(best):
+            best = root
+    relative = path[len(best):] if best else os.path.basename(path)
+    return f"{relative.replace(os.sep, '/')}:{lineno}"
+
+
+def _node_where(node: fx.Node) -> str:
+    source = node.meta.get(META_SOURCE)
+    return portable_location(source) if source else "no source line"
+
+
+@dataclasses.dataclass
+class Forward:
+    lines: list[tuple[str, fx.Node | None]]   # (statement, node it belongs to)
+    signature: str                             # "def forward(self, x):"
+    wrapped: list[str]                         # global names fx.wrap must know
+
+
+def _node_comment(node: fx.Node | None) -> str:
+    if node is None:  # torch.fx's own input flattening
+        return "# [inputs]"
+    parts = [f"# [{node_key(node)}]"]
+    if node.op != "output" and node.meta.get(META_SOURCE):
+        parts.append(_node_where(node))
+    if node.meta.get(META_PASS):
+        parts.append(f"(inserted by {node.meta[META_PASS]})")
+    return " ".join(parts)
+
+
+def forward_code(gm: fx.GraphModule, imports: Imports) -> Forward:
+    code = gm.graph.python_code(root_module="self")
+    src_lines = code.src.split("\n")
+    def_index = code._prologue_start - 1
+    if not src_lines[def_index].startswith("def forward"):
+        raise FxdebugError("fxdebug.dump does not understand the code torch.fx generated for this "
+                           "graph (no 'def forward' where expected); please report it with the model.")
+    wrapped = re.findall(r'wrap\("(\w+)"\)', "\n".join(src_lines[:def_index]))
+    nodes = list(gm.graph.nodes)
+    lines: list[tuple[str, fx.Node | None]] = []
+    for offset, raw in enumerate(src_lines[def_index + 1:], start=1):
+        text = raw.strip()
+        if not text or text.startswith("#"):
+            continue
+        index = (code._lineno_map or {}).get(offset)
+        node = nodes[index] if index is not None and 0 <= index < len(nodes) else None
+        parts = text.split(";  ")
+        lines.append((parts[0], node))
+        for part in parts[1:]:
+            if not _DELETION.match(part):  # fx frees values after their last use: the dump
+                lines.append((part, node))  # keeps them, so pdb can print any of them
+    body = "\n".join([src_lines[def_index]] + [text for text, _ in lines])
+    used = dict.fromkeys(_IDENTIFIER.findall(body))
+    for name, obj in code.globals.items():
+        if name not in used or name == "wrap":
+            continue
+        if name in _custom_builtins:
+            imports.lines[_custom_builtins[name].import_str] = None
+            continue
+        if isinstance(obj, types.ModuleType):
+            imports.lines[f"import {obj.__name__}" + ("" if name == obj.__name__ else f" as {name}")] = None
+            continue
+        found = importable(obj)
+        if isinstance(found, str):
+            user = next((n for n in nodes if n.target is obj), None)
+            where = (f"node {node_key(user)!r} ({_node_where(user)})" if user is not None
+                     else "the graph")
+            raise FxdebugError(
+                f"cannot dump: {where} calls {getattr(obj, '__qualname__', name)}, which {found}. "
+                f"module.py imports every function the graph calls; move it to the top level of "
+                f"an importable module (and torch.fx.wrap it there if it must stay one node), "
+                f"then trace and dump again.")
+        imports.add_object(name, *found)
+    return Forward(lines, src_lines[def_index], [w for w in wrapped if w in used])
+
+
+def weights(gm: fx.GraphModule) -> tuple[dict, dict, list]:
+    """(name -> tensor, tied name -> first name, frozen parameter names)."""
+    first: dict[int, str] = {}
+    weights: dict[str, torch.Tensor] = {}
+    tied: dict[str, str] = {}
+    frozen: list[str] = []
+    named = list(gm.named_parameters(remove_duplicate=False)) + list(gm.named_buffers(remove_duplicate=False))
+    for name, tensor in named:
+        if id(tensor) in first:
+            tied[name] = first[id(tensor)]
+            continue
+        first[id(tensor)] = name
+        data = tensor.detach()
+        if data.untyped_storage().nbytes() != data.numel() * data.element_size() or data.storage_offset():
+            data = data.clone()  # a view into a larger storage: save only its own elements
+        weights[name] = data
+        if isinstance(tensor, torch.nn.Parameter) and not tensor.requires_grad:
+            frozen.append(name)
+    return weights, tied, frozen
+
+
+def _training_flags(gm: torch.nn.Module) -> tuple[bool, dict[str, bool]]:
+    """The root's train/eval state and the modules in the other state (containers fx made
+    and the recorder do nothing with it, so they are left out)."""
+    exceptions = {name: module.training for name, module in gm.named_modules(remove_duplicate=False)
+                  if name and module.training != gm.training
+                  and type(module) is not torch.nn.Module and not isinstance(module, Recorder)}
+    return gm.training, exceptions
+
+
+def class_name(gm: fx.GraphModule) -> str:
+    name = re.sub(r"\W", "_", type(gm).__name__) or "Dumped"
+    if name[0].isdigit() or keyword.iskeyword(name) or name in ("torch", "os", "load", "HERE",
+                                                                  "pickled", "Module"):
+        name = f"Dumped{name}"
+    return name
+
+
+def _pad(statement: str, comment: str, indent: str) -> str:
+    text = f"{indent}{statement}"
+    return f"{text.ljust(_COMMENT_COLUMN)}  {comment}" if len(text) < _COMMENT_COLUMN else f"{text}  {comment}"
+
+
+def module_py(gm: fx.GraphModule, cls: str, imports: Imports, forward: Forward,
+               structure: Structure, has_pickled: bool, pytree_inputs: bool
+               ) -> tuple[str, int, dict[str, dict]]:
+    """module.py's text, the line of ``def forward`` and, for every node key, its line and inputs."""
+    _, tied, frozen = weights(gm)
+    training, training_exceptions = _training_flags(gm)
+    extra_attrs = []
+    if pytree_inputs:  # forward flattens its inputs with specs kept on the module
+        from torch.utils._pytree import treespec_dumps
+        for attr in ("_in_spec", "_out_spec"):
+            spec = getattr(gm, attr, None)
+            if spec is not None:
+                extra_attrs.append(f"self.{attr} = torch.utils._pytree.treespec_loads("
+                                   f"{treespec_dumps(spec)!r})")
+    head = template("module_head.py.tmpl").format(
+        cls=cls, imports=imports.text(),
+        wrap="".join(f'\ntorch.fx.wrap("{name}")\n' for name in forward.wrapped),
+        frozen=literal(tuple(frozen)), tied=literal(tied), training=training,
+        training_exceptions=literal(training_exceptions))
+    if has_pickled:
+        head += template("pickled_loader.py.tmpl").format(pickled_file=PICKLED_FILE)
+    out = head.rstrip("\n").split("\n") + ["", "", f"class {cls}(torch.nn.Module):",
+                                           "    def __init__(self):", "        super().__init__()"]
+    if has_pickled:
+        out.append("        pickled = _pickled_modules()")
+    out += [f"        {line}" for line in structure.lines + extra_attrs]
+    out += ["", f"    {forward.signature}"]
+    forward_line = len(out)
+    node_lines: dict[str, dict] = {}
+    for statement, node in forward.lines:
+        out.append(_pad(statement, _node_comment(node), "        "))
+        if node is not None and node.op != "placeholder" and node_key(node) not in node_lines:
+            node_lines[node_key(node)] = {
+                "line": len(out), "node": node.name, "op": op_name(node, gm),
+                "source": _node_where(node), "inputs": [arg.name for arg in node.all_input_nodes]}
+    return "\n".join(out) + "\n" + template("module_tail.py.tmpl").format(cls=cls), forward_line, node_lines

@@ -1,0 +1,104 @@
+"""Values and names that can be written as Python code (module.py is made of them).
+
+``literal(value)`` is code that evaluates to ``value`` (or raises NotLiteral);
+``importable(obj)`` is the ``(module, qualname)`` under which ``obj`` can be
+imported, or why it cannot; :class:`Imports` collects module.py's import block.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+from torch.package import sys_importer
+
+__all__ = ["NotLiteral", "literal", "call_arguments", "importable", "Imports"]
+
+
+class NotLiteral(Exception):
+    pass
+
+
+def literal(value) -> str:
+    """Python code that evaluates to ``value`` (raises NotLiteral when there is none)."""
+    if value is None or type(value) in (bool, int, str):
+        return repr(value)
+    if type(value) is float:
+        if math.isnan(value):
+            return "float('nan')"
+        if math.isinf(value):
+            return "float('inf')" if value > 0 else "-float('inf')"
+        return repr(value)
+    if isinstance(value, torch.Size):
+        return f"torch.Size({literal(tuple(value))})"
+    if type(value) is tuple:
+        items = [literal(v) for v in value]
+        return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+    if type(value) is list:
+        return f"[{', '.join(literal(v) for v in value)}]"
+    if type(value) is dict:
+        return "{" + ", ".join(f"{literal(k)}: {literal(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, torch.dtype):
+        return repr(value)
+    if isinstance(value, torch.device):
+        return f"torch.device({str(value)!r})"
+    raise NotLiteral(type(value).__name__)
+
+
+def call_arguments(args, kwargs) -> str:
+    return ", ".join([literal(a) for a in args] + [f"{k}={literal(v)}" for k, v in kwargs.items()])
+
+
+# -- importable names -----------------------------------------------------------------------
+def importable(obj) -> tuple[str, str] | str:
+    """``(module, qualname)`` under which ``obj`` can be imported, or why it cannot."""
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or ""
+    if "<lambda>" in qualname:
+        return "is a lambda"
+    if "<locals>" in qualname:
+        return f"is defined inside a function ({qualname})"
+    if module == "__main__":
+        return (f"is defined in the script being run (__main__.{qualname}), which the "
+                f"dumped folder cannot import")
+    try:
+        module, qualname = sys_importer.get_name(obj)
+    except Exception as exc:  # ObjNotFoundError / ObjMismatchError / ImportError
+        return f"cannot be imported by name ({type(exc).__name__}: {exc})"
+    if module == "_operator":
+        module = "operator"
+    return module, qualname
+
+
+class Imports:
+    """The import block of module.py: lines and module-level assignments, sorted."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, None] = {"import torch": None}
+        self.assignments: dict[str, None] = {}
+
+    def add_object(self, name: str, module: str, qualname: str) -> None:
+        if module == "builtins" and qualname == name:
+            return
+        if "." in qualname:
+            self.lines[f"import {module}"] = None
+            self.assignments[f"{name} = {module}.{qualname}"] = None
+        elif qualname == name:
+            self.lines[f"from {module} import {name}"] = None
+        else:
+            self.lines[f"from {module} import {qualname} as {name}"] = None
+
+    def text(self) -> str:
+        plain = sorted(line for line in self.lines if line.startswith("import "))
+        froms = sorted(line for line in self.lines if line.startswith("from "))
+        others = [line for line in self.lines if not line.startswith(("import ", "from "))]
+        return "\n".join(plain + froms + others + list(self.assignments))
+
+    def top_level_packages(self) -> list[str]:
+        found: dict[str, None] = {}
+        for line in sorted(self.lines):
+            parts = line.split()
+            if parts[0] in ("import", "from") and len(parts) > 1:
+                found.setdefault(parts[1].split(".")[0])
+        return [name for name in found if name not in sys.stdlib_module_names and name != "torch"]

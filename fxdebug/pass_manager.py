@@ -1,0 +1,165 @@
+"""PassManager: run passes one by one, snapshot, diff and check each.
+
+Call tree::
+
+    PassManager(passes, check_inputs=(x,)).run(model)
+      ├─ trace(model)                      unless it is a GraphModule (then a keyed copy)
+      ├─ snapshot "input"                  code + node table
+      └─ for each pass
+           ├─ pass.apply(gm)               an fxdebug Pass, a torch PassBase, or a
+           │                               function gm -> PassResult | gm | None
+           ├─ graph.lint()
+           ├─ snapshot, diff(previous, now)      the code as the graph generates it
+           └─ with check_inputs: recompile, check_equivalence(previous stage, now)
+      └─ recompile()                       once, unless the checks did already
+    -> (gm, PassReport): one Stage per snapshot (the input, then one per pass)
+
+A pass that raises stops the run with its own exception, plus a note naming
+the pass and the passes before it (and the node key where the message names
+a node); a pass that changes what the module computes stops it with
+:class:`~fxdebug.errors.PassEquivalenceError` naming the first divergent node.
+Either way the exception's ``report`` keeps every snapshot taken so far.
+Progress goes to the ``fxdebug`` logger at INFO level.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import re
+from typing import Sequence
+
+import torch
+import torch.fx as fx
+
+from .analysis.equivalence import check_equivalence
+from .errors import PassEquivalenceError
+from .passes.base import as_pass
+from .reporting.diff import GraphDiff, GraphSnapshot, diff, snapshot
+from .reporting.tabular import render_table
+from .tracing import keyed_copy, trace
+from .tracing.keys import node_key
+
+__all__ = ["PassManager", "PassReport", "Stage"]
+
+log = logging.getLogger("fxdebug")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """The graph after one pass (or the input): snapshot, diff from before, verdict."""
+
+    name: str
+    snapshot: GraphSnapshot
+    modified: bool
+    diff: GraphDiff | None
+    equivalence: object | None  # an EquivalenceReport when check_inputs were given
+
+
+@dataclasses.dataclass
+class PassReport:
+    """Every stage of a run, in order: ``stages[0]`` is the input graph."""
+
+    stages: list[Stage]
+
+    @property
+    def snapshots(self) -> list[GraphSnapshot]:
+        return [stage.snapshot for stage in self.stages]
+
+    def table(self) -> str:
+        """One row per pass: modified, node changes, equivalence verdict."""
+        rows = []
+        for stage in self.stages[1:]:
+            verdict = "-"
+            if stage.equivalence is not None:
+                verdict = "ok" if stage.equivalence.ok else "DIFFERS"
+            rows.append([stage.name, "yes" if stage.modified else "no",
+                         stage.diff.summary() if stage.diff is not None else "-", verdict])
+        return render_table(rows, ["pass", "modified", "nodes +/-/~", "equivalent"])
+
+
+def _node_keys_named_in(message: str, gm: fx.GraphModule) -> list[str]:
+    names = {node.name: node for node in gm.graph.nodes}
+    return [node_key(names[name]) for name in dict.fromkeys(re.findall(r"[A-Za-z_][\w.]*", message))
+            if name in names]
+
+
+class PassManager:
+    """Run ``passes`` in order with a snapshot, a diff and (optionally) a check after each.
+
+    Args:
+        passes: ``fxdebug.passes.Pass`` objects, any torch ``PassBase``, or functions
+            ``gm -> PassResult | gm | None``.
+        check_inputs: inputs for an equivalence check of every stage against
+            the one before; ``None`` skips the checks.
+        rtol, atol: tolerances for the checks (dtype defaults when ``None``).
+
+    Example::
+
+        >>> import torch, fxdebug
+        >>> pm = fxdebug.PassManager([fxdebug.passes.Capture(), fxdebug.passes.GradHooks()],
+        ...                          check_inputs=(torch.randn(2, 3),))
+        >>> gm, report = pm.run(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU()))
+        >>> print(report.table())
+        pass     modified    nodes +/-/~    equivalent
+        -------  ----------  -------------  ------------
+        capture  yes         +4 -0 ~0       ok
+        grads    yes         +2 -0 ~0       ok
+    """
+
+    def __init__(self, passes: Sequence, check_inputs=None, rtol: float | None = None,
+                 atol: float | None = None) -> None:
+        self.passes = [as_pass(p) for p in passes]
+        if check_inputs is not None and not isinstance(check_inputs, tuple):
+            check_inputs = (check_inputs,)
+        self.check_inputs = check_inputs
+        self.rtol, self.atol = rtol, atol
+
+    def run(self, model: torch.nn.Module) -> tuple[fx.GraphModule, PassReport]:
+        """Trace ``model`` (or copy a GraphModule) and run every pass on it."""
+        gm = keyed_copy(model) if isinstance(model, fx.GraphModule) else trace(model)
+        inputs = self.check_inputs or ()
+        report = PassReport([Stage("input", snapshot(gm, "input", *inputs), False, None, None)])
+        checking = self.check_inputs is not None
+        previous = copy.deepcopy(gm) if checking else None  # the stage before, for the check
+        for index, step in enumerate(self.passes):
+            earlier = [p.name for p in self.passes[:index]]
+            try:
+                result = step.apply(gm)
+                gm = result.graph_module
+                gm.graph.lint()
+                if checking:
+                    gm.recompile()  # the check runs this stage
+            except Exception as exc:
+                keys = _node_keys_named_in(str(exc), gm)
+                where = f" at node {keys[0]!r}" if keys else ""
+                before = f"after {', '.join(map(repr, earlier))}" if earlier else "as the first pass"
+                exc.add_note(f"fxdebug: pass {step.name!r} failed{where} ({before}; "
+                             f"{len(report.stages)} snapshots in the report).")
+                exc.report = report
+                raise
+            now = snapshot(gm, step.name, *inputs)
+            verdict = None
+            if checking:
+                verdict = check_equivalence(previous, gm, *inputs, rtol=self.rtol, atol=self.atol)
+                if index + 1 < len(self.passes):
+                    previous = copy.deepcopy(gm)
+            change = diff(report.stages[-1].snapshot, now)
+            report.stages.append(Stage(step.name, now, result.modified, change, verdict))
+            log.info("pass %s: modified=%s nodes %s%s", step.name, result.modified,
+                     change.summary(),
+                     "" if verdict is None else f" equivalent={verdict.ok}")
+            if verdict is not None and not verdict.ok:
+                first = verdict.first_divergence
+                where = (f"; first divergent node: {first.describe()}" if first is not None
+                         else "; the outputs differ (no node-level divergence was found)")
+                before = f"after {', '.join(map(repr, earlier))}" if earlier else "as the first pass"
+                raise PassEquivalenceError(
+                    f"pass {step.name!r} ({before}) changed what the module computes"
+                    f"{where}. Fix the pass, or loosen rtol/atol if the change is rounding. "
+                    f"report.stages[-1].equivalence.table() shows every node.",
+                    pass_name=step.name, report=report)
+        if not checking and self.passes:
+            gm.recompile()
+        return gm, report

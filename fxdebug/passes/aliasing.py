@@ -1,0 +1,197 @@
+"""Which nodes share storage, and which later nodes write to it in place.
+
+A capture keeps a detached view of a node's tensor, which is free, unless a
+later in-place op writes to the same storage (``relu(inplace=True)`` after a
+batch norm, ``out += identity``, ``x[:, 0] = 0``, ``x.data.zero_()``): then the
+view would change under the user's feet, and the capture must copy.
+
+The analysis is conservative: a module or function it does not know is
+assumed to return a view of its inputs, so an unknown op can only cause an
+extra copy, never a wrong capture.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import operator
+
+import torch
+import torch.fx as fx
+
+from ..tracing.keys import INPLACE_OPERATORS, short_name
+
+__all__ = ["AliasAnalysis", "mutated_argument", "inplace_requested"]
+
+# Ops that return a view of (or the very same tensor as) their first argument.
+_VIEW_NAMES = frozenset("""
+getitem view view_as reshape reshape_as flatten unflatten squeeze unsqueeze transpose t T
+permute expand expand_as narrow select split split_with_sizes tensor_split chunk unbind
+movedim moveaxis as_strided contiguous detach alias real imag diagonal unfold swapaxes
+swapdims view_as_real view_as_complex hsplit vsplit dsplit to type type_as float double half
+bfloat16 int long bool cpu cuda requires_grad_ dropout alpha_dropout feature_alpha_dropout
+dropout1d dropout2d dropout3d broadcast_to atleast_1d atleast_2d atleast_3d data mT mH H
+getattr identity
+""".split())
+
+# torch.nn module types that return a view of their input (or the input itself).
+_ALIASING_MODULES = (torch.nn.Identity, torch.nn.Flatten, torch.nn.Unflatten,
+                     torch.nn.modules.dropout._DropoutNd, torch.nn.AlphaDropout,
+                     torch.nn.FeatureAlphaDropout)
+
+
+def _is_torch_callable(target) -> bool:
+    module = getattr(target, "__module__", None) or ""
+    return module in ("_operator", "operator", "builtins") or module == "torch" or module.startswith("torch.")
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(target):
+    try:
+        return inspect.signature(target)
+    except (TypeError, ValueError):  # builtins without a Python signature
+        return None
+
+
+def inplace_requested(node: fx.Node) -> bool:
+    """Whether a ``call_function`` node passes ``inplace=True``, by keyword or by position.
+
+    >>> import torch, fxdebug
+    >>> class Net(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         return torch.nn.functional.relu(x, True)
+    >>> relu = [n for n in fxdebug.trace(Net()).graph.nodes if n.op == "call_function"][0]
+    >>> inplace_requested(relu)
+    True
+    """
+    if node.op != "call_function":
+        return False
+    if node.kwargs.get("inplace") is True:
+        return True
+    if not _is_torch_callable(node.target):
+        return False
+    signature = _signature(node.target)
+    if signature is None or "inplace" not in signature.parameters:
+        return False
+    try:
+        bound = signature.bind_partial(*node.args, **node.kwargs)
+    except TypeError:
+        return False
+    return bound.arguments.get("inplace") is True
+
+
+def mutated_argument(node: fx.Node, root: torch.nn.Module | None) -> fx.Node | None:
+    """The node whose storage ``node`` writes in place, or ``None``."""
+    first = node.args[0] if node.args else None
+    out = node.kwargs.get("out")
+    if isinstance(out, fx.Node):
+        return out
+    if node.op == "call_function":
+        if node.target in INPLACE_OPERATORS or node.target is operator.setitem:
+            return first if isinstance(first, fx.Node) else None
+        if inplace_requested(node):
+            return first if isinstance(first, fx.Node) else None
+        name = getattr(node.target, "__name__", "")
+        if _is_torch_callable(node.target) and name.endswith("_") and not name.startswith("__"):
+            return first if isinstance(first, fx.Node) else None  # torch.relu_, F.relu_ ...
+    elif node.op == "call_method":
+        name = str(node.target)
+        if name.endswith("_") and not name.startswith("__"):
+            return first if isinstance(first, fx.Node) else None
+    elif node.op == "call_module" and root is not None:
+        try:
+            module = root.get_submodule(node.target)
+        except AttributeError:
+            return None
+        if getattr(module, "inplace", False) is True:
+            return first if isinstance(first, fx.Node) else None
+    return None
+
+
+def _alias_inputs(node: fx.Node, root: torch.nn.Module | None) -> list[fx.Node]:
+    """Inputs whose storage ``node``'s output may share."""
+    first = [node.args[0]] if node.args and isinstance(node.args[0], fx.Node) else []
+    if mutated_argument(node, root) is not None:
+        return first
+    if node.op == "call_method":
+        return first if str(node.target) in _VIEW_NAMES else []
+    if node.op == "call_function":
+        if _is_torch_callable(node.target):
+            return first if short_name("call_function", node.target) in _VIEW_NAMES else []
+        return list(node.all_input_nodes)  # a user function: may return any input
+    if node.op == "call_module":
+        module = None
+        if root is not None:
+            try:
+                module = root.get_submodule(node.target)
+            except AttributeError:
+                module = None
+        if module is not None and type(module).__module__.startswith("torch.nn.modules") \
+                and not isinstance(module, _ALIASING_MODULES):
+            return []
+        return list(node.all_input_nodes)
+    return []
+
+
+class AliasAnalysis:
+    """Storage classes of a graph's nodes and the in-place writes to them.
+
+    >>> import torch, fxdebug
+    >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(inplace=True))
+    >>> gm = fxdebug.trace(net)
+    >>> linear = [n for n in gm.graph.nodes if n.target == "0"][0]
+    >>> AliasAnalysis(gm).written_after([linear], linear)
+    True
+    """
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self._parent: dict[fx.Node, fx.Node] = {}
+        self._position: dict[fx.Node, int] = {}
+        self._writes: list[tuple[int, fx.Node]] = []
+        for index, node in enumerate(gm.graph.nodes):
+            self._position[node] = index
+            self._parent[node] = node
+        for node in gm.graph.nodes:
+            for source in _alias_inputs(node, gm):
+                self._union(node, source)
+            target = mutated_argument(node, gm)
+            if target is not None:
+                self._writes.append((self._position[node], target))
+
+    def _find(self, node: fx.Node) -> fx.Node:
+        root = node
+        while self._parent[root] is not root:
+            root = self._parent[root]
+        while self._parent[node] is not root:
+            self._parent[node], node = root, self._parent[node]
+        return root
+
+    def _union(self, a: fx.Node, b: fx.Node) -> None:
+        if b not in self._parent:
+            return
+        ra, rb = self._find(a), self._find(b)
+        if ra is not rb:
+            # keep the earlier node as the representative: deterministic
+            if self._position[ra] < self._position[rb]:
+                self._parent[rb] = ra
+            else:
+                self._parent[ra] = rb
+
+    def written_after(self, nodes, anchor: fx.Node) -> bool:
+        """Whether a node after ``anchor`` writes in place to the storage of any of ``nodes``."""
+        classes = {id(self._find(node)) for node in nodes if node in self._parent}
+        after = self._position[anchor]
+        return any(position > after and id(self._find(target)) in classes
+                   for position, target in self._writes if target in self._parent)
+
+    def members(self, node: fx.Node) -> list[fx.Node]:
+        """Every node that may share ``node``'s storage (itself included), in graph order."""
+        if node not in self._parent:
+            return [node]
+        root = self._find(node)
+        return [other for other in self._position if self._find(other) is root]
+
+    def writes(self) -> list[tuple[fx.Node, fx.Node]]:
+        """``(writer, written)`` pairs: each in-place node and the node whose storage it writes."""
+        nodes = list(self._position)
+        return [(nodes[position], target) for position, target in self._writes]

@@ -1,0 +1,22 @@
+"""Reading a graph or a run: tables of nodes, diffs of passes, plots of a run.
+
+Nothing here changes a graph or runs a pass::
+
+    tabular(gm, *inputs)                tabular.py: one row per node (key, opcode, target,
+      └─ node_views(gm)                 args, shape, dtype, module, source, pass)
+    diff(before, after)                 diff.py: + / - / ~ rows, matched by name and
+      ├─ snapshot(gm)                   provenance (fxdebug.keys.inherit_key), and a
+      └─ GraphDiff.table / code_diff    unified diff of the generated code
+    plot_norms(records, "norms.png")    plots.py: activation and gradient norms per node
+
+>>> import torch, fxdebug
+>>> print(fxdebug.reporting.diff(fxdebug.trace(torch.nn.ReLU()), fxdebug.trace(torch.nn.ReLU())).table())
+no change (3 nodes)
+"""
+
+from . import plots
+from .diff import DiffRow, GraphDiff, GraphSnapshot, diff, snapshot
+from .tabular import NodeView, node_views, print_tabular, render_table, tabular
+
+__all__ = ["tabular", "print_tabular", "node_views", "NodeView", "render_table", "diff",
+           "GraphDiff", "DiffRow", "GraphSnapshot", "snapshot", "plots"]

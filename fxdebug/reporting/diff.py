@@ -1,0 +1,194 @@
+"""``diff(before, after)``: what a pass did to a graph, as rows and as a code diff.
+
+Nodes are matched by name, and where a pass replaced a node (recorded with
+:func:`fxdebug.keys.inherit_key`) by provenance. Each row is marked::
+
+    +  added          -  removed          ~  changed (target, args or kwargs)
+
+Underneath are plain data objects (:class:`GraphDiff`, :class:`DiffRow`,
+:class:`~fxdebug.reporting.tabular.NodeView`) that tests and tools can read.
+
+Example::
+
+    >>> import operator, torch, fxdebug
+    >>> class Sub(torch.nn.Module):
+    ...     def forward(self, x, y):
+    ...         return x - y
+    >>> before = fxdebug.trace(Sub())
+    >>> after = fxdebug.trace(Sub())
+    >>> sub = [n for n in after.graph.nodes if n.target is operator.sub][0]
+    >>> sub.args = (sub.args[1], sub.args[0]); _ = after.recompile()
+    >>> d = fxdebug.diff(before, after)
+    >>> [(row.mark, row.key, row.changes) for row in d.changed]
+    [('~', 'sub', ('args (x, y) -> (y, x)',))]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+
+import torch.fx as fx
+
+from ..tracing.keys import META_PROVENANCE
+from .tabular import COLUMNS, NodeView, node_views, render_table
+
+__all__ = ["diff", "GraphDiff", "DiffRow", "GraphSnapshot", "snapshot"]
+
+_COMPARED = ("opcode", "target", "args", "kwargs")
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphSnapshot:
+    """A graph frozen as text: its generated code and node views, plus provenance by name."""
+
+    name: str
+    code: str
+    views: tuple[NodeView, ...]
+    provenance: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def table(self) -> str:
+        return render_table([view.row() for view in self.views], COLUMNS)
+
+
+def snapshot(gm: fx.GraphModule, name: str = "", *inputs) -> GraphSnapshot:
+    """Freeze ``gm`` now (later edits to it do not change the snapshot)."""
+    provenance = tuple((node.name, tuple(old for old, _ in node.meta.get(META_PROVENANCE, ())))
+                       for node in gm.graph.nodes if node.meta.get(META_PROVENANCE))
+    code = gm.graph.python_code(root_module="self").src  # what gm.code is once recompiled
+    return GraphSnapshot(name, code, tuple(node_views(gm, *inputs)), provenance)
+
+
+@dataclasses.dataclass(frozen=True)
+class DiffRow:
+    """One node in a diff: ``mark`` is ``+``, ``-``, ``~`` or ``" "`` (unchanged)."""
+
+    mark: str
+    before: NodeView | None
+    after: NodeView | None
+    changes: tuple[str, ...] = ()
+
+    @property
+    def view(self) -> NodeView:
+        return self.after if self.after is not None else self.before
+
+    @property
+    def key(self) -> str:
+        return self.view.key
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphDiff:
+    """Rows in graph order (removed nodes where they stood) and both codes."""
+
+    rows: tuple[DiffRow, ...]
+    before_code: str
+    after_code: str
+
+    @property
+    def added(self) -> list[DiffRow]:
+        return [row for row in self.rows if row.mark == "+"]
+
+    @property
+    def removed(self) -> list[DiffRow]:
+        return [row for row in self.rows if row.mark == "-"]
+
+    @property
+    def changed(self) -> list[DiffRow]:
+        return [row for row in self.rows if row.mark == "~"]
+
+    def __bool__(self) -> bool:
+        return any(row.mark != " " for row in self.rows)
+
+    def summary(self) -> str:
+        return f"+{len(self.added)} -{len(self.removed)} ~{len(self.changed)}"
+
+    def table(self, unchanged: bool = False) -> str:
+        """The rows in the tabular format; ``~`` rows say what changed."""
+        rows = [[row.mark, row.view.key, row.view.opcode, row.view.name, row.view.target,
+                 row.view.args, row.view.kwargs, row.view.pass_name, "; ".join(row.changes)]
+                for row in self.rows if unchanged or row.mark != " "]
+        if not rows:
+            return f"no change ({len(self.rows)} nodes)"
+        headers = ["", "key", "opcode", "name", "target", "args", "kwargs", "pass", "changed"]
+        return render_table(rows, headers) + f"\n{self.summary()}"
+
+    def code_diff(self, context: int = 3) -> str:
+        """Unified diff of the generated code (empty when the code is the same)."""
+        return "".join(difflib.unified_diff(self.before_code.splitlines(keepends=True),
+                                            self.after_code.splitlines(keepends=True),
+                                            fromfile="before", tofile="after", n=context))
+
+
+def _as_snapshot(graph_or_snapshot, role: str) -> GraphSnapshot:
+    if isinstance(graph_or_snapshot, GraphSnapshot):
+        return graph_or_snapshot
+    if isinstance(graph_or_snapshot, fx.GraphModule):
+        return snapshot(graph_or_snapshot, role)
+    raise TypeError(f"diff: {role} must be a torch.fx.GraphModule or a GraphSnapshot, got "
+                    f"{type(graph_or_snapshot).__name__}.")
+
+
+def diff(before, after) -> GraphDiff:
+    """Compare two GraphModules (or snapshots of them), node by node.
+
+    Args:
+        before / after: ``torch.fx.GraphModule`` or :class:`GraphSnapshot`.
+            Snapshot ``before`` first if a pass edits the module in place.
+
+    Returns:
+        A :class:`GraphDiff`: ``print(d.table())``, ``print(d.code_diff())``.
+    """
+    old, new = _as_snapshot(before, "before"), _as_snapshot(after, "after")
+    old_by_name = {view.name: view for view in old.views}
+    old_order = {view.name: index for index, view in enumerate(old.views)}
+    replaced = dict(new.provenance)
+    new_names = {view.name for view in new.views}
+    matched: dict[str, str] = {}  # new name -> old name
+    for view in new.views:
+        if view.name in old_by_name:
+            matched[view.name] = view.name
+    taken = set(matched.values())
+    for view in new.views:
+        if view.name in matched:
+            continue
+        for old_name in reversed(replaced.get(view.name, ())):
+            if old_name in old_by_name and old_name not in taken and old_name not in new_names:
+                matched[view.name] = old_name
+                taken.add(old_name)
+                break
+    renamed = {new_name: old_name for new_name, old_name in matched.items() if new_name != old_name}
+
+    def as_before(field: str, text: str) -> str:
+        """Argument text with replaced nodes called by their old names."""
+        if field not in ("args", "kwargs") or not renamed:
+            return text
+        return re.sub(r"[A-Za-z_]\w*", lambda m: renamed.get(m.group(0), m.group(0)), text)
+
+    rows: list[DiffRow] = []
+    emitted: set[str] = set()
+
+    def flush_removed(up_to: int) -> None:
+        for old_view in old.views:
+            if old_order[old_view.name] >= up_to:
+                break
+            if old_view.name not in taken and old_view.name not in emitted:
+                emitted.add(old_view.name)
+                rows.append(DiffRow("-", old_view, None))
+
+    for view in new.views:
+        old_name = matched.get(view.name)
+        if old_name is None:
+            rows.append(DiffRow("+", None, view))
+            continue
+        flush_removed(old_order[old_name])
+        previous = old_by_name[old_name]
+        changes = tuple(f"{field} {getattr(previous, field)} -> {getattr(view, field)}"
+                        for field in _COMPARED
+                        if getattr(previous, field) != as_before(field, getattr(view, field)))
+        if old_name != view.name:
+            changes = (f"replaces {old_name}",) + changes
+        rows.append(DiffRow("~" if changes else " ", previous, view, changes))
+    flush_removed(len(old.views))
+    return GraphDiff(tuple(rows), old.code, new.code)

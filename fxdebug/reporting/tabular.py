@@ -1,0 +1,166 @@
+"""``tabular`` / ``print_tabular``: torch's ``Graph.print_tabular`` made readable and stable.
+
+torch prints targets as reprs with memory addresses (``<built-in method relu
+of type object at 0x7f...>``) and nothing about shapes or where a node came
+from. fxdebug prints one row per node::
+
+    key             opcode       name            target          args           shape        dtype    module    source                           pass
+    layer1.0.conv1  call_module  layer1_0_conv1  layer1.0.conv1  (maxpool,)     1x64x16x16   float32  layer1.0  torchvision/models/resnet.py:92  -
+
+with canonical target names (``torch.relu``, ``operator.add``,
+``layer1.0.conv1``), shapes and dtypes from a shape-propagation run when
+inputs are given, the module path, the user's ``file:line`` and the pass that
+inserted the node. Nothing in it depends on memory addresses or hash seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.fx as fx
+from tabulate import tabulate
+
+from ..tracing.keys import META_PASS, META_SOURCE, module_path, node_key, target_name
+from ..tracing.locations import format_location
+
+__all__ = ["NodeView", "node_views", "tabular", "print_tabular", "render_table"]
+
+COLUMNS = ("key", "opcode", "name", "target", "args", "kwargs", "shape", "dtype", "module",
+           "source", "pass")
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeView:
+    """One node as plain, printable data (what tables and diffs are made of)."""
+
+    key: str
+    opcode: str
+    name: str
+    target: str
+    args: str
+    kwargs: str
+    shape: str
+    dtype: str
+    module: str
+    source: str
+    pass_name: str
+
+    def row(self) -> list[str]:
+        return [self.key, self.opcode, self.name, self.target, self.args, self.kwargs,
+                self.shape, self.dtype, self.module, self.source, self.pass_name]
+
+
+def _render(value: Any) -> str:
+    """Address-free text of a node argument."""
+    if isinstance(value, fx.Node):
+        return value.name
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return f"{type(value).__name__}({', '.join(_render(v) for v in value)})"
+    if isinstance(value, tuple):
+        inner = ", ".join(_render(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, list):
+        return f"[{', '.join(_render(v) for v in value)}]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_render(k)}: {_render(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, slice):
+        return f"slice({_render(value.start)}, {_render(value.stop)}, {_render(value.step)})"
+    if isinstance(value, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+        return str(value)
+    if isinstance(value, torch.nn.Module):
+        return type(value).__name__
+    if isinstance(value, torch.Tensor):
+        return f"tensor({'x'.join(map(str, value.shape)) or 'scalar'} {value.dtype})"
+    if callable(value):
+        return target_name(value)
+    text = repr(value)
+    return type(value).__name__ if " at 0x" in text else text
+
+
+def _target(node: fx.Node) -> str:
+    if node.op == "call_function":
+        return target_name(node.target)
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    return str(node.target)
+
+
+def _shapes(gm: fx.GraphModule, inputs: tuple) -> dict[fx.Node, tuple[str, str]]:
+    """Shape and dtype of every node's value from one run; fxdebug's own nodes are not run."""
+    found: dict[fx.Node, tuple[str, str]] = {}
+
+    class ShapeRun(fx.Interpreter):
+        def run_node(self, node):
+            if node.meta.get(META_PASS) and node.op == "call_function":
+                return None  # captures and hooks: nothing to propagate, no Records touched
+            value = super().run_node(node)
+            if isinstance(value, torch.Tensor):
+                found[node] = ("x".join(map(str, value.shape)) or "scalar",
+                               str(value.dtype).replace("torch.", ""))
+            elif isinstance(value, (tuple, list)) and value and all(
+                    isinstance(v, torch.Tensor) for v in value):
+                found[node] = (", ".join("x".join(map(str, v.shape)) for v in value),
+                               str(value[0].dtype).replace("torch.", ""))
+            return value
+
+    # eval mode: a shape run must not update batch-norm statistics (shared with the user's
+    # model) or draw dropout masks; every module gets its own training flag back afterwards
+    flags = [(module, module.training) for module in gm.modules()]
+    try:
+        gm.eval()
+        with torch.no_grad():
+            ShapeRun(gm).run(*inputs)
+    finally:
+        for module, training in flags:
+            module.training = training
+    return found
+
+
+def node_views(gm: fx.GraphModule, *inputs) -> list[NodeView]:
+    """Every node of ``gm`` as a :class:`NodeView`; shapes when ``inputs`` are given."""
+    shapes = _shapes(gm, inputs) if inputs else {}
+    views = []
+    for node in gm.graph.nodes:
+        source = node.meta.get(META_SOURCE)
+        shape, dtype = shapes.get(node, ("-", "-"))
+        views.append(NodeView(
+            key=node_key(node), opcode=node.op, name=node.name, target=_target(node),
+            args=_render(node.args), kwargs=_render(node.kwargs) if node.kwargs else "",
+            shape=shape, dtype=dtype, module=module_path(node) or "-",
+            source=format_location(source) if source else "-",
+            pass_name=node.meta.get(META_PASS, "-")))
+    return views
+
+
+def render_table(rows: list[list[str]], headers) -> str:
+    """tabulate in the one format every fxdebug graph table uses."""
+    return tabulate(rows, headers=list(headers), disable_numparse=True, tablefmt="simple")
+
+
+def tabular(gm: fx.GraphModule, *inputs) -> str:
+    """The node table of ``gm`` as a string (see the module docstring for the columns).
+
+    Example::
+
+        >>> import torch, fxdebug
+        >>> gm = fxdebug.trace(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU()))
+        >>> print(fxdebug.tabular(gm, torch.ones(1, 2)).splitlines()[3])  # doctest: +ELLIPSIS
+        0      call_module  _0      0         (input_1,)            1x3      float32  0 ...
+    """
+    if not isinstance(gm, fx.GraphModule):
+        raise TypeError(f"tabular expects a torch.fx.GraphModule, got {type(gm).__name__}; "
+                        f"use fxdebug.trace(model) first.")
+    return render_table([view.row() for view in node_views(gm, *inputs)], COLUMNS)
+
+
+def print_tabular(gm: fx.GraphModule, *inputs) -> None:
+    """Print :func:`tabular` (``Graph.print_tabular`` without addresses, with shapes and sources).
+
+    >>> import torch, fxdebug
+    >>> fxdebug.print_tabular(fxdebug.trace(torch.nn.ReLU()))  # doctest: +ELLIPSIS
+    key     opcode       name    target    args     kwargs    shape    dtype    module    source    pass
+    ...
+    """
+    print(tabular(gm, *inputs))

@@ -1,0 +1,45 @@
+"""The runtime: what inserted nodes call while an instrumented module runs.
+
+Nothing here imports a pass or a front end; passes insert nodes that call
+these functions, and the functions write into the module's Recorder::
+
+    gm(x)                                      an instrumented GraphModule
+      ├─ begin_run(recorder, (x,))             a fresh Records for this forward
+      ├─ capture(recorder, value, key, op)     Records.add: a view, or a copy
+      │                                        where a later in-place op writes
+      ├─ capture_stats(recorder, value, ...)   Records.add(stats_only=True)
+      ├─ record_grads(recorder, value, ...)    Tensor.register_hook -> Records.grads
+      ├─ edit_grads(edit, value, key)          Tensor.register_hook(edit.fn)
+      ├─ stop(key, op, inputs)                 pdb in the generated forward
+      └─ begin_part(part recorder, inputs)     a traced part of a part-by-part model
+    records(gm)                                recorder.latest: the Records of that run
+
+Every node function is registered with ``torch.fx.node.has_side_effect`` and
+emits itself again under re-tracing. They are published here, as
+``fxdebug.runtime.capture`` and so on, which is also the name generated code
+uses (``fxdebug_runtime_capture``) and dumped folders import.
+
+>>> import torch, fxdebug
+>>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()))
+>>> "fxdebug_runtime_capture(" in gm.code
+True
+"""
+
+from .debugger import stop, stops_disabled
+from .nodes import (RECORDER_ATTR, GradEdit, Recorder, begin_run, capture, capture_stats,
+                    edit_grads, emit_if_tracing, record_grads)
+from .parts import PartRecorder, SharedRecorder, begin_part
+from .records import Record, Records, Stats, tensor_stats
+from .values import children, clone_inputs, flatten_tensors, leaves
+
+__all__ = ["Recorder", "RECORDER_ATTR", "Records", "Record", "Stats", "tensor_stats",
+           "begin_run", "capture", "capture_stats", "record_grads", "GradEdit", "edit_grads",
+           "stop", "stops_disabled", "begin_part", "SharedRecorder", "PartRecorder",
+           "emit_if_tracing", "flatten_tensors", "clone_inputs", "children", "leaves"]
+
+# Generated code names a function after its module: publish the node functions here, so
+# code, pickles and dumped folders say fxdebug.runtime.capture wherever they are defined.
+for _node_function in (begin_run, capture, capture_stats, record_grads, edit_grads, stop,
+                       begin_part):
+    _node_function.__module__ = __name__
+del _node_function

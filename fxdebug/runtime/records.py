@@ -1,0 +1,268 @@
+"""Records: what one forward of an instrumented module captured, in execution order.
+
+>>> import torch, fxdebug
+>>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU()))
+>>> _ = gm(torch.ones(1, 3))
+>>> rec = fxdebug.records(gm)
+>>> rec.keys()
+['0', '1']
+>>> rec["1"].shape
+torch.Size([1, 2])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from typing import Any, Iterator, NamedTuple
+
+import torch
+from tabulate import tabulate
+
+from .values import flatten_into
+
+__all__ = ["Records", "Record", "Stats", "tensor_stats"]
+
+
+class Stats(NamedTuple):
+    """Summary of one tensor: statistics over its finite values, plus counts."""
+
+    mean: float
+    std: float
+    min: float
+    max: float
+    zeros_pct: float
+    nonfinite: int
+    numel: int
+    norm: float = float("nan")
+
+
+_NAN = float("nan")
+
+
+def tensor_stats(tensor: torch.Tensor) -> Stats:
+    """Mean, std (population), min, max over the finite values; % zeros; non-finite count.
+
+    >>> s = tensor_stats(torch.tensor([1.0, 3.0, float("inf"), 0.0]))
+    >>> round(s.mean, 4), round(s.std, 4), s.min, s.max, s.zeros_pct, s.nonfinite
+    (1.3333, 1.2472, 0.0, 3.0, 25.0, 1)
+    """
+    t = tensor.detach()
+    if t.is_complex():
+        t = t.abs()
+    if t.layout != torch.strided or t.is_quantized or t.device.type == "meta":
+        return Stats(_NAN, _NAN, _NAN, _NAN, _NAN, 0, t.numel())
+    numel = t.numel()
+    if numel == 0:
+        return Stats(_NAN, _NAN, _NAN, _NAN, _NAN, 0, 0)
+    if not t.is_floating_point():
+        t = t.to(torch.float64)
+    elif t.dtype in (torch.float16, torch.bfloat16) or t.element_size() < 2:
+        t = t.float()
+    zeros = numel - int(torch.count_nonzero(t))
+    # Fast path, three passes: a non-finite value shows up in min/max (inf) or both (nan).
+    std, mean = torch.std_mean(t, correction=0)
+    low, high = torch.aminmax(t)
+    if math.isfinite(float(low)) and math.isfinite(float(high)):
+        mean_f, std_f = float(mean), float(std)
+        norm = math.sqrt(numel * (std_f * std_f + mean_f * mean_f))
+        return Stats(mean_f, std_f, float(low), float(high), 100.0 * zeros / numel, 0, numel, norm)
+    finite_mask = torch.isfinite(t)
+    finite = int(finite_mask.sum())
+    nonfinite = numel - finite
+    t = t[finite_mask]
+    if t.numel() == 0:
+        return Stats(_NAN, _NAN, _NAN, _NAN, 100.0 * zeros / numel, nonfinite, numel)
+    std, mean = torch.std_mean(t, correction=0)
+    low, high = torch.aminmax(t)
+    return Stats(float(mean), float(std), float(low), float(high), 100.0 * zeros / numel,
+                 nonfinite, numel, float(torch.linalg.vector_norm(t)))
+
+
+@dataclasses.dataclass
+class Record:
+    """One captured tensor.
+
+    ``value`` is the tensor in tensor mode (``None`` in stats mode);
+    ``copied`` says whether it is a copy (taken because a later in-place op
+    writes to it) or a view of the model's own activation.
+    """
+
+    key: str
+    op: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    value: torch.Tensor | None
+    copied: bool
+    _stats: Stats | None = None
+
+    @property
+    def stats(self) -> Stats:
+        if self._stats is None:
+            self._stats = tensor_stats(self.value)
+        return self._stats
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.value is None else self.value.numel() * self.value.element_size()
+
+
+class Records:
+    """Ordered store of captured values, indexable by key.
+
+    ``rec[key]`` is the captured tensor (tensor mode) or its :class:`Stats`
+    (stats mode). Nested outputs are flattened with ``/``: a module returning
+    ``(a, {"b": c})`` under key ``blk`` gives ``blk/0`` and ``blk/1/b``.
+    """
+
+    def __init__(self) -> None:
+        self._records: dict[str, Record] = {}
+        self.notes: list[str] = []
+        self._grads: Records | None = None
+        self._parameters: list[tuple[str, torch.nn.Parameter]] = []
+
+    @property
+    def grads(self) -> "Records":
+        """Gradients of the captured activations, keyed like the captures, in backward order.
+
+        Filled during ``backward()`` by the gradient-hook nodes of
+        ``instrument(..., grads=True)``; ``rec.grads[key]`` is a tensor (or
+        :class:`Stats` in stats mode).
+        """
+        if self._grads is None:
+            self._grads = Records()
+        return self._grads
+
+    def bind_parameters(self, named_parameters) -> None:
+        """Remember the module's parameters so the table can show their gradients."""
+        self._parameters = list(named_parameters)
+
+    def parameter_grads(self) -> list[tuple[str, tuple[int, ...], Stats | None]]:
+        """``(name, shape, Stats of .grad or None)`` for every parameter, in module order."""
+        return [(name, tuple(p.shape), None if p.grad is None else tensor_stats(p.grad))
+                for name, p in self._parameters]
+
+    # -- writing (called by fxdebug.runtime) -------------------------------------------
+    def add(self, key: str, op: str, value: Any, *, clone: bool = False,
+            stats_only: bool = False) -> None:
+        tensors: list[tuple[str, torch.Tensor]] = []
+        flatten_into(value, key, tensors, self.notes)
+        for name, tensor in tensors:
+            if stats_only:
+                record = Record(name, op, tuple(tensor.shape), tensor.dtype, None, False,
+                                tensor_stats(tensor))
+            else:
+                kept = tensor.detach().clone() if clone else tensor.detach()
+                record = Record(name, op, tuple(tensor.shape), tensor.dtype, kept, clone)
+            self._records.pop(name, None)
+            self._records[name] = record
+
+    # -- reading -----------------------------------------------------------------------
+    def __getitem__(self, key: str):
+        record = self.record(key)
+        return record.stats if record.value is None else record.value
+
+    def record(self, key: str) -> Record:
+        """The :class:`Record` (value, shape, dtype, stats) stored under ``key``."""
+        try:
+            return self._records[key]
+        except KeyError:
+            raise KeyError(self._missing(key)) from None
+
+    def _missing(self, key: str) -> str:
+        if not self._records:
+            return (f"no value captured under {key!r}: nothing was captured yet. Run the "
+                    f"instrumented module once, then call fxdebug.records(gm) again.")
+        close = difflib.get_close_matches(key, list(self._records), n=3, cutoff=0.5)
+        hint = f" Close keys: {', '.join(map(repr, close))}." if close else ""
+        return (f"no value captured under {key!r}.{hint} rec.keys() lists the "
+                f"{len(self._records)} captured keys.")
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._records
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def keys(self) -> list[str]:
+        """Captured keys in execution order."""
+        return list(self._records)
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(key, self[key]) for key in self._records]
+
+    def records(self) -> list[Record]:
+        """All :class:`Record` objects in execution order."""
+        return list(self._records.values())
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensor data held (views of live activations and copies)."""
+        return sum(record.nbytes for record in self._records.values())
+
+    def table(self, floatfmt: str = ".4g") -> str:
+        """A table of every capture: key, op, shape, dtype, statistics, then totals.
+
+        With recorded gradients it adds ``grad norm`` and ``grad non-finite``
+        columns and a table of parameter gradients (name, shape, grad norm).
+        Byte-identical for identical inputs and weights, in any process.
+        """
+        grads = self._grads if self._grads is not None and len(self._grads) else None
+        rows = []
+        for record in self._records.values():
+            stats = record.stats
+            row = [record.key, record.op, _shape_text(record.shape),
+                   str(record.dtype).replace("torch.", ""),
+                   *(format(value, floatfmt) for value in stats[:4]),
+                   format(stats.zeros_pct, ".1f"), str(stats.nonfinite)]
+            if grads is not None:
+                grad = grads._records.get(record.key)
+                row += (["-", "-"] if grad is None else
+                        [format(grad.stats.norm, floatfmt), str(grad.stats.nonfinite)])
+            rows.append(row)
+        headers = ["key", "op", "shape", "dtype", "mean", "std", "min", "max", "zeros %",
+                   "non-finite"]
+        if grads is not None:
+            headers += ["grad norm", "grad non-finite"]
+        text = tabulate(rows, headers=headers, disable_numparse=True,
+                        colalign=("left",) * 4 + ("right",) * (len(headers) - 4))
+        copied = sum(r.nbytes for r in self._records.values() if r.copied)
+        lines = [text, f"{len(self._records)} tensors captured, {_human_bytes(self.nbytes)} held "
+                       f"({_human_bytes(copied)} in copies)"]
+        if grads is not None:
+            held = grads.nbytes
+            lines.append(f"{len(grads)} gradients recorded, {_human_bytes(held)} held")
+            bad = [r.key for r in grads._records.values() if r.stats.nonfinite]
+            if bad:
+                lines.append(f"first non-finite gradient in backward order: {bad[0]}")
+        parameters = [(name, shape, stats) for name, shape, stats in self.parameter_grads()
+                      if stats is not None]
+        if parameters:
+            lines.append("")
+            lines.append(tabulate(
+                [[name, _shape_text(shape), format(stats.norm, floatfmt), str(stats.nonfinite)]
+                 for name, shape, stats in parameters],
+                headers=["parameter", "shape", "grad norm", "grad non-finite"],
+                disable_numparse=True, colalign=("left", "left", "right", "right")))
+        lines.extend(f"note: {note}" for note in self.notes)
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"Records({len(self._records)} tensors, {_human_bytes(self.nbytes)})"
+
+
+def _shape_text(shape) -> str:
+    return "x".join(map(str, shape)) or "scalar"
+
+
+def _human_bytes(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count} B"

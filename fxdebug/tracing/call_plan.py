@@ -1,0 +1,176 @@
+"""Specialising one module call for tracing: what stays an input, what is fixed.
+
+A part of a part-by-part model is traced for the call it is first called with:
+tensors (also inside lists and dicts) become graph inputs, every other argument
+(``None``, flags, sizes) is fixed with ``concrete_args``. :func:`call_plan`
+says how, or why the call cannot be traced (``*args``, an ``ImageList``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import inspect
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from ..runtime import RECORDER_ATTR, SharedRecorder, leaves
+from .keys import META_RETURNS, ModuleReturn
+from .module_copy import module_tree_copy
+from .partial_report import REPORT_ATTR
+
+__all__ = ["CallPlan", "call_plan", "strip_guards", "note_part_output", "set_submodule",
+           "clean_tree", "is_fx_leaf", "is_container"]
+
+
+_CONSTANT_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
+                   torch.layout, torch.memory_format, type(Ellipsis), slice, enum.Enum)
+
+
+def _is_constant(value) -> bool:
+    return isinstance(value, _CONSTANT_TYPES) and not isinstance(value, torch.Tensor)
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_signature(cls) -> inspect.Signature | None:
+    try:
+        return inspect.signature(cls.forward)
+    except (TypeError, ValueError):
+        return None
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return "tensor"
+    leaves, _ = pytree.tree_flatten(value)
+    tensors = sum(isinstance(leaf, torch.Tensor) for leaf in leaves)
+    if tensors:
+        return f"{type(value).__name__} of {tensors} tensor(s)"
+    text = repr(value)
+    return text if len(text) <= 40 and " at 0x" not in text else type(value).__name__
+
+
+@dataclasses.dataclass
+class CallPlan:
+    """How to trace and call a module for one call: or why it cannot be."""
+
+    signature: tuple = ()
+    positional: list = dataclasses.field(default_factory=list)
+    concrete_args: dict = dataclasses.field(default_factory=dict)
+    description: str = ""
+    reason: str = ""
+
+
+def call_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> CallPlan:
+    """Bind a call to ``forward``'s parameters; tensors stay inputs, the rest is fixed."""
+    signature = _forward_signature(type(module))
+    if signature is None:
+        return CallPlan(reason="its forward has no inspectable signature")
+    try:
+        bound = signature.bind(module, *args, **kwargs)
+    except TypeError as exc:
+        return CallPlan(reason=f"the call does not match forward's signature ({exc})")
+    names, values, described = [], [], []
+    plan = CallPlan()
+    for index, (name, parameter) in enumerate(signature.parameters.items()):
+        if index == 0:
+            continue  # self
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            if bound.arguments.get(name):
+                return CallPlan(reason=f"it is called with extra arguments through "
+                                        f"{'*' if parameter.kind == parameter.VAR_POSITIONAL else '**'}"
+                                        f"{name}, which tracing cannot fix")
+            continue
+        value = bound.arguments.get(name, parameter.default)
+        if value is inspect.Parameter.empty:
+            return CallPlan(reason=f"argument {name!r} is missing")
+        names.append(name)
+        values.append(value)
+        if isinstance(value, torch.Tensor):
+            described.append(name)
+            continue
+        leaves, spec = pytree.tree_flatten(value)
+        odd = [leaf for leaf in leaves if not isinstance(leaf, torch.Tensor)
+               and not _is_constant(leaf)]
+        if odd:
+            return CallPlan(reason=f"argument {name!r} holds a value of type {type(odd[0]).__name__}, which "
+                                    f"is neither a tensor, a container of tensors nor a constant")
+        if any(isinstance(leaf, torch.Tensor) for leaf in leaves):
+            plan.concrete_args[name] = pytree.tree_unflatten(
+                [fx.PH if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves], spec)
+        else:
+            plan.concrete_args[name] = value
+        described.append(f"{name}={_describe(value)}")
+    leaves, spec = pytree.tree_flatten(values)
+    marks = tuple(("tensor",) if isinstance(leaf, torch.Tensor) else (type(leaf), leaf)
+                  for leaf in leaves)
+    plan.signature = (tuple(m.training for m in module.modules()), spec, marks)
+    plan.positional = values
+    plan.description = f"({', '.join(described)})"
+    return plan
+
+
+def strip_guards(gm: fx.GraphModule) -> None:
+    """Drop the asserts fx adds for fixed arguments: the dispatcher checks them on every call."""
+    from torch.fx._symbolic_trace import _assert_is_none
+    for node in reversed(list(gm.graph.nodes)):
+        if node.op != "call_function" or node.users:
+            continue
+        if node.target is _assert_is_none or node.target is torch._assert:
+            inputs = node.all_input_nodes
+            gm.graph.erase_node(node)
+            for arg in inputs:
+                if arg.op == "call_function" and not arg.users:
+                    gm.graph.erase_node(arg)
+
+
+def note_part_output(gm: fx.GraphModule, path: str, module_type: str) -> None:
+    """Record the part's own output as a module output keyed ``path`` (as in a full trace)."""
+    output = next(node for node in reversed(gm.graph.nodes) if node.op == "output")
+    value = output.args[0] if output.args else None
+    out_spec = getattr(getattr(gm.graph._codegen, "pytree_info", None), "out_spec", None)
+    if out_spec is not None:  # arguments given as pytrees: the graph returns flat outputs
+        value = pytree.tree_unflatten(list(value), out_spec)
+    items = leaves(value, lambda item: isinstance(item, fx.Node))
+    if not items:
+        return
+    order = {node: index for index, node in enumerate(gm.graph.nodes)}
+    anchor = max((node for _, node in items), key=order.__getitem__)
+    record = ModuleReturn(path, module_type, tuple((sub, node.name) for sub, node in items), None)
+    anchor.meta.setdefault(META_RETURNS, []).append(record)
+
+
+def set_submodule(root: torch.nn.Module, path: str, module: torch.nn.Module) -> None:
+    parent_path, _, name = path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    parent._modules[name] = module
+
+
+def clean_tree(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of a dispatch subtree with the dispatchers taken out: what tracing sees."""
+    clean = module_tree_copy(module)
+    for sub in clean.modules():
+        sub.__dict__.pop("forward", None)
+        sub.__dict__.pop(REPORT_ATTR, None)
+        if isinstance(sub._modules.get(RECORDER_ATTR), SharedRecorder):
+            del sub._modules[RECORDER_ATTR]
+    return clean
+
+
+_LEAF_TRACER: fx.Tracer | None = None
+
+
+def is_fx_leaf(module: torch.nn.Module) -> bool:
+    global _LEAF_TRACER
+    if _LEAF_TRACER is None:
+        _LEAF_TRACER = fx.Tracer()
+    return _LEAF_TRACER.is_leaf_module(module, "")
+
+
+def is_container(module: torch.nn.Module) -> bool:
+    """ModuleList, ModuleDict and other modules without a forward of their own."""
+    return getattr(type(module).forward, "__name__", "") == "_forward_unimplemented"
+

@@ -1,0 +1,143 @@
+"""``trace()``: one entry point for the three front ends.
+
+Call tree::
+
+    trace(model, *example_inputs, frontend="fx")
+      ├─ "fx":     fx_tracer.trace_fx(model)          symbolic tracing, auto-leaf
+      ├─ "export": export.export_trace(model, *example_inputs)
+      └─ "auto":   fx, else export, else partial.trace_parts(model)
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Iterable
+
+import torch
+import torch.fx as fx
+
+from ..errors import TraceFailure
+from .export import export_trace
+from .fx_tracer import trace_fx
+from .graph_module import keyed_copy
+from .keys import META_KEY
+from .locations import caller_stacklevel
+from .partial import trace_parts
+from .partial_report import is_partial
+
+__all__ = ["trace", "keyed_module"]
+
+_FRONTENDS = ("fx", "export", "auto")
+
+
+def trace(model: torch.nn.Module, *example_inputs, leaf_modules: Iterable = (),
+          concrete_args: dict | None = None, auto_leaf: bool = True,
+          frontend: str = "fx") -> fx.GraphModule:
+    """Trace ``model`` into a GraphModule with stable keys and source lines.
+
+    Args:
+        model: the module to trace; it is not modified and shares its
+            parameters with the result.
+        example_inputs: positional inputs; needed by ``frontend="export"``
+            (and by ``"auto"`` to try export).
+        leaf_modules: module paths (``"layer1.0"``) or classes to keep as
+            single ``call_module`` nodes instead of tracing through them.
+        concrete_args: forwarded to ``torch.fx.Tracer.trace`` to fix
+            arguments that control flow depends on.
+        auto_leaf: when tracing fails inside a submodule, retry with that
+            submodule as a leaf. The modules this turned into leaves are
+            listed in a warning and in ``gm.meta["fxdebug_auto_leaves"]``.
+        frontend: ``"fx"`` (symbolic tracing), ``"export"`` (``torch.export``
+            on the example inputs; keys still module paths, see
+            :mod:`fxdebug.tracing.export`) or ``"auto"``: fx, else export,
+            else the model split into traced parts and eager glue (see
+            :mod:`fxdebug.tracing.partial`). ``gm.meta["fxdebug_frontend"]`` says which
+            was used and ``gm.meta["fxdebug_frontend_notes"]`` why the others
+            were not (a partially traced model has them in
+            ``model.fxdebug_partial``).
+
+    Returns:
+        A ``torch.fx.GraphModule``; every node has ``node.meta["fxdebug_key"]``
+        and ``node.meta["fxdebug_source"]`` (user ``(filename, lineno)``).
+        With ``frontend="auto"`` and neither fx nor export working, the
+        partially traced model (an ``nn.Module``; pass it to ``instrument``).
+
+    Raises:
+        TraceFailure: naming the module, the user's ``file:line``, the kind of
+            failure and the fix.
+
+    Example::
+
+        >>> import torch, torchvision, fxdebug
+        >>> gm = fxdebug.trace(torchvision.models.resnet18())
+        >>> [n.meta["fxdebug_key"] for n in gm.graph.nodes][5:9]
+        ['layer1.0.conv1', 'layer1.0.bn1', 'layer1.0.relu', 'layer1.0.conv2']
+    """
+    if is_partial(model):
+        raise TraceFailure(
+            f"fxdebug cannot trace {type(model).__name__} as one graph: it is the part-by-part "
+            f"model fxdebug made because the root cannot be traced. Fix: work on its traced "
+            f"parts, fxdebug.traced_parts(model) (their inputs: fxdebug.part_inputs(model, "
+            f"*inputs)), or pass the original model with frontend='export'.",
+            module_path="", module_type=type(model).__name__, location=None,
+            kind="a partially traced model", fix="use fxdebug.traced_parts(model)")
+    if frontend not in _FRONTENDS:
+        raise ValueError(f"frontend={frontend!r}: use 'fx' (symbolic tracing), 'export' "
+                         f"(torch.export on example inputs) or 'auto' (fx, then export, then "
+                         f"the traceable parts).")
+    if frontend == "export":
+        return export_trace(model, *example_inputs)
+    if frontend == "auto":
+        return _trace_auto(model, example_inputs, leaf_modules, concrete_args, auto_leaf)
+    return trace_fx(model, leaf_modules, concrete_args, auto_leaf)
+
+
+def _trace_auto(model, example_inputs, leaf_modules, concrete_args, auto_leaf):
+    """fx, else export, else partial; the result says which and why."""
+    notes: list[str] = []
+    try:
+        gm = trace_fx(model, leaf_modules, concrete_args, auto_leaf)
+    except TraceFailure as failure:
+        fx_failure = failure
+        notes.append(f"fx: {' '.join(str(failure).split())}")
+    else:
+        gm.meta["fxdebug_frontend_notes"] = notes
+        return gm
+    if example_inputs:
+        try:
+            gm = export_trace(model, *example_inputs)
+        except TraceFailure as failure:
+            notes.append(f"export: {' '.join(str(failure).split())}")
+        else:
+            gm.meta["fxdebug_frontend_notes"] = notes
+            warnings.warn(f"fxdebug.trace(frontend='auto') used torch.export for "
+                          f"{type(model).__name__}: symbolic tracing failed ({fx_failure.kind} at "
+                          f"{fx_failure.location}).", stacklevel=caller_stacklevel())
+            return gm
+    else:
+        notes.append("export: not tried, no example inputs (pass them: "
+                     "fxdebug.trace(model, *example_inputs, frontend='auto'))")
+    if next(model.children(), None) is None:
+        raise fx_failure  # no submodules, no parts
+    return trace_parts(model, fx_failure, leaf_modules, notes[1:])  # it notes fx_failure itself
+
+
+def keyed_module(model: torch.nn.Module) -> fx.GraphModule:
+    """``model`` as a keyed GraphModule to run and read, never an edited user graph.
+
+    A GraphModule whose nodes all have keys comes back as it is (callers only
+    read it); another GraphModule as a keyed copy sharing its parameters; any
+    other module traced with :func:`trace`.
+
+    >>> import torch
+    >>> plain = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU()))
+    >>> keyed = keyed_module(plain)
+    >>> keyed is plain, "fxdebug_key" in next(iter(plain.graph.nodes)).meta
+    (False, False)
+    """
+    if isinstance(model, fx.GraphModule):
+        if all(META_KEY in node.meta for node in model.graph.nodes):
+            return model
+        return keyed_copy(model)
+    return trace(model)
+

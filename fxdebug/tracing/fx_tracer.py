@@ -1,0 +1,223 @@
+"""The fx front end: a faithful symbolic trace with stable keys and user source lines.
+
+Call tree::
+
+    trace_fx(model, leaf_modules, concrete_args, auto_leaf)
+      └─ for each attempt (one more auto-leaf per failed attempt)
+           ├─ _Tracer.trace(shallow copy of model)   torch.fx.Tracer, plus:
+           │    ├─ create_node   -> meta: fxdebug_key, fxdebug_source
+           │    ├─ call_module   -> scope stack; non-leaf outputs -> fxdebug_returns
+           │    └─ proxy         -> _FaithfulProxy (keeps ``+=`` and ``x[i] = v`` in place)
+           └─ on failure: explain_failure() -> TraceFailure
+                 └─ auto_leaf and the failure is inside a submodule: retry with it as a leaf
+      └─ DebugGraphModule(root, graph)
+
+Plain ``torch.fx.symbolic_trace`` rewrites ``v += 1`` on a traced tensor into
+``v = v + 1``: a view of the input is no longer written through, so the traced
+model computes different numbers than eager. fxdebug's proxies keep augmented
+assignments in place (``operator.iadd``; fx prints it as ``v += 1``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+import sys
+import warnings
+from typing import Iterable
+
+import torch
+import torch.fx as fx
+from torch.fx.proxy import Attribute
+
+from ..runtime import Recorder, leaves
+from .failure import explain_failure
+from .graph_module import DebugGraphModule
+from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, ModuleReturn,
+                   key_base)
+from .locations import caller_stacklevel, user_location
+from .module_copy import shallow_module_copy
+
+__all__ = ["trace_fx"]
+
+log = logging.getLogger("fxdebug")
+
+_INPLACE_OPERATOR_NAMES = ("iadd", "iand", "ifloordiv", "ilshift", "imod", "imul",
+                           "imatmul", "ior", "ipow", "irshift", "isub", "itruediv", "ixor")
+
+
+class _InplaceMixin:
+    """Augmented assignment and item assignment recorded as in-place graph nodes."""
+
+    def __getattr__(self, name):
+        return _FaithfulAttribute(self, name)
+
+    def __setitem__(self, index, value):
+        self.tracer.create_proxy("call_function", operator.setitem, (self, index, value), {})
+
+
+def _make_inplace(name: str):
+    target = getattr(operator, name)
+
+    def method(self, other):
+        return self.tracer.create_proxy("call_function", target, (self, other), {})
+
+    method.__name__ = f"__{name}__"
+    return method
+
+
+for _name in _INPLACE_OPERATOR_NAMES:
+    setattr(_InplaceMixin, f"__{_name}__", _make_inplace(_name))
+
+
+class _FaithfulAttribute(_InplaceMixin, Attribute):
+    pass
+
+
+class _FaithfulProxy(_InplaceMixin, fx.Proxy):
+    pass
+
+
+class _Tracer(fx.Tracer):
+    """torch.fx Tracer that records keys, user source lines and module outputs.
+
+    Also used by torch when it unpickles a GraphModule traced by fxdebug, so
+    the constructor must work without arguments.
+    """
+
+    def __init__(self, leaf_paths: Iterable[str] = (), leaf_types: tuple[type, ...] = (),
+                 autowrap_modules=(math,), autowrap_functions=()):
+        super().__init__(autowrap_modules=autowrap_modules, autowrap_functions=autowrap_functions)
+        self.leaf_paths = tuple(leaf_paths)
+        self.leaf_types = tuple(leaf_types)
+        self._module_scope: list[str] = []
+        self.keys = KeyAllocator()  # re-made with the root's module paths in trace()
+        self.failure_scope: tuple[str, ...] | None = None
+        self._order: dict[fx.Node, int] = {}
+        self._recorder_proxies: dict[str, fx.Proxy] = {}
+
+    def trace(self, root, concrete_args=None):
+        if isinstance(root, torch.nn.Module):
+            self.keys = KeyAllocator(owned=(name for name, _ in root.named_modules() if name))
+        return super().trace(root, concrete_args)
+
+    # -- graph construction ----------------------------------------------------------
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _FaithfulProxy(node, self)
+
+    def create_node(self, kind, target, args, kwargs, name=None, type_expr=None):
+        node = super().create_node(kind, target, args, kwargs, name, type_expr)
+        scope = self._module_scope[-1] if self._module_scope else ""
+        node.meta[META_KEY] = self.keys.allocate(key_base(kind, target, scope),
+                                                 owner=kind == "call_module")
+        node.meta[META_SOURCE] = user_location(sys._getframe(1))
+        node.meta[META_MODULE] = str(target) if kind == "call_module" else scope
+        self._order[node] = len(self._order)
+        return node
+
+    def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
+        if module_qualified_name in self.leaf_paths or isinstance(m, self.leaf_types):
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+    def getattr(self, attr, attr_val, parameter_proxy_cache):
+        if isinstance(attr_val, Recorder):
+            # One get_attr node for the recorder when a GraphModule is re-traced.
+            if attr not in self._recorder_proxies:
+                self._recorder_proxies[attr] = self.create_proxy("get_attr", attr, (), {})
+            return self._recorder_proxies[attr]
+        return super().getattr(attr, attr_val, parameter_proxy_cache)
+
+    def call_module(self, m, forward, args, kwargs):
+        path = self.path_of_module(m)
+        if self.is_leaf_module(m, path):
+            return super().call_module(m, forward, args, kwargs)
+        source = user_location(sys._getframe(1))
+        key = self.keys.allocate(path, owner=True)
+        self._module_scope.append(path)
+        try:
+            out = super().call_module(m, forward, args, kwargs)
+        except Exception:
+            if self.failure_scope is None:
+                self.failure_scope = tuple(self._module_scope)
+            raise
+        finally:
+            self._module_scope.pop()
+        self._note_module_return(key, type(m).__name__, out, source)
+        return out
+
+    def _note_module_return(self, key, module_type, out, source) -> None:
+        items = [(subpath, proxy.node) for subpath, proxy in leaves(out, lambda value: isinstance(value, fx.Proxy))
+                 if isinstance(proxy.node, fx.Node) and proxy.node.graph is self.graph]
+        if not items or not self._order:
+            return
+        # The module's output is complete when its last node has run.
+        end = max(self._order, key=self._order.__getitem__)
+        record = ModuleReturn(key, module_type, tuple((s, n.name) for s, n in items), source)
+        end.meta.setdefault(META_RETURNS, []).append(record)
+
+
+def _resolve_leaves(model: torch.nn.Module, leaf_modules) -> tuple[list[str], tuple[type, ...]]:
+    paths: list[str] = []
+    types: list[type] = []
+    names = dict(model.named_modules())
+    for leaf in leaf_modules:
+        if isinstance(leaf, type) and issubclass(leaf, torch.nn.Module):
+            types.append(leaf)
+        elif isinstance(leaf, str):
+            if leaf not in names:
+                import difflib
+                close = difflib.get_close_matches(leaf, list(names), n=3)
+                hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+                raise ValueError(f"leaf_modules names {leaf!r}, which is not a submodule of "
+                                 f"{type(model).__name__}.{hint} Use a path from "
+                                 f"model.named_modules() or a module class.")
+            paths.append(leaf)
+        elif isinstance(leaf, torch.nn.Module):
+            matches = [name for name, module in names.items() if module is leaf]
+            if not matches:
+                raise ValueError(f"leaf_modules holds a {type(leaf).__name__} instance that is not "
+                                 f"a submodule of {type(model).__name__}; pass its path instead.")
+            paths.append(matches[0])
+        else:
+            raise TypeError(f"leaf_modules entries must be module paths (str) or nn.Module classes, "
+                            f"got {leaf!r} of type {type(leaf).__name__}.")
+    return paths, tuple(types)
+
+
+def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
+              concrete_args: dict | None = None, auto_leaf: bool = True) -> fx.GraphModule:
+    """Symbolic tracing with auto-leaf (the ``"fx"`` front end)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"fxdebug.trace expects an nn.Module, got {type(model).__name__}. "
+                        f"Wrap a plain function in a Module, or call torch.fx.symbolic_trace on it.")
+    leaf_paths, leaf_types = _resolve_leaves(model, leaf_modules)
+    auto_leaves: list[tuple[str, str]] = []
+    while True:
+        tracer = _Tracer(leaf_paths + [path for path, _ in auto_leaves], leaf_types)
+        # fx writes tensor constants onto the traced root: a shallow copy keeps them off the
+        # user's module, while submodules stay shared as in torch.fx (model.eval() reaches gm)
+        root = shallow_module_copy(model)
+        try:
+            graph = tracer.trace(root, concrete_args=concrete_args)
+            break
+        except Exception as exc:  # any failure of user code under tracing is explained
+            failure = explain_failure(exc, model, tracer.failure_scope or (), tuple(auto_leaves))
+            can_retry = (auto_leaf and failure.module_path
+                         and failure.module_path not in leaf_paths
+                         and failure.module_path not in [p for p, _ in auto_leaves])
+            if not can_retry:
+                raise failure from exc
+            reason = f"{failure.kind} at {failure.location}"
+            log.info("auto-leaf: %s (%s): %s", failure.module_path, failure.module_type, reason)
+            auto_leaves.append((failure.module_path, reason))
+    gm = DebugGraphModule(root, graph, class_name=type(model).__name__)
+    gm.meta["fxdebug_auto_leaves"] = list(auto_leaves)
+    gm.meta["fxdebug_frontend"] = "fx"
+    if auto_leaves:
+        listed = "; ".join(f"{path} ({reason})" for path, reason in auto_leaves)
+        warnings.warn(f"fxdebug traced {len(auto_leaves)} module(s) as leaves because tracing "
+                      f"through them failed: {listed}. Their outputs are captured, their insides "
+                      f"are not.", stacklevel=caller_stacklevel())
+    return gm

@@ -1,0 +1,187 @@
+"""DebugGraphModule: a torch.fx.GraphModule that names the node where a run failed.
+
+It differs from a GraphModule in three ways only:
+
+* an exception raised while running the generated ``forward`` gets a note
+  (PEP 678, printed under the traceback) naming the node key, what the node
+  does, the user's source line and the shapes of its inputs;
+* pickling (``torch.save``) keeps fxdebug's node meta (keys, source lines),
+  which torch otherwise drops because it re-traces the code on load;
+* the generated ``forward`` has a real, stable filename derived from a hash of
+  its code (``/fxdebug-generated/ResNet_1f0c2a9b7d3e.py``), registered with
+  ``linecache``: tracebacks keep their frames and show the generated line, and
+  ``pdb`` can ``break`` in it (torch's ``<eval_with_key>.N`` names change with a
+  global counter and make torch drop the traceback of errors raised there).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import linecache
+import os
+
+import torch
+import torch.fx as fx
+from torch.fx.graph_module import _forward_from_src
+
+from .keys import META_KEY, META_SOURCE, assign_missing_keys, op_name
+from .locations import format_location
+
+__all__ = ["DebugGraphModule", "keyed_copy"]
+
+_NOTE_MARK = "fxdebug: "
+
+# Not a folder on disk: the source lives in linecache (see generated_filename).
+GENERATED_DIR = os.path.join(os.sep, "fxdebug-generated")
+
+
+def generated_filename(class_name: str, code: str) -> str:
+    r"""The stable filename of a generated ``forward``: class name plus a hash of the code.
+
+    >>> generated_filename("ResNet", "def forward(self, x):\n    return x\n")
+    '/fxdebug-generated/ResNet_43ee807b0894.py'
+    """
+    digest = hashlib.sha1(code.encode()).hexdigest()[:12]
+    stem = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in class_name) or "GraphModule"
+    return os.path.join(GENERATED_DIR, f"{stem}_{digest}.py")
+
+
+def _register_source(filename: str, code: str) -> None:
+    """Put ``code`` into linecache under ``filename`` (mtime None: checkcache keeps it)."""
+    lines = code.splitlines(keepends=True)
+    linecache.cache[filename] = (len(code), None, lines, filename)
+
+
+class DebugGraphModule(fx.GraphModule):
+    """A GraphModule returned by fxdebug; use it exactly like one.
+
+    Example::
+
+        >>> import torch, fxdebug
+        >>> gm = fxdebug.trace(torch.nn.Sequential(torch.nn.Linear(4, 2)))
+        >>> try:
+        ...     gm(torch.randn(1, 3))
+        ... except RuntimeError as error:
+        ...     print(error.__notes__[0].split(" (")[0])
+        fxdebug: failed at node '0'
+    """
+
+    def recompile(self):
+        python_code = super().recompile()
+        cls = type(self)  # torch makes one class per instance, named after the model
+        filename = generated_filename(cls.__name__, self._code)
+        _register_source(filename, self._code)
+        cls.forward = _forward_from_src(self._code, python_code.globals,
+                                        {"co_filename": filename})
+        return python_code
+
+    def __call__(self, *args, **kwargs):
+        filename = type(self).forward.__code__.co_filename
+        if filename not in linecache.cache:  # linecache.clearcache() was called
+            _register_source(filename, self._code)
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as exc:
+            _annotate(self, exc)
+            raise
+
+    def __reduce__(self):
+        rebuild, rebuild_args = super().__reduce__()
+        meta = tuple((node.name, node.op, _target_id(node.target),
+                      {k: v for k, v in node.meta.items() if k.startswith("fxdebug_")})
+                     for node in self.graph.nodes)
+        return (_rebuild, (rebuild, rebuild_args, meta, dict(self.meta)))
+
+
+def _target_id(target) -> str:
+    if isinstance(target, str):
+        return target
+    return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', repr(target))}"
+
+
+def _rebuild(rebuild, rebuild_args, meta, gm_meta):
+    """Undo what torch's re-trace on load loses: node names and fxdebug's node meta."""
+    plain = rebuild(*rebuild_args)
+    gm = DebugGraphModule(plain, plain.graph, class_name=type(plain).__name__)
+    nodes = list(gm.graph.nodes)
+    shape = [(node.op, _target_id(node.target)) for node in nodes]
+    if shape == [(op, target) for _, op, target, _ in meta]:
+        graph = fx.Graph(tracer_cls=gm.graph._tracer_cls)
+        graph._codegen = gm.graph._codegen
+        copies: dict[fx.Node, fx.Node] = {}
+        for node, (name, _, _, node_meta) in zip(nodes, meta):
+            args = fx.node.map_arg(node.args, copies.__getitem__)
+            kwargs = fx.node.map_arg(node.kwargs, copies.__getitem__)
+            new = graph.create_node(node.op, node.target, args, kwargs, name=name,
+                                    type_expr=node.type)
+            new.meta.update(node.meta)
+            new.meta.update(node_meta)
+            copies[node] = new
+        gm.graph = graph
+    gm.meta.update(gm_meta)
+    return gm
+
+
+def _failing_node(gm: fx.GraphModule, exc: BaseException):
+    """The node whose generated line raised ``exc`` and that frame's locals."""
+    code = type(gm).forward.__code__
+    tb = exc.__traceback__
+    found = None
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            found = tb
+        tb = tb.tb_next
+    if found is None:
+        return None, {}
+    lineno_map = getattr(gm, "_lineno_map", None) or {}
+    index = lineno_map.get(found.tb_lineno - getattr(gm, "_prologue_start", 0))
+    if index is None:
+        return None, {}
+    nodes = list(gm.graph.nodes)
+    return (nodes[index] if 0 <= index < len(nodes) else None), found.tb_frame.f_locals
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return "x".join(map(str, value.shape)) + f" {str(value.dtype).replace('torch.', '')}"
+    return type(value).__name__
+
+
+def _annotate(gm: fx.GraphModule, exc: BaseException) -> None:
+    if any(str(note).startswith(_NOTE_MARK) for note in getattr(exc, "__notes__", ())):
+        return
+    node, local_vars = _failing_node(gm, exc)
+    if node is None:
+        return
+    inputs = []
+    for arg in node.all_input_nodes:
+        if arg.name in local_vars:
+            inputs.append(f"{arg.meta.get(META_KEY, arg.name)}: {_describe(local_vars[arg.name])}")
+    where = node.meta.get(META_SOURCE)
+    inputs_text = f" with inputs {', '.join(inputs)}" if inputs else ""
+    exc.add_note(
+        f"{_NOTE_MARK}failed at node {node.meta.get(META_KEY, node.name)!r} "
+        f"({op_name(node, gm)}, {format_location(where) if where else 'no source line'})"
+        f"{inputs_text}. Check that the model inputs have the shape and dtype this node expects; "
+        f"print(gm.code) shows the generated forward.")
+
+
+def keyed_copy(gm: fx.GraphModule) -> DebugGraphModule:
+    """A DebugGraphModule sharing ``gm``'s parameters, with its own graph and a key on every node.
+
+    Passes edit the copy's graph; ``gm`` (perhaps the user's own GraphModule,
+    or one traced by plain ``torch.fx``) is never changed.
+
+    >>> import torch
+    >>> plain = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU()))
+    >>> twin = keyed_copy(plain)
+    >>> twin.graph is plain.graph, [n.meta["fxdebug_key"] for n in twin.graph.nodes]
+    (False, ['input', '0', 'output'])
+    """
+    graph = copy.deepcopy(gm.graph)
+    new = DebugGraphModule(gm, graph, class_name=type(gm).__name__.replace("GraphModuleImpl", "")
+                           or "GraphModule")
+    new.meta.update(getattr(gm, "meta", {}))
+    assign_missing_keys(new.graph)
+    return new

@@ -1,0 +1,93 @@
+"""Where a node came from: the first frame of user code on the stack.
+
+"User code" is any file outside torch and fxdebug (torchvision's model files
+count as user code: they are where a model's statements live).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import torch
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_FXDEBUG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
+
+
+def is_user_file(filename: str) -> bool:
+    """Return whether ``filename`` holds user code (not torch, fxdebug, the stdlib or generated code)."""
+    if not filename or filename.startswith("<"):
+        return False
+    path = os.path.abspath(filename)
+    if path.startswith((_TORCH_DIR, _FXDEBUG_DIR)):
+        return False
+    if path.startswith(_STDLIB_DIR) and "site-packages" not in path and "dist-packages" not in path:
+        return False
+    return True
+
+
+def user_location(frame: types.FrameType | None = None) -> tuple[str, int] | None:
+    """Return ``(filename, lineno)`` of the innermost user frame above ``frame``."""
+    frame = frame if frame is not None else sys._getframe(1)
+    while frame is not None:
+        if is_user_file(frame.f_code.co_filename):
+            return frame.f_code.co_filename, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def user_location_in_traceback(tb: types.TracebackType | None) -> tuple[str, int] | None:
+    """Return the innermost user ``(filename, lineno)`` in a traceback."""
+    found = None
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if is_user_file(filename):
+            found = (filename, tb.tb_lineno)
+        tb = tb.tb_next
+    return found
+
+
+def format_location(location: tuple[str, int] | None) -> str:
+    """Render ``(filename, lineno)`` as a short ``path:line``.
+
+    Paths under the working directory are shown relative to it, installed
+    packages relative to their ``site-packages`` folder, anything else in full.
+
+    >>> format_location(("/nowhere/model.py", 12))
+    '/nowhere/model.py:12'
+    """
+    if location is None:
+        return "?"
+    filename, lineno = location
+    return f"{_short_path(filename)}:{lineno}"
+
+
+def _short_path(filename: str) -> str:
+    path = os.path.abspath(filename)
+    best = ""  # installed packages first: a virtualenv may sit inside the working directory
+    for entry in sys.path:
+        if not entry:
+            continue
+        root = os.path.abspath(entry) + os.sep
+        if path.startswith(root) and len(root) > len(best) and (
+                "site-packages" in root or "dist-packages" in root):
+            best = root
+    if best:
+        return path[len(best):]
+    cwd = os.getcwd() + os.sep
+    if path.startswith(cwd):
+        return path[len(cwd):]
+    return path
+
+
+def caller_stacklevel() -> int:
+    """``stacklevel`` for ``warnings.warn`` that points at the first frame outside fxdebug."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_FXDEBUG_DIR):
+        frame = frame.f_back
+        level += 1
+    return level

@@ -1,0 +1,57 @@
+"""Copies of a module tree that share its parameters and buffers.
+
+Tracing runs ``forward``; whatever a ``forward`` writes onto its module (a
+cache of sizes, fx's tensor constants) must land on a copy, never on the
+user's model.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+__all__ = ["shallow_module_copy", "module_tree_copy"]
+
+
+def shallow_module_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``module`` alone: same parameters, buffers and submodules, own dictionaries.
+
+    >>> lin = torch.nn.Linear(2, 2)
+    >>> twin = shallow_module_copy(lin)
+    >>> twin.weight is lin.weight, twin._parameters is lin._parameters
+    (True, False)
+    """
+    new = object.__new__(type(module))  # not copy.copy: some modules pickle their state oddly
+    new.__dict__.update(module.__dict__)
+    for name, value in module.__dict__.items():
+        if name.startswith("_") and isinstance(value, (dict, set)):
+            new.__dict__[name] = copy.copy(value)
+    return new
+
+
+def module_tree_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of every module in the tree that shares the parameters and buffers.
+
+    Tracing runs ``forward`` on it, so attributes a ``forward`` sets (a cache
+    of sizes, fx's tensor constants) land on the copy, never on the user's
+    model. Each module gets its own submodule, parameter, buffer and hook
+    dictionaries; the tensors in them are the model's own.
+
+    >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    >>> twin = module_tree_copy(net)
+    >>> twin is net, twin[0] is net[0], twin[0].weight is net[0].weight
+    (False, False, True)
+    """
+    memo: dict[int, torch.nn.Module] = {}
+
+    def copy_module(module: torch.nn.Module) -> torch.nn.Module:
+        if id(module) in memo:
+            return memo[id(module)]
+        new = memo[id(module)] = shallow_module_copy(module)
+        for name, child in module._modules.items():
+            if child is not None:
+                new._modules[name] = copy_module(child)
+        return new
+
+    return copy_module(model)

@@ -1,0 +1,480 @@
+"""Partial instrumentation: models whose root cannot be traced, traced part by part.
+
+A detector's ``forward`` iterates over a list of images; RAFT compares input
+shapes; transformers check their keyword arguments: fx cannot trace these
+roots with symbolic arguments, even with auto-leaf. fxdebug then keeps the
+model as a tree of *dispatchers* and traces each module when it is first
+called, specialised to the call::
+
+    instrument(model)                          trace(model) raised TraceFailure
+      └─ instrument_parts(model, instrument_graph)
+           └─ _Context.build(model)            a copy of every module (parameters and
+                                               buffers shared); each one's forward is a
+                                               _Dispatch
+    model_copy(*inputs)
+      └─ _Dispatch(module, path)(*args, **kwargs)
+           ├─ call_plan: training flags, the structure of the arguments,
+           │  the value of every non-tensor (None, flags, sizes)
+           ├─ first call with it: trace_fx(module, concrete_args=...)
+           │    ├─ works: a *part*: GraphModule with full-path keys
+           │    │  ("backbone.body.layer1.0.conv1"), instrumented by instrument_graph
+           │    │  (instrument()'s own pipeline, passed in), auto-leaves calling their
+           │    │  own dispatchers
+           │    └─ TraceFailure: *eager*: the reason is kept
+           ├─ part: run the graph
+           └─ eager: run the module's own forward (its children dispatch
+              again) and capture its output
+
+Tensors become graph inputs (also inside lists and dicts: ``fx.PH``); every
+other argument is fixed, so ``token_type_ids=None`` or ``targets=None`` take
+the branch they take eagerly, and a call with other values (or after
+``model.train()``) gets a part of its own. A module whose arguments fxdebug
+cannot specialise on (an ``ImageList``, ``*args``) runs eagerly, and says so.
+
+The user's model is never modified. All parts and eager captures write into
+one :class:`SharedRecorder` (the root's ``fxdebug_recorder``), so
+``fxdebug.records(model)`` holds a run under full module paths, as for a
+fully traced model; a module called several times in a run (the RPN head's
+convolutions, once per feature level) gets keys ``path``, ``path_1``... as
+forward hooks would name them.
+
+What was traced and what ran eagerly, and why, is in ``model.fxdebug_partial``
+(a :class:`PartialReport`; ``print(model.fxdebug_partial.summary())``) and in a
+warning after the first run. Every traced part is an ordinary fxdebug
+GraphModule: :func:`traced_parts` lists them and :func:`part_inputs` records
+what each was called with, for ``check_equivalence``, ``diff``,
+``print_tabular`` and ``dump`` on one part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import warnings
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+from .. import runtime
+from ..errors import SelectionError, TraceFailure
+from ..runtime import RECORDER_ATTR, PartRecorder, SharedRecorder, begin_part, clone_inputs
+from .call_plan import (CallPlan, call_plan, clean_tree, is_container, is_fx_leaf,
+                        note_part_output, set_submodule, strip_guards)
+from .fx_tracer import trace_fx
+from .keys import META_KEY, META_MODULE, join_path, key_base, prefix_keys
+from .locations import caller_stacklevel
+from .module_copy import shallow_module_copy
+from .partial_report import REPORT_ATTR, EagerModule, PartialReport, TracedPart, is_partial
+from .selection import as_patterns, check_patterns, candidates, key_depth, matches
+
+# instrument_graph(part, arguments or None) -> the instrumented part
+InstrumentGraph = Callable[[fx.GraphModule, "dict | None"], fx.GraphModule]
+
+__all__ = ["trace_parts", "instrument_parts", "is_partial", "traced_parts", "part_inputs",
+           "PartialReport", "TracedPart", "EagerModule", "InstrumentGraph"]
+
+
+# -- the dispatchers -----------------------------------------------------------------------
+class _Dispatch:
+    """The ``forward`` of one module of a partial model: a traced part, or eager and captured."""
+
+    def __init__(self, context: "_Context", module: torch.nn.Module, path: str,
+                 traceable: bool) -> None:
+        self.context, self.module, self.path, self.traceable = context, module, path, traceable
+        self.variants: list[tuple[tuple, fx.GraphModule | None]] = []  # None: eager
+
+    def __call__(self, *args, **kwargs):
+        context = self.context
+        shared = context.shared
+        outermost = shared.depth == 0
+        if outermost:
+            runtime.begin_run(shared, ())
+        shared.depth += 1
+        try:
+            part, positional = self._choose(args, kwargs)
+            if part is not None:
+                context.note_inputs(part, positional)
+                output = part(*positional)
+            else:
+                output = type(self.module).forward(self.module, *args, **kwargs)
+                context.capture_eager(self, output)
+        finally:
+            shared.depth -= 1
+        if outermost:
+            context.after_run()
+        return output
+
+    def _choose(self, args, kwargs):
+        if not self.traceable:
+            return None, None
+        plan = call_plan(self.module, args, kwargs)
+        if plan.reason:
+            self.context.eager(self, None, plan.reason)
+            return None, None
+        for signature, part in self.variants:
+            if signature == plan.signature:
+                return part, plan.positional
+        part = self.context.specialise(self, plan)
+        self.variants.append((plan.signature, part))
+        return part, plan.positional
+
+
+class _Context:
+    """What the dispatchers of one partial model share."""
+
+    def __init__(self, source: torch.nn.Module, selection: "_Selection | None",
+                 instrument_graph: InstrumentGraph | None = None, leaf_modules=(),
+                 notes=()) -> None:
+        self.source = source
+        self.selection, self.instrument_graph = selection, instrument_graph
+        self.report = PartialReport(type(source).__name__, notes=list(notes))
+        self.shared = SharedRecorder()
+        self.module_paths = dict.fromkeys(name for name, _ in
+                                          source.named_modules(remove_duplicate=False))
+        self.leaf_paths = [leaf for leaf in leaf_modules if isinstance(leaf, str)]
+        self.leaf_types = tuple(leaf for leaf in leaf_modules if isinstance(leaf, type))
+        self.parts: dict[str, fx.GraphModule] = {}
+        self.seen_keys: dict[str, None] = {}
+        self._eager_seen: dict[tuple[str, str], None] = {}
+        self.recording: dict[str, tuple] | None = None
+        self.runs = 0
+
+    # -- building ------------------------------------------------------------------------
+    def build(self, model: torch.nn.Module) -> torch.nn.Module:
+        memo: dict[int, torch.nn.Module] = {}
+
+        def copy_tree(module: torch.nn.Module, path: str) -> torch.nn.Module:
+            if id(module) in memo:
+                return memo[id(module)]
+            new = memo[id(module)] = shallow_module_copy(module)
+            for name, child in module._modules.items():
+                if child is not None:
+                    new._modules[name] = copy_tree(child, join_path(path, name))
+            if not is_container(module):
+                leaf = (path in self.leaf_paths or isinstance(module, self.leaf_types)
+                        or is_fx_leaf(module))
+                new.__dict__["forward"] = _Dispatch(self, new, path, traceable=not leaf)
+            return new
+
+        root = copy_tree(model, "")
+        root.__dict__[REPORT_ATTR] = self.report
+        if self.selection is not None:
+            root._modules[RECORDER_ATTR] = self.shared
+        return root
+
+    # -- tracing a part --------------------------------------------------------------------
+    def specialise(self, dispatch: _Dispatch, plan: CallPlan) -> fx.GraphModule | None:
+        path, module = dispatch.path, dispatch.module
+        inside = [leaf[len(path) + 1:] if path else leaf for leaf in self.leaf_paths
+                  if not path or leaf.startswith(path + ".")]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # auto-leaves go into the report instead
+                gm = trace_fx(clean_tree(module), leaf_modules=[*inside, *self.leaf_types],
+                              concrete_args=plan.concrete_args)
+        except TraceFailure as failure:
+            self.eager(dispatch, failure, "")
+            return None
+        strip_guards(gm)
+        prefix_keys(gm.graph, path)
+        if path:
+            note_part_output(gm, path, type(module).__name__)
+        auto = [(join_path(path, rel), rel) for rel, _ in gm.meta.get("fxdebug_auto_leaves", ())]
+        gm.meta["fxdebug_auto_leaves"] = [(join_path(path, rel), reason) for rel, reason in
+                                          gm.meta.get("fxdebug_auto_leaves", ())]
+        for _, rel in auto:
+            set_submodule(gm, rel, module.get_submodule(rel))  # calls its own dispatcher
+        label = path if path not in self.parts else \
+            f"{path}@{sum(p.path == path for p in self.report.parts)}"
+        gm.meta.update(fxdebug_part=label, fxdebug_frontend="fx")
+        gm = self._instrument(gm, label)
+        self.parts[label] = gm
+        self.report.parts.append(TracedPart(label, path, type(module).__name__,
+                                            plan.description, tuple(full for full, _ in auto)))
+        return gm
+
+    def _instrument(self, gm: fx.GraphModule, label: str) -> fx.GraphModule:
+        self.seen_keys.update(dict.fromkeys(t.key for t in candidates(gm, every_node=True)))
+        if self.selection is None or self.instrument_graph is None:
+            gm.recompile()
+            return gm
+        arguments = self.selection.for_part([t.key for t in candidates(gm, every_node=True)])
+        recorder = PartRecorder(self.shared, gm.meta["fxdebug_part"].partition("@")[0])
+        gm.add_submodule(RECORDER_ATTR, recorder)
+        gm = self.instrument_graph(gm, arguments)
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target is runtime.begin_run:
+                node.target = begin_part
+                node.meta[META_KEY] = "begin_part"
+        if any(node.op == "get_attr" and node.target == RECORDER_ATTR for node in gm.graph.nodes):
+            recorder.plan = _key_plan(gm, self.module_paths)
+        else:
+            delattr(gm, RECORDER_ATTR)
+        gm.recompile()
+        return gm
+
+    # -- running ---------------------------------------------------------------------------
+    def eager(self, dispatch: _Dispatch, failure: TraceFailure | None, reason: str) -> None:
+        module, path = dispatch.module, dispatch.path
+        if failure is not None:
+            entry = EagerModule.from_failure(path, module, failure)
+        else:
+            entry = EagerModule(path, type(module).__name__, reason.split(",")[0], None,
+                                f"module {path or '(root)'!r} ({type(module).__name__}) runs "
+                                f"eagerly: {reason}.")
+        if (path, entry.reason) not in self._eager_seen:
+            self._eager_seen[(path, entry.reason)] = None
+            self.report.eager.append(entry)
+
+    def capture_eager(self, dispatch: _Dispatch, output) -> None:
+        path = dispatch.path
+        if not path or self.selection is None:
+            return
+        self.seen_keys[path] = None
+        count = self.shared.next_call(path)
+        capture, grads = self.selection.for_eager(path)
+        if not (capture or grads):
+            return
+        key = path if count == 0 else f"{path}_{count}"
+        op = type(dispatch.module).__name__
+        if capture == "stats":
+            runtime.capture_stats(self.shared, output, key, op)
+        elif capture == "tensor":
+            # eager code may write to the output in place later: keep a copy
+            runtime.capture(self.shared, output, key, op, clone=True)
+        if grads is not None:
+            runtime.record_grads(self.shared, output, key, op, stats_only=grads == "stats")
+
+    def note_inputs(self, part: fx.GraphModule, positional: list) -> None:
+        if self.recording is not None:
+            label = part.meta["fxdebug_part"]
+            if label not in self.recording:
+                self.recording[label] = tuple(clone_inputs(list(positional)))
+
+    def after_run(self) -> None:
+        self.runs += 1
+        if self.runs != 1:
+            return
+        if self.selection is not None:
+            self.selection.check(list(self.seen_keys))
+        if self.report.eager:
+            warnings.warn(self.report.warning_text(), stacklevel=caller_stacklevel())
+
+
+# -- selection -------------------------------------------------------------------------
+def _key_plan(gm: fx.GraphModule, module_paths: dict) -> dict[str, tuple[str, int, int]]:
+    """For every capturable key: (base, index among the keys of that base, keys of that base)."""
+    bases: dict[str, str] = {}
+    for target in candidates(gm, every_node=True):
+        key = target.key
+        if target.is_module:
+            match = re.fullmatch(r"(.+)_(\d+)", key)
+            base = key if key in module_paths or not match or \
+                match.group(1) not in module_paths else match.group(1)
+        else:
+            node = target.nodes[0]
+            base = key if node.op == "placeholder" else \
+                key_base(node.op, node.target, node.meta.get(META_MODULE, ""))
+            if not (key == base or re.fullmatch(re.escape(base) + r"_\d+", key)):
+                base = key
+        bases.setdefault(key, base)
+    per_base: dict[str, int] = {}
+    plan = {}
+    for key, base in bases.items():
+        plan[key] = (base, per_base.get(base, 0))
+        per_base[base] = per_base.get(base, 0) + 1
+    return {key: (base, index, per_base[base]) for key, (base, index) in plan.items()}
+
+
+class _Selection:
+    """The user's capture arguments, checked against the whole model, applied per part."""
+
+    def __init__(self, capture, depth, include, exclude, grads, mode) -> None:
+        if isinstance(capture, str) and capture not in ("modules", "all"):
+            raise SelectionError(f"capture={capture!r}: use 'modules', 'all', or a list of keys "
+                                 f"or globs such as ['backbone.body.layer1', '*.conv1'].")
+        if mode not in ("tensor", "stats"):
+            raise SelectionError(f"mode={mode!r}: use 'tensor' (keep values) or 'stats' (keep "
+                                 f"summary statistics only).")
+        self.capture = capture if isinstance(capture, str) else as_patterns("capture", capture)
+        self.depth, self.grads, self.mode = depth, grads, mode
+        self.include = as_patterns("include", include)
+        self.exclude = as_patterns("exclude", exclude)
+        self.include_given = include is not None
+
+    def check(self, keys: list[str]) -> None:
+        pool = [_Key(key) for key in keys]
+        if isinstance(self.capture, list):
+            check_patterns("capture", self.capture, pool)
+        check_patterns("include", self.include, pool)
+        check_patterns("exclude", self.exclude, pool)
+
+    def for_part(self, keys: list[str]) -> dict | None:
+        """``instrument()`` arguments for a part with these keys; None: nothing to do there."""
+        def here(patterns):
+            return [p for p in patterns if any(matches(key, p) for key in keys)]
+        include = here(self.include)
+        if self.include_given and not include:
+            return None
+        capture = self.capture if isinstance(self.capture, str) else here(self.capture)
+        if isinstance(self.capture, list) and self.capture and not capture:
+            return None
+        return dict(capture=capture, depth=self.depth, include=include or None,
+                    exclude=here(self.exclude) or None, grads=self.grads, mode=self.mode)
+
+    def for_eager(self, key: str) -> tuple[str | None, str | None]:
+        """(capture mode or None, grads mode or None) for the output of a module run eagerly."""
+        if self.depth is not None and key_depth(key) > self.depth:
+            return None, None
+        if self.include and not any(matches(key, p) for p in self.include):
+            return None, None
+        if any(matches(key, p) for p in self.exclude):
+            return None, None
+        listed = isinstance(self.capture, list)
+        chosen = not listed or any(matches(key, p) for p in self.capture)
+        capture = self.mode if chosen and not (listed and not self.capture) else None
+        grads_chosen = chosen or (listed and not self.capture)
+        return capture, (self.mode if self.grads and grads_chosen else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Key:
+    key: str
+
+
+# -- entry points ------------------------------------------------------------------------
+def _context_of(model: torch.nn.Module) -> _Context:
+    dispatch = model.__dict__.get("forward")
+    if not isinstance(dispatch, _Dispatch):
+        raise TypeError(f"{type(model).__name__} is not a partially traced model made by fxdebug.")
+    return dispatch.context
+
+
+def trace_parts(model: torch.nn.Module, failure: TraceFailure | None = None, leaf_modules=(),
+                notes=()) -> torch.nn.Module:
+    """A copy of ``model`` that traces each module when it is first called; the rest runs eagerly.
+
+    What ``fxdebug.trace(model, frontend="auto")`` returns when neither fx nor
+    export can trace the whole model. Pass it to :func:`fxdebug.instrument`.
+
+    Args:
+        model: the module; it is not modified (the copy shares its parameters
+            and buffers).
+        failure: the TraceFailure of the root with symbolic arguments, when known.
+        leaf_modules: as for :func:`fxdebug.trace` (paths from the root, or classes).
+        notes: lines saying why whole-model front ends were not used.
+
+    Example::
+
+        >>> import torch, fxdebug, warnings
+        >>> class Loop(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.stem = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        ...     def forward(self, xs):
+        ...         if len(xs) > 1:
+        ...             return [self.stem(x) for x in xs]
+        ...         return self.stem(xs[0])
+        >>> partial = trace_parts(Loop())
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore")
+        ...     _ = partial([torch.ones(1, 4), torch.ones(1, 4)])
+        >>> [(p.label, p.call) for p in partial.fxdebug_partial.parts]
+        [('', '(xs=list of 2 tensor(s))')]
+    """
+    if is_partial(model):
+        return model
+    if failure is not None:
+        notes = [f"fx with symbolic arguments: {' '.join(str(failure).split())}", *notes]
+    context = _Context(model, None, leaf_modules=leaf_modules, notes=notes)
+    return context.build(model)
+
+
+def instrument_parts(model: torch.nn.Module, instrument_graph: InstrumentGraph,
+                     capture="modules", depth=None, include=None, exclude=None, grads=False,
+                     mode="tensor", failure: TraceFailure | None = None) -> torch.nn.Module:
+    """Instrument a model part by part: what :func:`fxdebug.instrument` does when the root fails.
+
+    ``instrument_graph(part, arguments)`` instruments one traced part (the
+    part's ``instrument()`` arguments, or None where the selection picks
+    nothing in it); ``fxdebug.instrument`` passes its own pipeline. The other
+    arguments are :func:`fxdebug.instrument`'s. Each part is traced and
+    instrumented on its first call; eager modules' outputs are captured as
+    they return. After the first run, patterns that matched no key raise
+    :class:`~fxdebug.SelectionError` and a warning lists what ran eagerly.
+
+    Example::
+
+        >>> import torch, fxdebug, warnings
+        >>> class Loop(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.stem = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        ...     def forward(self, xs):
+        ...         return [self.stem(x) for x in xs if x.sum() > 0]   # a branch on values
+        >>> model = fxdebug.instrument(Loop())        # the root cannot be traced
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore")
+        ...     _ = model([torch.ones(1, 4), torch.ones(2, 4)])
+        >>> fxdebug.records(model).keys()
+        ['stem.0', 'stem.1', 'stem', 'stem.0_1', 'stem.1_1', 'stem_1']
+    """
+    notes = ()
+    if is_partial(model):
+        previous = _context_of(model)
+        model, notes = previous.source, previous.report.notes
+    elif failure is not None:
+        notes = [f"fx with symbolic arguments: {' '.join(str(failure).split())}"]
+    selection = _Selection(capture, depth, include, exclude, grads, mode)
+    context = _Context(model, selection, instrument_graph, notes=notes)
+    return context.build(model)
+
+
+def traced_parts(model: torch.nn.Module) -> dict[str, fx.GraphModule]:
+    """The parts a partial model has traced so far, by label (module path; ``path@1``... for
+    a second specialisation of the same module), in the order they were first called.
+
+    Each is an ordinary fxdebug GraphModule (``print(part.code)``,
+    ``fxdebug.print_tabular(part)``, ``fxdebug.dump(part, folder, *args)``).
+
+    >>> import torch
+    >>> traced_parts(torch.nn.Linear(2, 2))
+    {}
+    """
+    if not is_partial(model):
+        return {}
+    return dict(_context_of(model).parts)
+
+
+def part_inputs(model: torch.nn.Module, *inputs, **kwargs) -> dict[str, tuple]:
+    """Run ``model(*inputs, **kwargs)`` and return the positional arguments of every part.
+
+    ``{label: args}`` for the first call of each part in this run (tensors
+    copied), so that ``part(*args)`` reruns it: compare it with the module it
+    came from, or dump it::
+
+        >>> import torch, fxdebug, warnings
+        >>> class Loop(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.stem = torch.nn.Linear(4, 4)
+        ...         self.head = torch.nn.Sequential(torch.nn.Linear(4, 2))
+        ...     def forward(self, xs):
+        ...         return [self.head(self.stem(x)) for x in xs if x.sum() > 0]
+        >>> original = Loop()
+        >>> model = fxdebug.instrument(original)
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore")
+        ...     args = part_inputs(model, [torch.ones(1, 4)])["head"]
+        >>> fxdebug.check_equivalence(original.head, traced_parts(model)["head"], *args).ok
+        True
+    """
+    context = _context_of(model)
+    context.recording = {}
+    try:
+        with torch.no_grad():
+            model(*inputs, **kwargs)
+        return dict(context.recording)
+    finally:
+        context.recording = None

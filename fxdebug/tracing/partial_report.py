@@ -1,0 +1,121 @@
+"""What a part-by-part model traced, what ran eagerly, and why.
+
+Filled while the model runs (parts are traced on their first call); read it
+as ``model.fxdebug_partial`` (``print(model.fxdebug_partial.summary())``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..errors import TraceFailure
+from .keys import join_path
+
+__all__ = ["PartialReport", "TracedPart", "EagerModule", "is_partial", "REPORT_ATTR"]
+
+REPORT_ATTR = "fxdebug_partial"
+
+
+@dataclasses.dataclass(frozen=True)
+class TracedPart:
+    """A traced part: its label (``path``, ``path@1`` for a second specialisation), path,
+    class, the call it is specialised to, and the modules it keeps as auto-leaves."""
+
+    label: str
+    path: str
+    module_type: str
+    call: str
+    auto_leaves: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class EagerModule:
+    """A module whose ``forward`` ran eagerly, with the explanation of why."""
+
+    path: str
+    module_type: str
+    kind: str
+    location: str | None
+    reason: str
+
+    @classmethod
+    def from_failure(cls, path: str, module: torch.nn.Module, failure: TraceFailure):
+        """Keep ``failure``'s explanation, naming modules by their path in the whole model."""
+        text = " ".join(str(failure).split())
+        if path:
+            inner = failure.module_path
+            if inner:
+                text = text.replace(f"module {inner!r}", f"module {join_path(path, inner)!r}")
+            else:
+                text = text.replace(f"the root module ({failure.module_type})",
+                                    f"module {path!r} ({failure.module_type})", 1)
+        return cls(path, type(module).__name__, failure.kind, failure.location, text)
+
+
+@dataclasses.dataclass
+class PartialReport:
+    """What a partially traced model traced, what ran eagerly and why; filled as it runs.
+
+    ``parts``: :class:`TracedPart` in the order they were first called;
+    ``eager``: :class:`EagerModule` (path ``""`` is the root); ``notes``: why
+    whole-model front ends were not used.
+
+    >>> import torch, fxdebug, warnings
+    >>> class Twice(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.fc = torch.nn.Linear(2, 2)
+    ...     def forward(self, x):
+    ...         return self.fc(x) if x.sum() > 0 else -x    # a branch on values
+    >>> model = fxdebug.instrument(Twice())
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     _ = model(torch.ones(1, 2))
+    >>> print(model.fxdebug_partial.summary().splitlines()[0])
+    Twice: partially traced, 0 traced part(s), 1 module(s) eager
+    >>> model.fxdebug_partial.eager[0].kind
+    'control flow on a traced value'
+    """
+
+    model_type: str
+    parts: list[TracedPart] = dataclasses.field(default_factory=list)
+    eager: list[EagerModule] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def summary(self) -> str:
+        """What was traced and what ran eagerly, one line each (byte-identical across runs)."""
+        lines = [f"{self.model_type}: partially traced, {len(self.parts)} traced part(s), "
+                 f"{len(self.eager)} module(s) eager"]
+        lines.extend(f"  note: {note}" for note in self.notes)
+        if not self.parts and not self.eager:
+            lines.append("  (parts are traced on the first run: run the model once)")
+        lines.append("traced parts (GraphModules; keys are full module paths):")
+        for part in self.parts:
+            leaves = f"; auto-leaves: {', '.join(part.auto_leaves)}" if part.auto_leaves else ""
+            lines.append(f"  {part.label or '(root)'} ({part.module_type}) {part.call}{leaves}")
+        lines.append("eager modules (run as Python; their outputs are captured):")
+        for eager in self.eager:
+            lines.append(f"  {eager.path or '(root)'} ({eager.module_type}): {eager.reason}")
+        return "\n".join(lines)
+
+    def warning_text(self) -> str:
+        eager = "; ".join(f"{e.path or '(root)'} ({e.module_type}): {e.kind}"
+                          f"{' at ' + e.location if e.location else ''}" for e in self.eager)
+        parts = ", ".join(part.label or "(root)" for part in self.parts) or "none"
+        return (f"fxdebug could not trace {self.model_type} as a whole: it traced "
+                f"{len(self.parts)} part(s) ({parts}) and ran {len(self.eager)} module(s) "
+                f"eagerly, capturing their outputs: {eager}. "
+                f"print(model.{REPORT_ATTR}.summary()) gives each reason in full.")
+
+
+def is_partial(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a partially traced (or instrumented) model made by fxdebug.
+
+    >>> import torch
+    >>> is_partial(torch.nn.Linear(2, 2))
+    False
+    """
+    return isinstance(module.__dict__.get(REPORT_ATTR), PartialReport)
+

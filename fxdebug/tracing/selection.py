@@ -1,0 +1,142 @@
+"""Which nodes a pass acts on: ``"modules"``, ``"all"``, or keys and globs, by depth.
+
+A pattern matches a key by ``fnmatch`` (case-sensitive), or when the key lies
+inside the module the pattern names: ``"layer1"`` matches ``layer1``,
+``layer1.0.conv1`` and ``layer1.0.add``; ``"*.conv1"`` matches every conv1.
+A pattern that matches nothing in the graph is an error, so a typo never
+silently captures nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+from typing import Iterable, Sequence
+
+import torch.fx as fx
+
+from ..errors import SelectionError
+from .keys import META_PASS, META_RETURNS, META_SOURCE, node_key, op_name
+
+__all__ = ["Target", "select", "matches", "key_depth", "candidates", "check_patterns", "as_patterns"]
+
+_CAPTURABLE_OPS = ("placeholder", "call_function", "call_method", "call_module")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A value to act on: one node's output, or one (possibly nested) module output.
+
+    ``value`` is the fx argument to pass on (a Node, or a dict of subpath to
+    Node for nested module outputs); ``anchor`` is the node after which the
+    value is complete.
+    """
+
+    key: str
+    op: str
+    value: object
+    nodes: tuple[fx.Node, ...]
+    anchor: fx.Node
+    is_module: bool
+    source: tuple[str, int] | None = None
+
+
+def key_depth(key: str) -> int:
+    """Module nesting of a key: ``conv1`` 0, ``layer1.0`` 1, ``layer1.0.conv1`` 2."""
+    return key.count(".")
+
+
+def matches(key: str, pattern: str) -> bool:
+    """Whether ``pattern`` selects ``key`` (glob, or the key lies in that module).
+
+    >>> matches("layer1.0.conv1", "layer1"), matches("layer1.0.conv1", "*.conv1")
+    (True, True)
+    >>> matches("layer10.conv1", "layer1")
+    False
+    """
+    return fnmatch.fnmatchcase(key, pattern) or fnmatch.fnmatchcase(key, pattern + ".*")
+
+
+def candidates(gm: fx.GraphModule, every_node: bool) -> list[Target]:
+    """Module outputs (and with ``every_node`` every value node), in graph order."""
+    by_name = {node.name: node for node in gm.graph.nodes}
+    found: list[Target] = []
+    for node in gm.graph.nodes:
+        if META_PASS in node.meta:
+            continue  # never act on fxdebug's own nodes
+        if node.op == "call_module" or (every_node and node.op in _CAPTURABLE_OPS):
+            found.append(Target(node_key(node), op_name(node, gm), node, (node,), node,
+                                node.op == "call_module", node.meta.get(META_SOURCE)))
+        for ret in node.meta.get(META_RETURNS, ()):
+            items = [(subpath, by_name[name]) for subpath, name in ret.items if name in by_name]
+            if not items:
+                continue
+            value = items[0][1] if len(items) == 1 and items[0][0] == "" else dict(items)
+            found.append(Target(ret.key, ret.module_type, value,
+                                tuple(dict.fromkeys(n for _, n in items)), node, True,
+                                ret.source))
+    return found
+
+
+def check_patterns(kind: str, patterns: Sequence[str], pool: Sequence[Target]) -> None:
+    keys = [target.key for target in pool]
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise SelectionError(f"{kind} entries must be keys or globs (str), got {pattern!r}.")
+        if not any(matches(key, pattern) for key in keys):
+            close = difflib.get_close_matches(pattern, keys, n=3, cutoff=0.5)
+            hint = f" Close keys: {', '.join(map(repr, close))}." if close else ""
+            raise SelectionError(
+                f"{kind} pattern {pattern!r} matches no node key.{hint} "
+                f"fxdebug.print_tabular(fxdebug.trace(model)) lists every key; globs like "
+                f"'*.conv1' and module paths like 'layer1' work too.")
+
+
+def as_patterns(kind: str, value) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, Iterable):
+        raise SelectionError(f"{kind} must be a key, a glob or a list of them, got {value!r}.")
+    return list(value)
+
+
+def select(gm: fx.GraphModule, capture="modules", depth: int | None = None,
+           include=None, exclude=None) -> list[Target]:
+    """The targets a pass acts on, in graph order, without duplicate keys.
+
+    Args:
+        capture: ``"modules"`` (every module call, leaf or not), ``"all"``
+            (every node, plus module outputs) or a list of keys / globs.
+        depth: keep keys nested at most this deep (``key.count(".") <= depth``),
+            like hooks on ``named_modules()`` up to a level.
+        include / exclude: keys or globs to keep / drop afterwards.
+    """
+    if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 0):
+        raise SelectionError(f"depth must be a non-negative int or None, got {depth!r}.")
+    everything = candidates(gm, every_node=True)
+    if isinstance(capture, str) and capture in ("modules", "all"):
+        pool = everything if capture == "all" else candidates(gm, every_node=False)
+    elif isinstance(capture, str):
+        raise SelectionError(f"capture={capture!r}: use 'modules', 'all', or a list of keys or "
+                             f"globs such as ['layer1.0.conv1', '*.relu'].")
+    else:
+        patterns = as_patterns("capture", capture)
+        check_patterns("capture", patterns, everything)
+        pool = [t for t in everything if any(matches(t.key, p) for p in patterns)]
+    includes = as_patterns("include", include)
+    excludes = as_patterns("exclude", exclude)
+    check_patterns("include", includes, everything)
+    check_patterns("exclude", excludes, everything)
+    chosen: dict[str, Target] = {}
+    for target in pool:
+        if depth is not None and key_depth(target.key) > depth:
+            continue
+        if includes and not any(matches(target.key, p) for p in includes):
+            continue
+        if any(matches(target.key, p) for p in excludes):
+            continue
+        chosen.setdefault(target.key, target)
+    return list(chosen.values())
