@@ -6,7 +6,8 @@ user's ``file:line``) and what to do about it.
 
 from __future__ import annotations
 
-__all__ = ["FxdebugError", "TraceFailure", "SelectionError", "PassEquivalenceError"]
+__all__ = ["FxdebugError", "TraceFailure", "SelectionError", "PassEquivalenceError",
+           "StaleCaptureError"]
 
 
 class FxdebugError(Exception):
@@ -72,3 +73,20 @@ class PassEquivalenceError(FxdebugError):
         super().__init__(message)
         self.pass_name = pass_name
         self.report = report
+
+
+class StaleCaptureError(FxdebugError):
+    """A captured tensor was written in place after its capture, by code fxdebug could not see.
+
+    fxdebug keeps a capture as a view of the model's own tensor where no later
+    op in the graph writes to it; the tensor's version counter tells when
+    something else did (a forward hook, your code after the forward). The
+    capture then no longer shows what the model computed, so it is not shown.
+
+    Attributes:
+        key: the capture's key.
+    """
+
+    def __init__(self, message: str, *, key: str) -> None:
+        super().__init__(message)
+        self.key = key

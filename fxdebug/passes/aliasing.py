@@ -6,8 +6,11 @@ batch norm, ``out += identity``, ``x[:, 0] = 0``, ``x.data.zero_()``): then the
 view would change under the user's feet, and the capture must copy.
 
 The analysis is conservative: a module or function it does not know is
-assumed to return a view of its inputs, so an unknown op can only cause an
-extra copy, never a wrong capture.
+assumed to return a view of its inputs, and to write to them in place (a leaf
+module or a ``torch.fx.wrap``'d function whose body fx never saw may run
+``x.mul_(2)``; so may a forward hook), so an unknown op can only cause an
+extra copy, never a wrong capture. fxdebug's own nodes (captures, gradient
+hooks, ``begin_run``) only read: they neither alias nor write.
 """
 
 from __future__ import annotations
@@ -19,9 +22,15 @@ import operator
 import torch
 import torch.fx as fx
 
+from .. import runtime
 from ..tracing.keys import INPLACE_OPERATORS, short_name
 
-__all__ = ["AliasAnalysis", "mutated_argument", "inplace_requested"]
+__all__ = ["AliasAnalysis", "mutated_argument", "inplace_requested", "opaque_writes",
+           "is_fxdebug_read"]
+
+# Functions fxdebug's inserted nodes call that only read their arguments.
+_FXDEBUG_READS = (runtime.begin_run, runtime.capture, runtime.capture_stats,
+                  runtime.record_grads, runtime.edit_grads, runtime.stop, runtime.begin_part)
 
 # Ops that return a view of (or the very same tensor as) their first argument.
 _VIEW_NAMES = frozenset("""
@@ -51,6 +60,62 @@ def _signature(target):
         return inspect.signature(target)
     except (TypeError, ValueError):  # builtins without a Python signature
         return None
+
+
+def is_fxdebug_read(node: fx.Node) -> bool:
+    """Whether ``node`` is one of fxdebug's own reading nodes (capture, gradient hook, ...).
+
+    >>> import torch, fxdebug
+    >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()))
+    >>> [n.name for n in gm.graph.nodes if is_fxdebug_read(n)]
+    ['begin_run', 'capture_0']
+    """
+    return node.op == "call_function" and node.target in _FXDEBUG_READS
+
+
+def _module_of(node: fx.Node, root: torch.nn.Module | None):
+    if root is None:
+        return None
+    try:
+        return root.get_submodule(node.target)
+    except AttributeError:
+        return None
+
+
+def _has_hooks(module: torch.nn.Module) -> bool:
+    return bool(module._forward_pre_hooks or module._forward_hooks
+                or torch.nn.modules.module._global_forward_pre_hooks
+                or torch.nn.modules.module._global_forward_hooks)
+
+
+def opaque_writes(node: fx.Node, root: torch.nn.Module | None) -> list[fx.Node]:
+    """Inputs of ``node`` that code fx never saw may write in place; ``[]`` for known ops.
+
+    Opaque: a call of a module whose code is not torch.nn's own (a user leaf
+    module, an auto-leaf) or that has forward hooks, and a call of a function
+    outside torch (a ``torch.fx.wrap``'d function). Their bodies are not in the
+    graph, so any tensor they receive may come back changed.
+
+    >>> import torch, fxdebug
+    >>> class Leaf(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         return x.mul_(2)
+    >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), Leaf())
+    >>> gm = fxdebug.trace(net, leaf_modules=[Leaf])
+    >>> [[i.name for i in opaque_writes(n, gm)] for n in gm.graph.nodes if n.op == "call_module"]
+    [[], ['_0']]
+    """
+    if node.op == "call_function":
+        if is_fxdebug_read(node) or _is_torch_callable(node.target):
+            return []
+        return list(node.all_input_nodes)
+    if node.op == "call_module":
+        module = _module_of(node, root)
+        if module is not None and type(module).__module__.startswith("torch.nn.modules") \
+                and not _has_hooks(module):
+            return []
+        return list(node.all_input_nodes)
+    return []
 
 
 def inplace_requested(node: fx.Node) -> bool:
@@ -110,6 +175,8 @@ def mutated_argument(node: fx.Node, root: torch.nn.Module | None) -> fx.Node | N
 
 def _alias_inputs(node: fx.Node, root: torch.nn.Module | None) -> list[fx.Node]:
     """Inputs whose storage ``node``'s output may share."""
+    if is_fxdebug_read(node):
+        return []
     first = [node.args[0]] if node.args and isinstance(node.args[0], fx.Node) else []
     if mutated_argument(node, root) is not None:
         return first
@@ -148,6 +215,7 @@ class AliasAnalysis:
         self._parent: dict[fx.Node, fx.Node] = {}
         self._position: dict[fx.Node, int] = {}
         self._writes: list[tuple[int, fx.Node]] = []
+        self._opaque: list[tuple[int, fx.Node]] = []
         for index, node in enumerate(gm.graph.nodes):
             self._position[node] = index
             self._parent[node] = node
@@ -157,6 +225,8 @@ class AliasAnalysis:
             target = mutated_argument(node, gm)
             if target is not None:
                 self._writes.append((self._position[node], target))
+            for written in opaque_writes(node, gm):
+                self._opaque.append((self._position[node], written))
 
     def _find(self, node: fx.Node) -> fx.Node:
         root = node
@@ -177,12 +247,17 @@ class AliasAnalysis:
             else:
                 self._parent[ra] = rb
 
-    def written_after(self, nodes, anchor: fx.Node) -> bool:
-        """Whether a node after ``anchor`` writes in place to the storage of any of ``nodes``."""
+    def written_after(self, nodes, anchor: fx.Node, opaque: bool = True) -> bool:
+        """Whether a node after ``anchor`` writes in place to the storage of any of ``nodes``.
+
+        With ``opaque`` (the default), a later opaque call (see
+        :func:`opaque_writes`) that receives that storage counts as a write.
+        """
         classes = {id(self._find(node)) for node in nodes if node in self._parent}
         after = self._position[anchor]
+        writes = self._writes + self._opaque if opaque else self._writes
         return any(position > after and id(self._find(target)) in classes
-                   for position, target in self._writes if target in self._parent)
+                   for position, target in writes if target in self._parent)
 
     def members(self, node: fx.Node) -> list[fx.Node]:
         """Every node that may share ``node``'s storage (itself included), in graph order."""

@@ -20,9 +20,13 @@ value, so the module computes exactly what it did.
 
 from __future__ import annotations
 
+import warnings
+
 import torch.fx as fx
 
 from .. import runtime
+from ..runtime import RECORDER_ATTR
+from ..tracing.locations import caller_stacklevel
 from .aliasing import AliasAnalysis
 from ..errors import SelectionError
 from ..tracing.selection import select
@@ -69,10 +73,17 @@ class Capture(Pass):
 
     def run(self, gm: fx.GraphModule) -> bool:
         targets = select(gm, self.capture, self.depth, self.include, self.exclude)
-        if not targets:
-            return False
-        aliases = AliasAnalysis(gm)
         recorder = ensure_recorder(gm, self.name)
+        if not targets:
+            # records(gm) still works, and says why it is empty
+            message = (f"the selection capture={self.capture!r}, depth={self.depth!r}, "
+                       f"include={self.include!r}, exclude={self.exclude!r} selects no value "
+                       f"of {type(gm).__name__}, so nothing is captured. "
+                       f"fxdebug.print_tabular(fxdebug.trace(model)) lists every key.")
+            getattr(gm, RECORDER_ATTR).notes.append(message)
+            warnings.warn(f"fxdebug Capture: {message}", stacklevel=caller_stacklevel())
+            return True
+        aliases = AliasAnalysis(gm)
 
         def call(target):
             if self.mode == "stats":

@@ -31,7 +31,8 @@ written value read the new node instead. What it rewrites:
 A write it cannot rewrite without changing the numbers (through a view that is
 used afterwards, through ``.data`` / ``.detach()``, random fills such as
 ``normal_``) is left as it is, listed in ``pass.not_rewritten`` and named in a
-warning.
+warning, one line per op. fxdebug's own nodes (captures, gradient hooks) only
+read, so ``Functionalize`` after ``Capture`` rewrites what it rewrites alone.
 """
 
 from __future__ import annotations
@@ -167,9 +168,9 @@ class Functionalize(Pass):
                 self.not_rewritten.append(Unrewritten(node_key(node), before,
                                                       format_location(source), reason))
         if self.not_rewritten:
-            listed = "; ".join(str(item) for item in self.not_rewritten)
+            listed = "".join(f"\n  {item}" for item in self.not_rewritten)
             warnings.warn(f"Functionalize left {len(self.not_rewritten)} in-place op(s) as they "
-                          f"are: {listed}", stacklevel=caller_stacklevel())
+                          f"are, one per line:{listed}", stacklevel=caller_stacklevel())
         return bool(self.rewritten)
 
     # -- one write ---------------------------------------------------------------------------

@@ -46,6 +46,7 @@ class Recorder(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.latest = Records()
+        self.notes: list[str] = []  # what the passes want every run's Records to say
 
     def forward(self, *args, **kwargs):
         raise TypeError("Recorder holds fxdebug's Records and is not callable; "
@@ -85,6 +86,7 @@ def begin_run(recorder: Recorder, inputs: tuple):
     if emitted is not None:
         return emitted
     recorder.latest = Records()
+    recorder.latest.notes.extend(getattr(recorder, "notes", ()))
     return None
 
 

@@ -20,6 +20,7 @@ from typing import Any, Iterator, NamedTuple
 import torch
 from tabulate import tabulate
 
+from ..errors import StaleCaptureError
 from .values import flatten_into
 
 __all__ = ["Records", "Record", "Stats", "tensor_stats"]
@@ -86,7 +87,9 @@ class Record:
 
     ``value`` is the tensor in tensor mode (``None`` in stats mode);
     ``copied`` says whether it is a copy (taken because a later in-place op
-    writes to it) or a view of the model's own activation.
+    writes to it) or a view of the model's own activation. A view whose
+    tensor was written in place after the capture (``stale``) is never shown
+    as the captured value: ``rec[key]`` raises :class:`~fxdebug.errors.StaleCaptureError`.
     """
 
     key: str
@@ -96,6 +99,13 @@ class Record:
     value: torch.Tensor | None
     copied: bool
     _stats: Stats | None = None
+    version: int | None = None
+
+    @property
+    def stale(self) -> bool:
+        """Whether the (viewed) tensor was written in place after it was captured."""
+        return self.version is not None and self.value is not None \
+            and _version_of(self.value) != self.version
 
     @property
     def stats(self) -> Stats:
@@ -154,13 +164,23 @@ class Records:
                                 tensor_stats(tensor))
             else:
                 kept = tensor.detach().clone() if clone else tensor.detach()
-                record = Record(name, op, tuple(tensor.shape), tensor.dtype, kept, clone)
+                record = Record(name, op, tuple(tensor.shape), tensor.dtype, kept, clone,
+                                version=None if clone else _version_of(tensor))
             self._records.pop(name, None)
             self._records[name] = record
 
     # -- reading -----------------------------------------------------------------------
     def __getitem__(self, key: str):
         record = self.record(key)
+        if record.stale:
+            raise StaleCaptureError(
+                f"the capture of {key!r} ({record.op}) is stale: its tensor was written in place "
+                f"after it was captured (version {record.version} -> {_version_of(record.value)}), "
+                f"by code outside the traced graph (a forward hook, code that runs after the "
+                f"forward, a write fxdebug cannot see). It no longer shows what the model "
+                f"computed. Read fxdebug.records(gm) before that write, or make the module that "
+                f"writes a leaf module (fxdebug.trace(model, leaf_modules=[...])): captures of "
+                f"what a leaf module receives are copies.", key=key)
         return record.stats if record.value is None else record.value
 
     def record(self, key: str) -> Record:
@@ -171,6 +191,8 @@ class Records:
             raise KeyError(self._missing(key)) from None
 
     def _missing(self, key: str) -> str:
+        if not self._records and self.notes:
+            return f"no value captured under {key!r}: {' '.join(self.notes)}"
         if not self._records:
             return (f"no value captured under {key!r}: nothing was captured yet. Run the "
                     f"instrumented module once, then call fxdebug.records(gm) again.")
@@ -213,12 +235,18 @@ class Records:
         """
         grads = self._grads if self._grads is not None and len(self._grads) else None
         rows = []
+        stale = []
         for record in self._records.values():
-            stats = record.stats
-            row = [record.key, record.op, _shape_text(record.shape),
-                   str(record.dtype).replace("torch.", ""),
-                   *(format(value, floatfmt) for value in stats[:4]),
-                   format(stats.zeros_pct, ".1f"), str(stats.nonfinite)]
+            if record.stale:
+                stale.append(record.key)
+                row = [record.key, record.op, _shape_text(record.shape),
+                       str(record.dtype).replace("torch.", ""), *["stale"] * 6]
+            else:
+                stats = record.stats
+                row = [record.key, record.op, _shape_text(record.shape),
+                       str(record.dtype).replace("torch.", ""),
+                       *(format(value, floatfmt) for value in stats[:4]),
+                       format(stats.zeros_pct, ".1f"), str(stats.nonfinite)]
             if grads is not None:
                 grad = grads._records.get(record.key)
                 row += (["-", "-"] if grad is None else
@@ -249,10 +277,20 @@ class Records:
                 headers=["parameter", "shape", "grad norm", "grad non-finite"],
                 disable_numparse=True, colalign=("left", "left", "right", "right")))
         lines.extend(f"note: {note}" for note in self.notes)
+        if stale:
+            lines.append(f"stale (written in place after capture, not shown): {', '.join(stale)}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
         return f"Records({len(self._records)} tensors, {_human_bytes(self.nbytes)})"
+
+
+def _version_of(tensor: torch.Tensor) -> int | None:
+    """The tensor's in-place version counter; ``None`` where it has none (inference tensors)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
 
 
 def _shape_text(shape) -> str:

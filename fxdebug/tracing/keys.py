@@ -42,29 +42,52 @@ _NON_IDENTIFIER = re.compile(r"[^0-9a-zA-Z_]")
 
 
 class KeyAllocator:
-    """Hands out unique keys: ``base``, then ``base_1``, ``base_2``...
+    """Hands out unique keys; module calls are numbered per call, as forward hooks count them.
 
-    Names in ``owned`` (module paths) are given out only to their owner:
-    a second call of module ``relu`` never takes the key of a module that is
-    really named ``relu_1``.
+    The n-th call (from 0) of the module at path ``p`` is keyed ``p`` (n = 0)
+    or ``p_n``, whatever ran in between. Any other node (a function, a
+    method) is keyed ``base``, ``base_1``... but never with a module path or
+    a module call's key: where its base is a module path (``F.relu`` next to
+    a module ``relu``) it becomes ``base_fn``.
 
-    >>> keys = KeyAllocator(owned=["relu", "relu_1", "fc"])
-    >>> [keys.allocate("relu", owner=True), keys.allocate("relu", owner=True),
-    ...  keys.allocate("relu_1", owner=True), keys.allocate("fc")]
-    ['relu', 'relu_2', 'relu_1', 'fc_1']
+    >>> keys = KeyAllocator(owned=["relu", "fc"])
+    >>> [keys.allocate("relu", owner=True), keys.allocate("relu"),
+    ...  keys.allocate("relu", owner=True), keys.allocate("relu", owner=True), keys.allocate("fc_1")]
+    ['relu', 'relu_fn', 'relu_1', 'relu_2', 'fc_1_1']
+
+    Should a module call's key be the path of another module (modules ``relu``
+    and ``relu_1``, ``relu`` called twice), the call takes the next free number.
     """
 
     def __init__(self, owned=()) -> None:
         self._used: dict[str, None] = {}
+        self._calls: dict[str, int] = {}
         self._next: dict[str, int] = {}
         self._owned: dict[str, None] = dict.fromkeys(owned)
 
+    def _is_call_key(self, candidate: str) -> bool:
+        """Whether ``candidate`` is, or may become, the key of a module call."""
+        if candidate in self._owned:
+            return True
+        head, _, tail = candidate.rpartition("_")
+        return bool(head) and tail.isdigit() and head in self._owned
+
     def allocate(self, base: str, owner: bool = False) -> str:
-        """The next free key for ``base``; ``owner`` marks the module whose path ``base`` is."""
+        """The next free key for ``base``; ``owner``: a call of the module whose path ``base`` is."""
+        if owner:
+            index = self._calls.get(base, 0)
+            candidate = base if index == 0 else f"{base}_{index}"
+            while candidate in self._used or (candidate != base and candidate in self._owned):
+                index += 1
+                candidate = f"{base}_{index}"
+            self._calls[base] = index + 1
+            self._used[candidate] = None
+            return candidate
+        while base in self._owned:
+            base = f"{base}_fn"
         candidate = base
         index = self._next.get(base, 0)
-        while candidate in self._used or (candidate in self._owned
-                                          and not (owner and candidate == base)):
+        while candidate in self._used or self._is_call_key(candidate):
             index += 1
             candidate = f"{base}_{index}"
         self._next[base] = index

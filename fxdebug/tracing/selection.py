@@ -4,7 +4,9 @@ A pattern matches a key by ``fnmatch`` (case-sensitive), or when the key lies
 inside the module the pattern names: ``"layer1"`` matches ``layer1``,
 ``layer1.0.conv1`` and ``layer1.0.add``; ``"*.conv1"`` matches every conv1.
 A pattern that matches nothing in the graph is an error, so a typo never
-silently captures nothing.
+silently captures nothing. A model without submodules (a forward of functional
+ops only) has no module call: ``"modules"`` then selects its output, keyed
+``output``.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from typing import Iterable, Sequence
 import torch.fx as fx
 
 from ..errors import SelectionError
+from ..runtime import leaves
 from .keys import META_PASS, META_RETURNS, META_SOURCE, node_key, op_name
 
-__all__ = ["Target", "select", "matches", "key_depth", "candidates", "check_patterns", "as_patterns"]
+__all__ = ["Target", "select", "matches", "key_depth", "candidates", "check_patterns", "as_patterns",
+           "root_output"]
 
 _CAPTURABLE_OPS = ("placeholder", "call_function", "call_method", "call_module")
 
@@ -79,6 +83,24 @@ def candidates(gm: fx.GraphModule, every_node: bool) -> list[Target]:
     return found
 
 
+def root_output(gm: fx.GraphModule) -> list[Target]:
+    """The graph's output as a target keyed ``output`` (op: the model's class), or ``[]``.
+
+    >>> import torch, fxdebug
+    >>> [(t.key, t.op) for t in root_output(fxdebug.trace(torch.nn.Identity()))]
+    [('output', 'Identity')]
+    """
+    output = next((node for node in reversed(gm.graph.nodes) if node.op == "output"), None)
+    if output is None or not output.args:
+        return []
+    items = leaves(output.args[0], lambda value: isinstance(value, fx.Node))
+    if not items or output.prev is output or output.prev.op == "root":
+        return []
+    value = items[0][1] if len(items) == 1 and items[0][0] == "" else dict(items)
+    return [Target("output", type(gm).__name__, value, tuple(dict.fromkeys(n for _, n in items)),
+                   output.prev, True, output.meta.get(META_SOURCE))]
+
+
 def check_patterns(kind: str, patterns: Sequence[str], pool: Sequence[Target]) -> None:
     keys = [target.key for target in pool]
     for pattern in patterns:
@@ -117,8 +139,12 @@ def select(gm: fx.GraphModule, capture="modules", depth: int | None = None,
     if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 0):
         raise SelectionError(f"depth must be a non-negative int or None, got {depth!r}.")
     everything = candidates(gm, every_node=True)
+    modules = candidates(gm, every_node=False)
+    if not modules:  # no submodule: the model's own output stands for its modules
+        modules = root_output(gm)
+        everything = everything + modules
     if isinstance(capture, str) and capture in ("modules", "all"):
-        pool = everything if capture == "all" else candidates(gm, every_node=False)
+        pool = everything if capture == "all" else modules
     elif isinstance(capture, str):
         raise SelectionError(f"capture={capture!r}: use 'modules', 'all', or a list of keys or "
                              f"globs such as ['layer1.0.conv1', '*.relu'].")
