@@ -14,6 +14,8 @@ Call tree::
       └─ recompile()                       once, unless the checks did already
     -> (gm, PassReport): one Stage per snapshot (the input, then one per pass)
 
+A pass that changes nothing gives a warning (a pass written for plain torch.fx
+may look for ``operator.add`` where fxdebug keeps ``+=`` as ``operator.iadd``).
 A pass that raises stops the run with its own exception, plus a note naming
 the pass and the passes before it (and the node key where the message names
 a node); a pass that changes what the module computes stops it with
@@ -28,6 +30,7 @@ import copy
 import dataclasses
 import logging
 import re
+import warnings
 from typing import Sequence
 
 import torch
@@ -35,11 +38,12 @@ import torch.fx as fx
 
 from .analysis.equivalence import check_equivalence
 from .errors import PassEquivalenceError
-from .passes.base import as_pass
+from .passes.base import as_pass, unchanged_message
 from .reporting.diff import GraphDiff, GraphSnapshot, diff, snapshot
 from .reporting.tabular import render_table
 from .tracing import keyed_copy, trace
 from .tracing.keys import node_key
+from .tracing.locations import caller_stacklevel
 
 __all__ = ["PassManager", "PassReport", "Stage"]
 
@@ -146,6 +150,8 @@ class PassManager:
                 if index + 1 < len(self.passes):
                     previous = copy.deepcopy(gm)
             change = diff(report.stages[-1].snapshot, now)
+            if not change and change.before_code == change.after_code:
+                warnings.warn(unchanged_message(step.name, gm), stacklevel=caller_stacklevel())
             report.stages.append(Stage(step.name, now, result.modified, change, verdict))
             log.info("pass %s: modified=%s nodes %s%s", step.name, result.modified,
                      change.summary(),

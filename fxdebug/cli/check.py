@@ -77,6 +77,7 @@ def load_pass(spec: str):
 
 def run(args) -> int:
     from ..analysis import check_equivalence
+    from ..passes.base import graph_source, unchanged_message
     from ..tracing import keyed_copy, trace
     names = args.passes or list(DEFAULT_PASSES)
     passes = [load_pass(name) for name in names]
@@ -88,11 +89,14 @@ def run(args) -> int:
     summary = []
     for index, step in enumerate(passes, start=1):
         stage = keyed_copy(gm)
+        before = graph_source(stage)
         try:
             result = step(stage)
         except Exception as exc:
             exc.add_note(f"fxdebug: raised by pass {step.name!r} (pass {index} of {len(passes)})")
             raise
+        if graph_source(result.graph_module) == before:
+            print(f"warning: {unchanged_message(step.name, result.graph_module)}")
         report = check_equivalence(previous, result.graph_module, *inputs, rtol=args.rtol,
                                    atol=args.atol, grads=args.grads, train=args.train)
         print(f"\n== pass {index}: {step.name} ({'modified' if result.modified else 'unchanged'}"

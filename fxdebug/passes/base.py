@@ -23,7 +23,10 @@ from typing import Callable
 import torch.fx as fx
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-__all__ = ["Pass", "PassResult", "as_pass", "FunctionPass", "graph_source"]
+from ..tracing.keys import INPLACE_OPERATORS, META_SOURCE, node_key
+from ..tracing.locations import format_location
+
+__all__ = ["Pass", "PassResult", "as_pass", "FunctionPass", "graph_source", "unchanged_message"]
 
 
 def graph_source(gm: fx.GraphModule) -> str:
@@ -34,6 +37,38 @@ def graph_source(gm: fx.GraphModule) -> str:
     return relu
     """
     return gm.graph.python_code(root_module="self").src
+
+
+def unchanged_message(pass_name: str, gm: fx.GraphModule) -> str:
+    """Why a pass that changed nothing may have missed what it looks for (for a warning).
+
+    fxdebug traces ``x += y`` as ``operator.iadd`` (in place, as eager runs it)
+    where ``torch.fx.symbolic_trace`` gives ``operator.add``: a pass written
+    against plain fx that matches ``operator.add`` finds nothing there.
+
+    >>> import torch, fxdebug
+    >>> class Residual(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         y = x * 2
+    ...         y += x
+    ...         return y
+    >>> print(unchanged_message("fuse-add", fxdebug.trace(Residual())).split(". ")[0])
+    pass 'fuse-add' changed nothing in the graph
+    """
+    message = f"pass {pass_name!r} changed nothing in the graph."
+    inplace = [node for node in gm.graph.nodes
+               if node.op == "call_function" and node.target in INPLACE_OPERATORS]
+    if inplace:
+        first = inplace[0]
+        names = sorted(dict.fromkeys(node.target.__name__ for node in inplace))
+        message += (f" Note: fxdebug keeps augmented assignments in place ({len(inplace)} "
+                    f"node(s): operator.{', operator.'.join(names)}; first {node_key(first)!r} "
+                    f"at {format_location(first.meta.get(META_SOURCE))}) where "
+                    f"torch.fx.symbolic_trace gives operator.add and friends. A pass that "
+                    f"matches operator.add should match operator.iadd too, or run after "
+                    f"fxdebug.passes.Functionalize(), which rewrites them out of place where "
+                    f"that computes the same values.")
+    return message
 
 
 class Pass(PassBase):
