@@ -271,14 +271,14 @@ def test_pass_manager_warns_when_a_pass_changed_nothing_and_names_the_iadd_line(
     assert report.stages[-1].diff
 
 
-def test_fxdebug_check_prints_the_warning(tmp_path):
+def test_fxdebug_check_prints_the_warning():
     from fxdebug.cli import main
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
         status = main(["check", f"{__file__}:Residual", "--input", "2x4",
                        "--pass", f"{__file__}:add_to_sub"])
     assert status == 0
-    assert f"warning: pass 'add_to_sub' changed nothing" in stdout.getvalue()
+    assert "warning: pass 'add_to_sub' changed nothing" in stdout.getvalue()
     assert f"test_trust_captures.py:{_residual_line()}" in stdout.getvalue()
 
 
