@@ -80,7 +80,9 @@ class Capture(Pass):
                        f"include={self.include!r}, exclude={self.exclude!r} selects no value "
                        f"of {type(gm).__name__}, so nothing is captured. "
                        f"fxdebug.print_tabular(fxdebug.trace(model)) lists every key.")
-            getattr(gm, RECORDER_ATTR).notes.append(message)
+            notes = getattr(getattr(gm, RECORDER_ATTR), "notes", None)
+            if isinstance(notes, list):  # a part's recorder files into the shared one
+                notes.append(message)
             warnings.warn(f"fxdebug Capture: {message}", stacklevel=caller_stacklevel())
             return True
         aliases = AliasAnalysis(gm)
