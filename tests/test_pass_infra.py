@@ -71,7 +71,8 @@ def test_fxdebug_pass_manager_accepts_functions_returning(returns):
     def unchanged(gm):
         return {"PassResult": PassResult(gm, False), "gm": gm, "None": None}[returns]
 
-    gm, report = fxdebug.PassManager([negate, unchanged]).run(model)
+    with pytest.warns(UserWarning, match="pass 'unchanged' changed nothing in the graph"):
+        gm, report = fxdebug.PassManager([negate, unchanged]).run(model)
     assert torch.equal(gm(x), -model(x))
     assert [(s.name, s.modified) for s in report.stages[1:]] == [("negate", True),
                                                                   ("unchanged", False)]
@@ -89,7 +90,8 @@ def test_pass_manager_recompiles_once_per_run_not_once_per_pass(monkeypatch):
     passes = [Capture("modules"), DoubleOutput(), fxdebug.passes.GradHooks(), lambda gm: gm]
     traced = fxdebug.trace(model)  # tracing recompiles too: count from here
     monkeypatch.setattr(fx.GraphModule, "recompile", counting)
-    gm, report = fxdebug.PassManager(passes).run(traced)
+    with pytest.warns(UserWarning, match="pass '<lambda>' changed nothing in the graph"):
+        gm, report = fxdebug.PassManager(passes).run(traced)
     assert sum(stage.modified for stage in report.stages) == 3
     # one for the copy of the input GraphModule, one after all the passes
     assert len(calls) == 2, calls
