@@ -13,8 +13,11 @@ After ``Capture("modules")``::
     capture_relu = fxdebug_runtime_capture(fxdebug_recorder, relu, 'relu', 'ReLU')
 
 ``clone = True`` appears only where a later in-place op (here the in-place
-ReLU) writes to the captured storage; everywhere else the capture is a
-detached view and costs no copy. Capture nodes have no users and change no
+ReLU) writes to the captured storage, or a later call whose code fx cannot
+see (a leaf module, a ``torch.fx.wrap``'d function, a module with forward
+hooks) receives it and may write; everywhere else the capture is a detached
+view and costs no copy. Should anything else write to a view afterwards, the
+record turns stale and refuses to show its value (see ``Record.stale``). Capture nodes have no users and change no
 value, so the module computes exactly what it did.
 """
 
