@@ -81,3 +81,4 @@ except StaleCaptureError as error:
     print("stale:", str(error).split(":")[0])
 else:
     raise AssertionError("a stale capture was shown")
+print("ok: captures equal forward hooks under writes fx cannot see; a stale capture raises")
