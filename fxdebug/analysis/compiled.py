@@ -229,6 +229,8 @@ def check_compiled(model: torch.nn.Module, *inputs, backend="inductor", mode: st
     compiled piece by piece with the same backend on the eager values of its
     inputs, and compared with fxdebug's eager captures of the same nodes: the
     first node that differs is named by key and the user's ``file:line``.
+    Dynamo's caches are reset (``torch._dynamo.reset()``) before and after
+    each compiled run, so other compiled functions recompile on their next call.
 
     Args:
         backend: a dynamo backend name or your own ``(gm, example_inputs) ->
