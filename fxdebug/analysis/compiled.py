@@ -137,9 +137,10 @@ class CompiledReport:
                                   headers=["source", "reason"], disable_numparse=True))
         first = self.first_divergence
         if first is not None:
+            nodes = f"{len(first.piece)} node{'' if len(first.piece) == 1 else 's'}"
             lines += ["", f"first divergence: {first.describe()}",
-                      f"smallest divergent piece ({len(first.piece)} nodes, found with "
-                      f"{first.compiles} compiles): {', '.join(first.piece)}",
+                      f"smallest divergent piece ({nodes}, found with {first.compiles} "
+                      f"compiles): {', '.join(first.piece)}",
                       "report.dump(folder) writes it; python folder/run.py shows the mismatch"]
         lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
