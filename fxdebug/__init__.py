@@ -8,8 +8,9 @@ torch.Size([1, 64, 16, 16])
 """
 
 from . import analysis, passes, reporting, runtime, testing, tracing
-from .analysis import (EquivalenceReport, Hazard, Hazards, JacobianNorms, NonfiniteReport,
-                       check_equivalence, find_nonfinite, jacobian_norms, lint_inplace, vjp)
+from .analysis import (CompiledReport, EquivalenceReport, Hazard, Hazards, JacobianNorms,
+                       NonfiniteReport, backend, check_compiled, check_equivalence,
+                       find_nonfinite, jacobian_norms, lint_inplace, vjp)
 from .dumping import dump
 from .errors import FxdebugError, PassEquivalenceError, SelectionError, TraceFailure
 from .instrument import instrument, records
@@ -37,6 +38,9 @@ __all__ = [
     "JacobianNorms",
     "check_equivalence",
     "EquivalenceReport",
+    "check_compiled",
+    "CompiledReport",
+    "backend",
     "find_nonfinite",
     "NonfiniteReport",
     "testing",

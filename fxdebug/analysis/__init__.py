@@ -8,6 +8,11 @@ names nodes by key and the user's ``file:line``::
       ├─ compare_values(outputs)                        compare.py
       └─ localise: Capture("all") on both, match_nodes  node_matching.py
            (grads=True: activation_grads, in backward order)  activation_grads.py
+    check_compiled(model, *inputs, backend=...)         compiled.py
+      ├─ graph breaks: torch._dynamo.explain
+      └─ localise: dynamo graphs keyed (dynamo_graphs.py), compiled piece by piece
+           against fxdebug's eager captures            compiled_localise.py
+    backend(inner="inductor")                           compiled_backend.py
     find_nonfinite(model, *inputs)                      nonfinite.py
     lint_inplace(model, *inputs)                        lint.py (passes/aliasing.py)
     vjp(model, inputs, of, wrt)                         vjp.py    } live.py: values with
@@ -19,6 +24,8 @@ names nodes by key and the user's ``file:line``::
 True
 """
 
+from .compiled import CompiledDivergence, CompiledReport, GraphBreak, check_compiled
+from .compiled_backend import InstrumentingBackend, backend
 from .equivalence import EquivalenceReport, NodeComparison, check_equivalence
 from .jacobian import JacobianNorms, jacobian_norms
 from .lint import Hazard, Hazards, lint_inplace
@@ -27,4 +34,5 @@ from .vjp import vjp
 
 __all__ = ["check_equivalence", "EquivalenceReport", "NodeComparison", "find_nonfinite",
            "NonfiniteReport", "lint_inplace", "Hazard", "Hazards", "vjp", "jacobian_norms",
-           "JacobianNorms"]
+           "JacobianNorms", "check_compiled", "CompiledReport", "CompiledDivergence",
+           "GraphBreak", "backend", "InstrumentingBackend"]

@@ -2,12 +2,17 @@
 
     fxdebug check [MODEL] [--input SHAPE] [--pass NAME|FILE.py:FN|pkg.mod:FN ...]
                   [--rtol R] [--atol A] [--grads] [--train] [--seed 0]
+    fxdebug check [MODEL] --compiled [--backend NAME|FILE.py:FN|pkg.mod:FN] [--mode M]
 
 Stage 0 is the model itself; stage N is pass N applied to a copy of stage
 N-1 (parameters shared), checked against stage N-1 with
 :func:`fxdebug.check_equivalence`. Each check prints its verdict table (the
 first divergent node and its source line when it differs). Exit status 0 when
 every pass kept the outputs, 1 when one did not (or on an error).
+
+With ``--compiled`` it checks ``torch.compile(model, backend=NAME)`` against the
+eager model instead (:func:`fxdebug.check_compiled`): graph breaks with their
+source lines, and the first node the backend computes differently.
 """
 
 from __future__ import annotations
@@ -42,7 +47,54 @@ def register(subparsers) -> None:
     parser.add_argument("--grads", action="store_true",
                         help="also compare parameter gradients of sum(out.sum())")
     parser.add_argument("--train", action="store_true", help="run in training mode (default eval)")
+    parser.add_argument("--compiled", action="store_true",
+                        help="check torch.compile(model) against eager instead of passes: graph "
+                             "breaks and the first node the backend computes differently")
+    parser.add_argument("--backend", default="inductor", metavar="NAME",
+                        help="with --compiled: a dynamo backend name, or your own backend "
+                             "function as path/to/file.py:name or package.module:name "
+                             "(default inductor)")
+    parser.add_argument("--mode", default=None,
+                        help="with --compiled: inductor's mode (e.g. max-autotune)")
+    parser.add_argument("--dump", default=None, metavar="FOLDER",
+                        help="with --compiled: write the smallest divergent piece to FOLDER")
     parser.set_defaults(run=run)
+
+
+def load_backend(spec: str):
+    """``--backend``: a dynamo backend name as it is, or ``file.py:name`` / ``package.module:name``."""
+    if ":" not in spec:
+        return spec
+    where, _, name = spec.rpartition(":")
+    if where.endswith(".py"):
+        from .model_spec import _import_file
+        module = _import_file(where)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as exc:
+            raise FxdebugError(f"--backend {spec!r}: cannot import {where!r}: {exc}.") from exc
+    found = getattr(module, name, None)
+    if not callable(found):
+        raise FxdebugError(f"--backend {spec!r}: {where!r} has no function {name!r}; name a "
+                           f"backend function (gm, example_inputs) -> callable defined there.")
+    return found
+
+
+def run_compiled(args) -> int:
+    from ..analysis import check_compiled
+    if args.passes:
+        raise FxdebugError("--compiled checks torch.compile against eager and runs no passes; "
+                           "drop --pass, or drop --compiled to check passes.")
+    model, inputs = model_and_inputs(args)
+    model.train(args.train)
+    report = check_compiled(model, *inputs, backend=load_backend(args.backend), mode=args.mode,
+                            rtol=args.rtol, atol=args.atol, grads=args.grads)
+    print(f"{args.model}: {type(model).__name__}, input {describe_inputs(inputs)}")
+    print(report.table())
+    if args.dump and report.first_divergence is not None:
+        print(f"smallest divergent piece written to {report.dump(args.dump)}")
+    return 0 if report.ok else 1
 
 
 def load_pass(spec: str):
@@ -76,6 +128,8 @@ def load_pass(spec: str):
 
 
 def run(args) -> int:
+    if args.compiled:
+        return run_compiled(args)
     from ..analysis import check_equivalence
     from ..passes.base import graph_source, unchanged_message
     from ..tracing import keyed_copy, trace

@@ -1,0 +1,316 @@
+"""``check_compiled``: does ``torch.compile`` give what eager gives, and if not, which node differs?
+
+Call tree::
+
+    check_compiled(model, *inputs, backend="inductor")
+      ├─ ControlledRuns                 same RNG state, buffers and fresh inputs every run
+      ├─ eager run, compiled run        torch.compile(model, backend=..., mode=...)
+      │    └─ compare_values(outputs)   (+ parameter gradients with grads=True)
+      ├─ torch._dynamo.explain           graph breaks: reason and the user's file:line
+      └─ outputs differ: localise        compiled_localise.py
+           ├─ capture_graphs             the graphs dynamo captured, keyed, and their inputs
+           └─ localise(graph)            first divergent node by bisection over prefixes,
+                                         then the smallest divergent piece (report.dump)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+from typing import Any
+
+import torch
+from tabulate import tabulate
+
+from ..dumping import dump as dump_folder
+from ..dumping.folder_runtime import flatten_outputs
+from ..errors import FxdebugError
+from ..tracing.keys import node_key, op_name
+from ..tracing.locations import format_location, is_user_file
+from .compare import Comparison, compare_values, format_error, iter_tensors
+from .compiled_backend import resolve_backend
+from .compiled_localise import Localised, capture_graphs, localise
+from .controlled_run import ControlledRuns
+
+__all__ = ["check_compiled", "CompiledReport", "CompiledDivergence", "GraphBreak"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphBreak:
+    """Where dynamo stopped a graph: ``reason`` and the user's ``(file, line)``."""
+
+    reason: str
+    source: tuple[str, int] | None
+
+    @property
+    def location(self) -> str:
+        """The user's ``file:line`` (``?`` when unknown)."""
+        return format_location(self.source)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledDivergence:
+    """The first node whose compiled value differs from its eager value.
+
+    ``key`` is fxdebug's key (module path + op), ``op`` what the node calls,
+    ``source`` the user's ``(file, line)``, ``graph`` the index of the dynamo
+    graph it lies in; ``piece`` the keys of the smallest piece of that graph
+    that still differs when compiled alone (what :meth:`CompiledReport.dump`
+    writes).
+    """
+
+    key: str
+    op: str
+    source: tuple[str, int] | None
+    graph: int
+    max_abs: float
+    max_rel: float
+    shape: str
+    dtype: str
+    piece: tuple[str, ...]
+    compiles: int
+    detail: str = ""
+
+    @property
+    def location(self) -> str:
+        """The user's ``file:line`` of the node (``?`` when unknown)."""
+        return format_location(self.source)
+
+    def describe(self) -> str:
+        """One line naming the node, its op, its source line and its error."""
+        text = (f"{self.key} ({self.op}, {self.location}) in graph {self.graph}: max abs "
+                f"{format_error(self.max_abs)}, max rel {format_error(self.max_rel)}")
+        return text + (f"; {self.detail}" if self.detail else "")
+
+
+@dataclasses.dataclass
+class CompiledReport:
+    """What :func:`check_compiled` found.
+
+    Attributes:
+        ok: compiled outputs (and, with ``grads=True``, parameter gradients)
+            agree with eager within tolerance.
+        outputs / grads: one :class:`~fxdebug.analysis.compare.Comparison` each.
+        first_divergence: a :class:`CompiledDivergence`, or None.
+        graph_breaks: :class:`GraphBreak` entries, in the order dynamo met them.
+        graphs: how many graphs dynamo captured.
+        notes: anything else worth knowing.
+    """
+
+    ok: bool
+    outputs: list[Comparison]
+    grads: list[Comparison]
+    first_divergence: CompiledDivergence | None
+    graph_breaks: list[GraphBreak]
+    graphs: int
+    backend: str
+    mode: str | None
+    rtol: float | None
+    atol: float | None
+    model_name: str
+    notes: list[str] = dataclasses.field(default_factory=list)
+    _found: Localised | None = dataclasses.field(default=None, repr=False)
+
+    def table(self) -> str:
+        """Verdict, outputs, graph breaks, the first divergent node and its smallest piece."""
+        failed = [c for c in self.outputs if not c.ok]
+        counts = f"{len(self.outputs) - len(failed)}/{len(self.outputs)} outputs agree"
+        if self.grads:
+            bad = sum(not c.ok for c in self.grads)
+            counts += f", {len(self.grads) - bad}/{len(self.grads)} gradients agree"
+        tol = ("dtype defaults of torch.testing.assert_close" if self.rtol is None and
+               self.atol is None else f"rtol={self.rtol}, atol={self.atol}")
+        lines = [f"check_compiled: {self.model_name}, eager vs torch.compile(backend="
+                 f"{self.backend}{'' if self.mode is None else f', mode={self.mode!r}'})",
+                 f"tolerance: {tol}",
+                 f"verdict: {'EQUIVALENT' if self.ok else 'DIFFERENT'} ({counts})", ""]
+        body = [[c.path, c.shape or "-", c.dtype or "-", format_error(c.max_abs),
+                 format_error(c.max_rel), "ok" if c.ok else "DIFFERS", c.detail]
+                for c in self.outputs + [c for c in self.grads if not c.ok]]
+        lines.append(tabulate(body, headers=["value", "shape", "dtype", "max abs", "max rel",
+                                             "verdict", "detail"], disable_numparse=True))
+        lines += ["", f"graphs captured by dynamo: {self.graphs}, graph breaks: "
+                      f"{len(self.graph_breaks)}"]
+        if self.graph_breaks:
+            lines.append(tabulate([[b.location, b.reason] for b in self.graph_breaks],
+                                  headers=["source", "reason"], disable_numparse=True))
+        first = self.first_divergence
+        if first is not None:
+            nodes = f"{len(first.piece)} node{'' if len(first.piece) == 1 else 's'}"
+            lines += ["", f"first divergence: {first.describe()}",
+                      f"smallest divergent piece ({nodes}, found with {first.compiles} "
+                      f"compiles): {', '.join(first.piece)}",
+                      "report.dump(folder) writes it; python folder/run.py shows the mismatch"]
+        lines.extend(f"note: {note}" for note in self.notes)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def dump(self, folder, overwrite: bool = False) -> str:
+        """Write the smallest divergent piece as an :func:`fxdebug.dump` folder; return its path.
+
+        ``expected.pt`` holds what the compiled piece gave; ``run.py`` runs the
+        piece eagerly, so the difference it prints is the compiler's.
+        """
+        found = self._found
+        if found is None:
+            raise FxdebugError("nothing to dump: check_compiled found no divergent node "
+                               f"({'the outputs agree' if self.ok else 'see the notes'}).")
+        piece = found.piece
+        path = dump_folder(piece.piece.gm, folder, *piece.piece.inputs, overwrite=overwrite)
+        compiled = flatten_outputs(tuple(value.detach().clone() if isinstance(value, torch.Tensor)
+                                         else value for value in piece.compiled))
+        buffer = io.BytesIO()
+        torch.save({"outputs": compiled, "grads": {}, "backward_error": ""}, buffer)
+        with open(os.path.join(path, "expected.pt"), "wb") as handle:
+            handle.write(buffer.getvalue())
+        first = self.first_divergence
+        with open(os.path.join(path, "README.md"), "a") as handle:
+            handle.write(f"\n## Compiled divergence\n\nThis piece of dynamo graph {first.graph} "
+                         f"computes `{first.key}` ({first.location}). `expected.pt` holds what "
+                         f"backend `{self.backend}` gave for it; `run.py` runs it eagerly, so "
+                         f"the difference it prints is the compiler's (max abs "
+                         f"{format_error(first.max_abs)} when dumped).\n")
+        return path
+
+
+def _model_name(model) -> str:
+    return type(model).__name__
+
+
+def _backend_name(backend) -> str:
+    return backend if isinstance(backend, str) else getattr(backend, "__name__",
+                                                            type(backend).__name__)
+
+
+def _param_grads(model: torch.nn.Module, output: Any) -> dict:
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    terms = [t.sum() for _, t in iter_tensors(output, "out")
+             if t.requires_grad and t.is_floating_point()]
+    if not named or not terms:
+        return {}
+    found = torch.autograd.grad(sum(terms), [p for _, p in named], allow_unused=True)
+    return {name: grad for (name, _), grad in zip(named, found)}
+
+
+def _graph_breaks(model, runs: ControlledRuns) -> tuple[list[GraphBreak], int]:
+    torch._dynamo.reset()
+    try:
+        explained = runs.run(lambda *args: torch._dynamo.explain(model)(*args))
+    finally:
+        torch._dynamo.reset()
+    breaks: list[GraphBreak] = []
+    for reason in explained.break_reasons:
+        lines = [line.strip() for line in str(reason.reason).splitlines() if line.strip()]
+        text = lines[0] if lines else "unknown"
+        explanation = next((line for line in lines if line.startswith("Explanation:")), "")
+        if explanation:
+            text = f"{text}: {explanation[len('Explanation:'):].strip()}"
+        source = None
+        for frame in reason.user_stack or ():
+            if is_user_file(frame.filename):
+                source = (frame.filename, frame.lineno)
+        entry = GraphBreak(text, source)
+        if entry not in breaks:
+            breaks.append(entry)
+    return breaks, int(explained.graph_count)
+
+
+def check_compiled(model: torch.nn.Module, *inputs, backend="inductor", mode: str | None = None,
+                   rtol: float | None = None, atol: float | None = None,
+                   grads: bool = False) -> CompiledReport:
+    """Compare ``torch.compile(model, backend=backend, mode=mode)`` with eager, node by node.
+
+    Both run on copies of ``inputs`` from the same RNG state and buffers, in
+    the modes the model is in. Outputs (and, with ``grads=True``, parameter
+    gradients of ``sum(out.sum())``) are compared as ``torch.testing.
+    assert_close`` would. When they differ, each graph dynamo captured is
+    compiled piece by piece with the same backend on the eager values of its
+    inputs, and compared with fxdebug's eager captures of the same nodes: the
+    first node that differs is named by key and the user's ``file:line``.
+    Dynamo's caches are reset (``torch._dynamo.reset()``) before and after
+    each compiled run, so other compiled functions recompile on their next call.
+
+    Args:
+        backend: a dynamo backend name or your own ``(gm, example_inputs) ->
+            callable``.
+        mode: inductor's mode (``"max-autotune"``...), inductor only.
+
+    Example::
+
+        >>> import torch, fxdebug
+        >>> def bad_backend(gm, example_inputs):      # computes sigmoid for every relu
+        ...     for node in gm.graph.nodes:
+        ...         if node.target in (torch.relu, torch.nn.functional.relu):
+        ...             node.target, node.kwargs = torch.sigmoid, {}
+        ...     gm.recompile()
+        ...     return gm.forward
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(),
+        ...                             torch.nn.Linear(4, 2))
+        >>> report = fxdebug.check_compiled(model, torch.randn(3, 4), backend=bad_backend)
+        >>> report.ok, report.first_divergence.key, report.first_divergence.piece
+        (False, '1', ('1',))
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"check_compiled expects an nn.Module, got {type(model).__name__}.")
+    if not inputs:
+        raise FxdebugError("check_compiled needs example inputs: check_compiled(model, x).")
+    compile_piece = resolve_backend(backend, mode)
+    notes: list[str] = []
+    found: Localised | None = None
+    with ControlledRuns([model], inputs, train=None) as runs:
+        eager_out = runs.run(model, grad=grads)
+        eager_grads = _param_grads(model, eager_out) if grads else {}
+        torch._dynamo.reset()
+        try:
+            compiled = torch.compile(model, backend=backend, mode=mode)
+            compiled_out = runs.run(compiled, grad=grads)
+            compiled_grads = _param_grads(model, compiled_out) if grads else {}
+        except Exception as exc:
+            exc.add_note(f"fxdebug.check_compiled: raised while running torch.compile(model, "
+                         f"backend={_backend_name(backend)!r}); the eager model ran fine")
+            raise
+        finally:
+            torch._dynamo.reset()
+        outputs = compare_values(eager_out, compiled_out, "out", rtol, atol)
+        grad_rows = []
+        for name, ref in eager_grads.items():
+            got = compiled_grads.get(name)
+            if ref is not None and got is not None:
+                grad_rows.extend(compare_values(ref, got, f"grad/{name}", rtol, atol))
+            elif (ref is None) != (got is None):
+                grad_rows.append(Comparison(f"grad/{name}", False, float("inf"), float("inf"),
+                                            detail="a gradient reaches it on one side only"))
+        outputs_ok = all(c.ok for c in outputs)
+        ok = outputs_ok and all(c.ok for c in grad_rows)
+        breaks, graph_count = _graph_breaks(model, runs)
+        if not outputs_ok:
+            graphs = capture_graphs(model, runs)
+            for graph in graphs:
+                found = localise(graph, compile_piece, rtol, atol)
+                if found is not None:
+                    break
+            if found is None:
+                notes.append("every dynamo graph, compiled alone on its eager inputs, agrees "
+                             "with eager: the difference builds up across graphs or lies in "
+                             "the eager code between them")
+        elif not ok:
+            notes.append("outputs agree but parameter gradients differ: the backward is not "
+                         "localised by node (compare fxdebug.check_equivalence with grads=True)")
+    divergence = None
+    if found is not None:
+        piece_gm = found.piece.piece.gm
+        piece_keys = tuple(node_key(n) for n in piece_gm.graph.nodes
+                           if n.op in ("call_function", "call_method", "call_module"))
+        c = found.comparison
+        divergence = CompiledDivergence(
+            key=node_key(found.node), op=op_name(found.node, found.graph.gm),
+            source=found.node.meta.get("fxdebug_source"), graph=found.graph.index,
+            max_abs=c.max_abs, max_rel=c.max_rel, shape=c.shape, dtype=c.dtype,
+            piece=piece_keys, compiles=found.compiles, detail=c.detail)
+    return CompiledReport(ok=ok, outputs=outputs, grads=grad_rows, first_divergence=divergence,
+                          graph_breaks=breaks, graphs=graph_count,
+                          backend=_backend_name(backend), mode=mode, rtol=rtol, atol=atol,
+                          model_name=_model_name(model), notes=notes, _found=found)
