@@ -18,11 +18,12 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from ..runtime import RECORDER_ATTR, SharedRecorder, leaves
+from .fidelity import static_forward
 from .keys import META_RETURNS, ModuleReturn
 from .module_copy import module_tree_copy
 from .partial_report import REPORT_ATTR
 
-__all__ = ["CallPlan", "call_plan", "strip_guards", "note_part_output", "set_submodule",
+__all__ = ["CallPlan", "call_plan", "call_forward", "strip_guards", "note_part_output", "set_submodule",
            "clean_tree", "is_fx_leaf", "is_container"]
 
 
@@ -69,14 +70,15 @@ def call_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> CallPlan:
     signature = _forward_signature(type(module))
     if signature is None:
         return CallPlan(reason="its forward has no inspectable signature")
+    takes_self = static_forward(module) is None
     try:
-        bound = signature.bind(module, *args, **kwargs)
+        bound = signature.bind(*((module,) if takes_self else ()), *args, **kwargs)
     except TypeError as exc:
         return CallPlan(reason=f"the call does not match forward's signature ({exc})")
     names, values, described = [], [], []
     plan = CallPlan()
     for index, (name, parameter) in enumerate(signature.parameters.items()):
-        if index == 0:
+        if index == 0 and takes_self:
             continue  # self
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             if bound.arguments.get(name):
@@ -111,6 +113,18 @@ def call_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> CallPlan:
     plan.positional = values
     plan.description = f"({', '.join(described)})"
     return plan
+
+
+def call_forward(module: torch.nn.Module, args: tuple, kwargs: dict):
+    """Run the class's own ``forward`` on ``module`` (a ``@staticmethod`` forward without it).
+
+    >>> call_forward(torch.nn.ReLU(), (torch.tensor([-1.0, 2.0]),), {})
+    tensor([0., 2.])
+    """
+    static = static_forward(module)
+    if static is not None:
+        return static(*args, **kwargs)
+    return type(module).forward(module, *args, **kwargs)
 
 
 def strip_guards(gm: fx.GraphModule) -> None:

@@ -33,6 +33,7 @@ from torch.fx.proxy import Attribute
 
 from ..runtime import Recorder, leaves
 from .failure import explain_failure
+from .fidelity import TracePatches, static_forward
 from .graph_module import DebugGraphModule
 from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, ModuleReturn,
                    key_base)
@@ -94,13 +95,43 @@ class _Tracer(fx.Tracer):
         self._module_scope: list[str] = []
         self.keys = KeyAllocator()  # re-made with the root's module paths in trace()
         self.failure_scope: tuple[str, ...] | None = None
+        self.condition_node: fx.Node | None = None
         self._order: dict[fx.Node, int] = {}
         self._recorder_proxies: dict[str, fx.Proxy] = {}
 
     def trace(self, root, concrete_args=None):
-        if isinstance(root, torch.nn.Module):
-            self.keys = KeyAllocator(owned=(name for name, _ in root.named_modules() if name))
-        return super().trace(root, concrete_args)
+        self.condition_node = None
+        if not isinstance(root, torch.nn.Module):
+            with TracePatches(self, root):
+                return super().trace(root, concrete_args)
+        self.keys = KeyAllocator(owned=(name for name, _ in root.named_modules() if name))
+        static = static_forward(root)
+        with TracePatches(self, root):
+            if static is None:
+                return super().trace(root, concrete_args)
+            # fx would bind the module to the first parameter: trace the function instead
+            graph = super().trace(static, concrete_args)
+        for node in graph.nodes:  # constants fx stored on its stand-in root
+            if node.op == "get_attr":
+                setattr(root, node.target, getattr(self.root, node.target))
+        self.root = root
+        return graph
+
+    def to_bool(self, obj):
+        self.condition_node = obj.node  # what the failing branch depends on (failure.py)
+        return super().to_bool(obj)
+
+    def iter(self, obj):
+        self.condition_node = obj.node
+        return super().iter(obj)
+
+    def create_arg(self, a):
+        if type(a).__module__ == "numpy" and type(a).__name__ == "ndarray":
+            # torch.from_numpy(array) stays a call on the array, as in eager
+            name = self.get_fresh_qualname("_ndarray_constant")
+            setattr(self.root, name, a)
+            return self.create_node("get_attr", name, (), {})
+        return super().create_arg(a)
 
     # -- graph construction ----------------------------------------------------------
     def proxy(self, node: fx.Node) -> fx.Proxy:
@@ -203,7 +234,8 @@ def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
             graph = tracer.trace(root, concrete_args=concrete_args)
             break
         except Exception as exc:  # any failure of user code under tracing is explained
-            failure = explain_failure(exc, model, tracer.failure_scope or (), tuple(auto_leaves))
+            failure = explain_failure(exc, model, tracer.failure_scope or (), tuple(auto_leaves),
+                                      tracer.condition_node)
             can_retry = (auto_leaf and failure.module_path
                          and failure.module_path not in leaf_paths
                          and failure.module_path not in [p for p, _ in auto_leaves])

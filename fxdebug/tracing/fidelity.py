@@ -1,0 +1,278 @@
+"""What plain torch.fx cannot see in a ``forward``, made visible while fxdebug traces.
+
+torch.fx only records calls that receive a Proxy. Everything else runs once,
+at trace time, and its result is frozen into the graph. :class:`TracePatches`
+changes that for the cases where freezing changes what the model computes::
+
+    with TracePatches(tracer, root):             around Tracer.trace
+      ├─ torch.rand(3), torch.ones(2), torch.tensor([...])   -> call_function nodes
+      │     every random op torch tags ``nondeterministic_seeded`` and every
+      │     tensor constructor (an aten op without tensor arguments), plus the
+      │     constructors from Python data (tensor, as_tensor, asarray, from_numpy)
+      ├─ t.uniform_(), t.normal_() on a constant tensor        -> call_method nodes
+      ├─ torch.no_grad / enable_grad / set_grad_enabled        -> grad-mode nodes
+      │     ``torch._C._set_grad_enabled``, restoring the mode read at run time
+      ├─ torch.autocast(...)                                   -> torch.amp._enter_autocast /
+      │                                                           _exit_autocast nodes
+      ├─ torch.inference_mode()                                -> UnfaithfulTrace: the module
+      │                                                           runs eagerly (auto-leaf / parts)
+      └─ self.attr = <traced value>                            -> UnfaithfulTrace
+            (fx would leave a Proxy on the module)
+
+The grad-mode and autocast nodes are the ones ``torch.export`` emits, and
+torch keeps them through dead-code elimination
+(``torch.fx.node._side_effectful_functions``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+__all__ = ["TracePatches", "UnfaithfulTrace", "traced_torch_functions", "traced_tensor_methods",
+           "static_forward"]
+
+# Tensors built from Python data: not aten operators, so no schema says they construct.
+_DATA_CONSTRUCTORS = ("tensor", "as_tensor", "asarray", "from_numpy")
+
+
+_ABSENT = object()
+
+
+class UnfaithfulTrace(RuntimeError):
+    """Raised under tracing where the graph would not compute what eager ``forward`` computes."""
+
+
+def _packet(name: str):
+    packet = getattr(torch.ops.aten, name, None)
+    return packet if isinstance(packet, torch._ops.OpOverloadPacket) else None
+
+
+def _overloads(packet) -> list:
+    return [getattr(packet, overload) for overload in packet.overloads()]
+
+
+def _is_random(packet) -> bool:
+    return any(torch.Tag.nondeterministic_seeded in op.tags for op in _overloads(packet))
+
+
+def _is_constructor(packet) -> bool:
+    """Some overload takes no tensor and returns one (aten's notion of a factory)."""
+    for op in _overloads(packet):
+        schema = op._schema
+        if (not any("Tensor" in str(arg.type) for arg in schema.arguments)
+                and any("Tensor" in str(ret.type) for ret in schema.returns)):
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def traced_torch_functions() -> tuple[str, ...]:
+    """Names of the ``torch.*`` functions recorded as nodes even when no argument is traced.
+
+    >>> names = traced_torch_functions()
+    >>> all(name in names for name in ("rand", "randn", "randint", "randperm", "bernoulli",
+    ...                                "ones", "zeros", "arange", "tensor", "from_numpy"))
+    True
+    """
+    names = []
+    for name in sorted(dir(torch)):
+        value = getattr(torch, name, None)
+        if name.startswith("_") or not callable(value) or isinstance(value, type):
+            continue
+        packet = _packet(name)
+        if name in _DATA_CONSTRUCTORS or (packet is not None and (_is_random(packet)
+                                                                   or _is_constructor(packet))):
+            names.append(name)
+    return tuple(names)
+
+
+@functools.lru_cache(maxsize=None)
+def traced_tensor_methods() -> tuple[str, ...]:
+    """Names of random ``Tensor`` methods recorded as nodes when called on a constant tensor.
+
+    >>> "uniform_" in traced_tensor_methods() and "normal_" in traced_tensor_methods()
+    True
+    """
+    return tuple(name for name in sorted(dir(torch.Tensor))
+                 if not name.startswith("_") and _packet(name) is not None
+                 and _is_random(_packet(name)))
+
+
+def _holds_proxy(value) -> bool:
+    return any(isinstance(leaf, fx.Proxy) for leaf in pytree.tree_leaves(value))
+
+
+def static_forward(module: torch.nn.Module):
+    """The function behind a ``@staticmethod forward``, or None for an ordinary forward.
+
+    >>> class Twice(torch.nn.Module):
+    ...     @staticmethod
+    ...     def forward(x):
+    ...         return 2 * x
+    >>> static_forward(Twice()) is Twice.forward, static_forward(torch.nn.ReLU())
+    (True, None)
+    """
+    for cls in type(module).__mro__:
+        if "forward" in cls.__dict__:
+            found = cls.__dict__["forward"]
+            return found.__func__ if isinstance(found, staticmethod) else None
+    return None
+
+
+class TracePatches:
+    """While tracing: record as nodes what torch.fx would freeze or drop (see the module doc)."""
+
+    def __init__(self, tracer: fx.Tracer, root) -> None:
+        self.tracer = tracer
+        self.root = root
+        self._undo: list[tuple[object, str, object, bool]] = []
+
+    # -- installing ----------------------------------------------------------------------
+    def __enter__(self) -> "TracePatches":
+        try:
+            originals: dict[int, object] = {}
+            for name in traced_torch_functions():
+                original = getattr(torch, name)
+                originals[id(original)] = self._function(original)
+                self._set(torch, name, originals[id(original)])
+            for globals_ in self._forward_globals():  # `from torch import rand` in user files
+                for name, value in list(globals_.items()):
+                    if id(value) in originals and not name.startswith("_"):
+                        self._set_item(globals_, name, originals[id(value)])
+            for name in traced_tensor_methods():
+                self._set(torch.Tensor, name, self._method(name, getattr(torch.Tensor, name)))
+            self._patch_grad_modes()
+            self._patch_autocast()
+            self._set(torch.autograd.grad_mode.inference_mode, "__enter__", _refuse_inference_mode)
+            self._set(torch.nn.Module, "__setattr__", _checked_setattr(torch.nn.Module.__setattr__))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        while self._undo:
+            owner, name, original, is_item = self._undo.pop()
+            if is_item:
+                owner[name] = original
+            elif original is _ABSENT:
+                delattr(owner, name)  # inherited: the base class's attribute shows again
+            else:
+                setattr(owner, name, original)
+
+    def _set(self, owner, name: str, value) -> None:
+        self._undo.append((owner, name, vars(owner).get(name, _ABSENT), False))
+        setattr(owner, name, value)
+
+    def _set_item(self, mapping: dict, name: str, value) -> None:
+        self._undo.append((mapping, name, mapping[name], True))
+        mapping[name] = value
+
+    def _forward_globals(self) -> list[dict]:
+        found: dict[int, dict] = {}
+        modules = self.root.modules() if isinstance(self.root, torch.nn.Module) else ()
+        functions = [type(m).forward for m in modules]
+        if not isinstance(self.root, torch.nn.Module):
+            functions.append(self.root)
+        for function in functions:
+            function = inspect.unwrap(function)
+            globals_ = getattr(function, "__globals__", None)
+            if isinstance(globals_, dict) and globals_ is not vars(torch):
+                found.setdefault(id(globals_), globals_)
+        return list(found.values())
+
+    # -- the replacements ----------------------------------------------------------------
+    def _function(self, original):
+        tracer = self.tracer
+
+        @functools.wraps(original)
+        def traced(*args, **kwargs):
+            if _holds_proxy((args, kwargs)):
+                return original(*args, **kwargs)  # torch.fx records it (__torch_function__)
+            return tracer.create_proxy("call_function", original, args, kwargs)
+
+        return traced
+
+    def _method(self, name: str, original):
+        tracer = self.tracer
+
+        @functools.wraps(original)
+        def traced(self, *args, **kwargs):
+            if isinstance(self, fx.Proxy) or _holds_proxy((args, kwargs)):
+                return original(self, *args, **kwargs)
+            return tracer.create_proxy("call_method", name, (self, *args), kwargs)
+
+        return traced
+
+    def _patch_grad_modes(self) -> None:
+        tracer = self.tracer
+        grad_mode = torch.autograd.grad_mode
+
+        def read_mode():
+            return tracer.create_proxy("call_function", torch.is_grad_enabled, (), {})
+
+        def set_mode(mode):
+            tracer.create_proxy("call_function", torch._C._set_grad_enabled, (mode,), {})
+
+        def enter_fixed(mode):
+            def __enter__(self):
+                self.prev = read_mode()
+                set_mode(mode)
+            return __enter__
+
+        def exit_(self, *exc):
+            set_mode(self.prev)
+
+        def set_init(self, mode):
+            self.prev = read_mode()
+            set_mode(mode)
+            self.mode = mode
+
+        def set_enter(self):
+            set_mode(self.mode)
+
+        for cls, mode in ((grad_mode.no_grad, False), (grad_mode.enable_grad, True)):
+            self._set(cls, "__enter__", enter_fixed(mode))
+            self._set(cls, "__exit__", exit_)
+        self._set(grad_mode.set_grad_enabled, "__init__", set_init)
+        self._set(grad_mode.set_grad_enabled, "__enter__", set_enter)
+        self._set(grad_mode.set_grad_enabled, "__exit__", exit_)
+
+    def _patch_autocast(self) -> None:
+        tracer = self.tracer
+        autocast = torch.amp.autocast_mode.autocast
+
+        def __enter__(self):
+            values = (self.device, self.fast_dtype, self._enabled, self._cache_enabled)
+            self._fxdebug_mode = tracer.create_proxy("call_function", torch.amp._enter_autocast,
+                                                     values, {})
+            return self
+
+        def __exit__(self, *exc):
+            tracer.create_proxy("call_function", torch.amp._exit_autocast,
+                                (self._fxdebug_mode,), {})
+            return False
+
+        self._set(autocast, "__enter__", __enter__)
+        self._set(autocast, "__exit__", __exit__)
+
+
+def _refuse_inference_mode(self):
+    raise UnfaithfulTrace("fxdebug: torch.inference_mode() inside forward cannot be put into a "
+                          "torch.fx graph (its tensors differ from no_grad ones)")
+
+
+def _checked_setattr(original):
+    def __setattr__(self, name, value):
+        if _holds_proxy(value):
+            raise UnfaithfulTrace(
+                f"fxdebug: forward stores a traced value on the module (self.{name} = ...): "
+                f"torch.fx would leave a Proxy in {type(self).__name__}.{name}")
+        original(self, name, value)
+
+    return __setattr__
