@@ -101,10 +101,13 @@ def test_grad_mode_blocks_give_eager_gradients(cls):
 
 
 def test_grad_mode_is_restored_when_the_graph_raises():
-    gm = fxdebug.trace(tm.GradModes())
+    model = tm.GradModes()
+    gm = fxdebug.trace(model)
     with pytest.raises(RuntimeError):
         gm(torch.randn(3, 5))  # fails inside the no_grad block
     assert torch.is_grad_enabled()
+    x = torch.randn(3, 4)
+    _assert_same_grads(_grads(model, model(x)), _grads(model, gm(x)))
 
 
 def test_autocast_block_runs_in_bfloat16_as_in_eager(hooks):
