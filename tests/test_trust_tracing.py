@@ -181,6 +181,19 @@ def test_attribute_write_in_a_submodule_runs_it_eagerly(hooks):
     assert torch.equal(fxdebug.records(gm)["cached"], hooks(model, x)["cached"])
 
 
+def test_traced_value_kept_in_module_state_runs_that_module_eagerly(hooks):
+    model = tm.HoldsHistory()
+    x = torch.randn(2, 4)
+    gm, messages = _instrument_quietly(model)
+    assert model.keeps.history == []  # the Proxy fx appended was taken out again
+    assert any("keeps (a traced value stored on the module" in m
+               and _line_of(tm.KeepsHistory, "HISTORY LINE") in m for m in messages), messages
+    out = gm(x)
+    assert len(model.keeps.history) == 1 and isinstance(model.keeps.history[0], torch.Tensor)
+    assert torch.equal(out, model(x))
+    assert torch.equal(fxdebug.records(gm)["keeps"], hooks(model, x)["keeps"])
+
+
 # -- 10. advice that is right -----------------------------------------------------------
 @pytest.mark.parametrize("cls", [tm.Branchy, tm.ShapeBranch])
 def test_branch_on_tensor_values_is_never_advised_concrete_args(cls):

@@ -199,3 +199,25 @@ class FlagBranch(nn.Module):
         if not normalize:
             return x
         return x / x.norm()
+
+
+class KeepsHistory(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.history = []
+
+    def forward(self, x):
+        h = self.fc(x)
+        self.history.append(h * 2)  # HISTORY LINE
+        return h
+
+
+class HoldsHistory(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.keeps = KeepsHistory()
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.out(self.keeps(x))

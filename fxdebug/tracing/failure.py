@@ -151,7 +151,8 @@ def explain_failure(exc: BaseException, model: torch.nn.Module, scope: tuple[str
         module_type = type(model.get_submodule(module_path)).__name__
     except AttributeError:
         module_type = "?"
-    where = user_location_in_traceback(exc.__traceback__)
+    where = (getattr(exc, "fxdebug_location", None)  # set where no traceback names the line
+             or user_location_in_traceback(exc.__traceback__))
     location = format_location(where) if where else None
     statement = linecache.getline(where[0], where[1]).strip() if where else ""
     kind, code = _classify(exc)

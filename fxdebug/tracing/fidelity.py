@@ -19,6 +19,9 @@ changes that for the cases where freezing changes what the model computes::
       └─ self.attr = <traced value>                            -> UnfaithfulTrace
             (fx would leave a Proxy on the module)
 
+    after the trace: take_leftover_proxies(root)   self.history.append(x) left a Proxy in
+                                                   module state: removed, and UnfaithfulTrace
+
 The grad-mode and autocast nodes are the ones ``torch.export`` emits, and
 torch keeps them through dead-code elimination
 (``torch.fx.node._side_effectful_functions``).
@@ -34,7 +37,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 __all__ = ["TracePatches", "UnfaithfulTrace", "traced_torch_functions", "traced_tensor_methods",
-           "static_forward"]
+           "static_forward", "take_leftover_proxies"]
 
 # Tensors built from Python data: not aten operators, so no schema says they construct.
 _DATA_CONSTRUCTORS = ("tensor", "as_tensor", "asarray", "from_numpy")
@@ -276,3 +279,38 @@ def _checked_setattr(original):
         original(self, name, value)
 
     return __setattr__
+
+
+def take_leftover_proxies(root: torch.nn.Module) -> list[tuple[str, str, fx.Node]]:
+    """Take Proxies a traced ``forward`` left in module state out again; say where they were.
+
+    ``self.history.append(x)`` or ``self.seen[k] = x`` under tracing leaves a Proxy
+    in a list or dict of the module (the user's own: submodules are shared). They
+    are removed, and ``(module path, attribute, node)`` returned for each.
+
+    >>> class Keeps(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.history = []
+    ...     def forward(self, x):
+    ...         self.history.append(x * 2)
+    ...         return x
+    >>> model = Keeps()
+    >>> _ = fx.symbolic_trace(model)
+    >>> [(path, name, node.name) for path, name, node in take_leftover_proxies(model)], model.history
+    ([('', 'history', 'mul')], [])
+    """
+    found = []
+    for path, module in root.named_modules():
+        for name, value in list(vars(module).items()):
+            if isinstance(value, fx.Proxy):
+                found.append((path, name, value.node))
+                del module.__dict__[name]
+            elif isinstance(value, list):
+                proxies = [item for item in value if isinstance(item, fx.Proxy)]
+                value[:] = [item for item in value if not isinstance(item, fx.Proxy)]
+                found.extend((path, name, proxy.node) for proxy in proxies)
+            elif isinstance(value, dict) and not name.startswith("_"):
+                for key in [k for k, item in value.items() if isinstance(item, fx.Proxy)]:
+                    found.append((path, name, value.pop(key).node))
+    return found

@@ -33,7 +33,7 @@ from torch.fx.proxy import Attribute
 
 from ..runtime import Recorder, leaves
 from .failure import explain_failure
-from .fidelity import TracePatches, static_forward
+from .fidelity import TracePatches, UnfaithfulTrace, static_forward, take_leftover_proxies
 from .graph_module import DebugGraphModule
 from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, ModuleReturn,
                    key_base)
@@ -217,6 +217,21 @@ def _resolve_leaves(model: torch.nn.Module, leaf_modules) -> tuple[list[str], tu
     return paths, tuple(types)
 
 
+def _refuse_leftover_proxies(tracer: _Tracer, root: torch.nn.Module) -> None:
+    """A Proxy kept in module state (``self.history.append(x)``): that module runs eagerly."""
+    leftover = take_leftover_proxies(root)
+    if not leftover:
+        return
+    path, name, node = leftover[0]
+    parts = path.split(".") if path else []
+    tracer.failure_scope = tuple(".".join(parts[:i + 1]) for i in range(len(parts)))
+    error = UnfaithfulTrace(f"fxdebug: forward stores a traced value on the module (in "
+                            f"self.{name}, {type(root.get_submodule(path)).__name__}): torch.fx "
+                            f"would leave a Proxy there")
+    error.fxdebug_location = node.meta.get(META_SOURCE)
+    raise error
+
+
 def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
               concrete_args: dict | None = None, auto_leaf: bool = True) -> fx.GraphModule:
     """Symbolic tracing with auto-leaf (the ``"fx"`` front end)."""
@@ -232,6 +247,7 @@ def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
         root = shallow_module_copy(model)
         try:
             graph = tracer.trace(root, concrete_args=concrete_args)
+            _refuse_leftover_proxies(tracer, root)
             break
         except Exception as exc:  # any failure of user code under tracing is explained
             failure = explain_failure(exc, model, tracer.failure_scope or (), tuple(auto_leaves),
