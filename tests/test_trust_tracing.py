@@ -69,6 +69,15 @@ def test_random_ops_and_constructors_equal_eager_on_every_call(cls):
     assert frozen == [], f"constructors frozen into constants: {frozen}"
 
 
+def test_python_values_of_constant_tensors_are_computed_but_random_ones_are_not():
+    model = tm.ConstantBranches()
+    x = torch.randn(2, 4)
+    assert torch.equal(fxdebug.trace(model)(x), model(x))
+    with pytest.raises(fxdebug.TraceFailure, match=re.escape(
+            _line_of(tm.RandomBranch, "RANDOM BRANCH LINE"))):
+        fxdebug.trace(tm.RandomBranch())  # a branch on a random value is never frozen
+
+
 def test_random_op_in_a_submodule_captured_as_eager_computed_it(hooks):
     model = tm.RandomInside()
     x = torch.randn(3, 4)

@@ -221,3 +221,28 @@ class HoldsHistory(nn.Module):
 
     def forward(self, x):
         return self.out(self.keeps(x))
+
+
+class ConstantBranches(nn.Module):
+    """Python needs the value of a constructor's result: computed once, as plain fx did."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        scale = torch.tensor(4.0).sqrt()
+        if scale > 1:
+            x = x * 2
+        for step in torch.arange(2):
+            x = x + step
+        for _ in range(int(torch.tensor(2))):
+            x = x + 1
+        return self.fc(x) * len(torch.ones(3)) / float(scale)
+
+
+class RandomBranch(nn.Module):
+    def forward(self, x):
+        if torch.rand(1) > 0.5:  # RANDOM BRANCH LINE
+            return x
+        return -x

@@ -37,7 +37,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 __all__ = ["TracePatches", "UnfaithfulTrace", "traced_torch_functions", "traced_tensor_methods",
-           "static_forward", "take_leftover_proxies"]
+           "static_forward", "take_leftover_proxies", "constant_value", "NOT_CONSTANT"]
 
 # Tensors built from Python data: not aten operators, so no schema says they construct.
 _DATA_CONSTRUCTORS = ("tensor", "as_tensor", "asarray", "from_numpy")
@@ -314,3 +314,61 @@ def take_leftover_proxies(root: torch.nn.Module) -> list[tuple[str, str, fx.Node
                 for key in [k for k, item in value.items() if isinstance(item, fx.Proxy)]:
                     found.append((path, name, value.pop(key).node))
     return found
+
+
+NOT_CONSTANT = object()
+_INPLACE_FUNCTIONS = ("iadd", "iand", "ifloordiv", "ilshift", "imod", "imul", "imatmul", "ior",
+                      "ipow", "irshift", "isub", "itruediv", "ixor", "setitem")
+
+
+def _is_random_target(node: fx.Node) -> bool:
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    packet = _packet(str(name).strip("_") if str(name).startswith("__") else str(name))
+    return packet is not None and _is_random(packet)
+
+
+def _writes_in_place(node: fx.Node) -> bool:
+    if node.op == "call_method":
+        return node.target.endswith("_") and not node.target.endswith("__")
+    return node.op == "call_function" and getattr(node.target, "__name__", "") in _INPLACE_FUNCTIONS
+
+
+def constant_value(node: fx.Node, root: torch.nn.Module):
+    """The value of ``node`` when it is computed from constants only, else ``NOT_CONSTANT``.
+
+    What Python needs a real value of while tracing (``if torch.tensor(3) > 2``,
+    ``range(torch.arange(4).numel())``) is computed as eager computes it, once, as
+    plain torch.fx did: a constructor's result stays a node for the graph, but a
+    branch on it is not a branch on the inputs. Not constant: anything reached
+    from an input, a parameter, a module call, a random op, or a value written
+    in place by a node outside this computation.
+    """
+    ancestors: dict[fx.Node, None] = {}
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if current in ancestors:
+            continue
+        if current.op in ("placeholder", "call_module", "output") or _is_random_target(current):
+            return NOT_CONSTANT
+        if current.op == "get_attr" and not str(current.target).startswith(
+                ("_tensor_constant", "_ndarray_constant")):
+            return NOT_CONSTANT  # a parameter or buffer: training may change it
+        ancestors[current] = None
+        stack.extend(current.all_input_nodes)
+    if any(_writes_in_place(user) and user not in ancestors
+           for ancestor in ancestors for user in ancestor.users):
+        return NOT_CONSTANT
+    values: dict[fx.Node, object] = {}
+    for current in node.graph.nodes:  # graph order: in-place writes happen as in eager
+        if current not in ancestors:
+            continue
+        args = fx.node.map_arg(current.args, values.__getitem__)
+        kwargs = fx.node.map_arg(current.kwargs, values.__getitem__)
+        if current.op == "get_attr":
+            values[current] = getattr(root, current.target)
+        elif current.op == "call_method":
+            values[current] = getattr(args[0], current.target)(*args[1:], **kwargs)
+        else:
+            values[current] = current.target(*args, **kwargs)
+    return values[node]

@@ -33,7 +33,8 @@ from torch.fx.proxy import Attribute
 
 from ..runtime import Recorder, leaves
 from .failure import explain_failure
-from .fidelity import TracePatches, UnfaithfulTrace, static_forward, take_leftover_proxies
+from .fidelity import (NOT_CONSTANT, TracePatches, UnfaithfulTrace, constant_value, static_forward,
+                       take_leftover_proxies)
 from .graph_module import DebugGraphModule
 from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, ModuleReturn,
                    key_base)
@@ -49,10 +50,33 @@ _INPLACE_OPERATOR_NAMES = ("iadd", "iand", "ifloordiv", "ilshift", "imod", "imul
 
 
 class _InplaceMixin:
-    """Augmented assignment and item assignment recorded as in-place graph nodes."""
+    """Augmented assignment and item assignment recorded as in-place graph nodes; a value
+    computed from constants only is given to Python when it needs a number."""
 
     def __getattr__(self, name):
         return _FaithfulAttribute(self, name)
+
+    def _concrete(self, convert, kind):
+        value = self.tracer.concrete(self) if isinstance(self.tracer, _Tracer) else NOT_CONSTANT
+        if value is NOT_CONSTANT:
+            raise TypeError(f"{kind} argument must be a number, not Proxy "
+                            f"(a traced value used as a Python number)")
+        return convert(value)
+
+    def __index__(self):
+        return self._concrete(operator.index, "__index__")
+
+    def __int__(self):
+        return self._concrete(int, "int()")
+
+    def __float__(self):
+        return self._concrete(float, "float()")
+
+    def __len__(self):
+        value = self.tracer.concrete(self) if isinstance(self.tracer, _Tracer) else NOT_CONSTANT
+        if value is NOT_CONSTANT:
+            return super().__len__()
+        return len(value)
 
     def __setitem__(self, index, value):
         self.tracer.create_proxy("call_function", operator.setitem, (self, index, value), {})
@@ -118,12 +142,25 @@ class _Tracer(fx.Tracer):
         return graph
 
     def to_bool(self, obj):
+        value = self.concrete(obj)
+        if value is not NOT_CONSTANT:
+            return bool(value)
         self.condition_node = obj.node  # what the failing branch depends on (failure.py)
         return super().to_bool(obj)
 
     def iter(self, obj):
+        value = self.concrete(obj)
+        if value is not NOT_CONSTANT:
+            return iter(value)
         self.condition_node = obj.node
         return super().iter(obj)
+
+    def concrete(self, obj):
+        """The value of a Proxy computed from constants only (a constructor's result), or
+        NOT_CONSTANT: Python needs it now, and it is the same on every run."""
+        if not isinstance(obj, fx.Proxy) or obj.tracer is not self:
+            return NOT_CONSTANT
+        return constant_value(obj.node, self.root)
 
     def create_arg(self, a):
         if type(a).__module__ == "numpy" and type(a).__name__ == "ndarray":
