@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import io
 import os
 import re
 import warnings
@@ -107,6 +108,21 @@ def test_grad_mode_blocks_give_eager_gradients(cls):
         assert torch.is_grad_enabled()
         with torch.no_grad():  # the block restores the mode it found, not the one at trace time
             assert not gm(x).requires_grad
+
+
+def test_grad_mode_and_autocast_nodes_survive_save_load_and_retracing():
+    for cls, x in ((tm.GradModes, torch.randn(3, 4)), (tm.Autocast, torch.randn(2, 8))):
+        model = cls()
+        eager_out = model(x)
+        expected = _grads(model, eager_out)
+        buffer = io.BytesIO()
+        torch.save(fxdebug.instrument(model, grads=True), buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        for gm in (loaded, fxdebug.trace(fxdebug.trace(model))):
+            out = gm(x)
+            assert torch.equal(out, eager_out)
+            _assert_same_grads(expected, _grads(gm, out))
 
 
 def test_grad_mode_is_restored_when_the_graph_raises():

@@ -16,8 +16,10 @@ changes that for the cases where freezing changes what the model computes::
       │                                                           _exit_autocast nodes
       ├─ torch.inference_mode()                                -> UnfaithfulTrace: the module
       │                                                           runs eagerly (auto-leaf / parts)
-      └─ self.attr = <traced value>                            -> UnfaithfulTrace
-            (fx would leave a Proxy on the module)
+      ├─ self.attr = <traced value>                            -> UnfaithfulTrace
+      │     (fx would leave a Proxy on the module)
+      └─ re-tracing a GraphModule (torch.load, fxdebug.trace(gm)): its grad-mode and
+            autocast calls stay nodes
 
     after the trace: take_leftover_proxies(root)   self.history.append(x) left a Proxy in
                                                    module state: removed, and UnfaithfulTrace
@@ -35,6 +37,7 @@ import inspect
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
+from torch.fx.graph_module import _CodeOnlyModule  # what torch.load re-traces
 
 __all__ = ["TracePatches", "UnfaithfulTrace", "traced_torch_functions", "traced_tensor_methods",
            "static_forward", "take_leftover_proxies", "constant_value", "NOT_CONSTANT"]
@@ -151,6 +154,8 @@ class TracePatches:
                 self._set(torch.Tensor, name, self._method(name, getattr(torch.Tensor, name)))
             self._patch_grad_modes()
             self._patch_autocast()
+            if isinstance(self.root, (fx.GraphModule, _CodeOnlyModule)):  # generated code
+                self._patch_mode_nodes()
             self._set(torch.autograd.grad_mode.inference_mode, "__enter__", _refuse_inference_mode)
             self._set(torch.nn.Module, "__setattr__", _checked_setattr(torch.nn.Module.__setattr__))
         except BaseException:
@@ -245,6 +250,24 @@ class TracePatches:
         self._set(grad_mode.set_grad_enabled, "__init__", set_init)
         self._set(grad_mode.set_grad_enabled, "__enter__", set_enter)
         self._set(grad_mode.set_grad_enabled, "__exit__", exit_)
+
+    def _patch_mode_nodes(self) -> None:
+        """Re-tracing fxdebug's own generated code: its grad-mode and autocast calls stay nodes."""
+        for owner, name in ((torch, "is_grad_enabled"), (torch._C, "_set_grad_enabled"),
+                            (torch.amp.autocast_mode, "_enter_autocast"),
+                            (torch.amp.autocast_mode, "_exit_autocast"),
+                            (torch.amp, "_enter_autocast"), (torch.amp, "_exit_autocast")):
+            original = vars(owner)[name]
+            self._set(owner, name, self._always_node(original))
+
+    def _always_node(self, original):
+        tracer = self.tracer
+
+        @functools.wraps(original)
+        def traced(*args, **kwargs):
+            return tracer.create_proxy("call_function", original, args, kwargs)
+
+        return traced
 
     def _patch_autocast(self) -> None:
         tracer = self.tracer
