@@ -7,7 +7,10 @@ Call tree::
            ├─ _Tracer.trace(shallow copy of model)   torch.fx.Tracer, plus:
            │    ├─ create_node   -> meta: fxdebug_key, fxdebug_source
            │    ├─ call_module   -> scope stack; non-leaf outputs -> fxdebug_returns
-           │    └─ proxy         -> _FaithfulProxy (keeps ``+=`` and ``x[i] = v`` in place)
+           │    ├─ proxy         -> _FaithfulProxy (keeps ``+=`` and ``x[i] = v`` in place)
+           │    └─ TracePatches  -> random ops / constructors / grad modes / autocast as
+           │                        nodes; inference_mode, ``self.x = proxy`` refused (fidelity.py)
+           ├─ take_leftover_proxies: a Proxy kept in module state -> that module is refused
            └─ on failure: explain_failure() -> TraceFailure
                  └─ auto_leaf and the failure is inside a submodule: retry with it as a leaf
       └─ DebugGraphModule(root, graph)
