@@ -66,7 +66,8 @@ def test_random_ops_and_constructors_equal_eager_on_every_call(cls):
     for seed in (1, 2, 2):  # a new seed gives new numbers; the same seed the same; no state kept
         expected = _seeded(model, x, seed=seed)
         assert torch.equal(_seeded(gm, x, seed=seed), expected)
-    frozen = [n.target for n in gm.graph.nodes if n.op == "get_attr" and "_tensor_constant" in n.target]
+    frozen = [n.target for n in gm.graph.nodes if n.op == "get_attr" and "_tensor_constant" in n.target
+              and any(user.target != "numpy" for user in n.users)]  # a numpy array stays an array
     assert frozen == [], f"constructors frozen into constants: {frozen}"
 
 

@@ -40,13 +40,15 @@ import torch.utils._pytree as pytree
 from torch.fx.graph_module import _CodeOnlyModule  # what torch.load re-traces
 
 __all__ = ["TracePatches", "UnfaithfulTrace", "traced_torch_functions", "traced_tensor_methods",
-           "static_forward", "take_leftover_proxies", "constant_value", "NOT_CONSTANT"]
+           "static_forward", "take_leftover_proxies", "constant_value", "NOT_CONSTANT",
+           "UNPATCHED_FROM_NUMPY"]
 
 # Tensors built from Python data: not aten operators, so no schema says they construct.
 _DATA_CONSTRUCTORS = ("tensor", "as_tensor", "asarray", "from_numpy")
 
 
 _ABSENT = object()
+UNPATCHED_FROM_NUMPY = torch.from_numpy  # taken at import, before any trace patches it
 
 
 class UnfaithfulTrace(RuntimeError):
@@ -374,8 +376,7 @@ def constant_value(node: fx.Node, root: torch.nn.Module):
             continue
         if current.op in ("placeholder", "call_module", "output") or _is_random_target(current):
             return NOT_CONSTANT
-        if current.op == "get_attr" and not str(current.target).startswith(
-                ("_tensor_constant", "_ndarray_constant")):
+        if current.op == "get_attr" and not str(current.target).startswith("_tensor_constant"):
             return NOT_CONSTANT  # a parameter or buffer: training may change it
         ancestors[current] = None
         stack.extend(current.all_input_nodes)

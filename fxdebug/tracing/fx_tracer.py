@@ -36,8 +36,8 @@ from torch.fx.proxy import Attribute
 
 from ..runtime import Recorder, leaves
 from .failure import explain_failure
-from .fidelity import (NOT_CONSTANT, TracePatches, UnfaithfulTrace, constant_value, static_forward,
-                       take_leftover_proxies)
+from .fidelity import (NOT_CONSTANT, UNPATCHED_FROM_NUMPY, TracePatches, UnfaithfulTrace,
+                       constant_value, static_forward, take_leftover_proxies)
 from .graph_module import DebugGraphModule
 from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, ModuleReturn,
                    key_base)
@@ -167,10 +167,10 @@ class _Tracer(fx.Tracer):
 
     def create_arg(self, a):
         if type(a).__module__ == "numpy" and type(a).__name__ == "ndarray":
-            # torch.from_numpy(array) stays a call on the array, as in eager
-            name = self.get_fresh_qualname("_ndarray_constant")
-            setattr(self.root, name, a)
-            return self.create_node("get_attr", name, (), {})
+            # torch.from_numpy(array) stays a call on the array, as in eager: the array is
+            # kept as a tensor constant sharing its memory, handed back with .numpy()
+            shared = super().create_arg(UNPATCHED_FROM_NUMPY(a))
+            return self.create_node("call_method", "numpy", (shared,), {})
         return super().create_arg(a)
 
     # -- graph construction ----------------------------------------------------------
