@@ -178,6 +178,7 @@ def test_partial_instrumentation_runs_static_and_star_args_forwards(hooks):
         warnings.simplefilter("ignore")
         out = gm(x)
     assert torch.equal(out, model(x))
+    assert {"static", "star"} <= set(fxdebug.traced_parts(gm))  # traced, not eager
     records, expected = fxdebug.records(gm), hooks(model, x)
     assert set(expected) <= set(records.keys())
     for key in expected:

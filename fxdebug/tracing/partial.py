@@ -29,7 +29,7 @@ Tensors become graph inputs (also inside lists and dicts: ``fx.PH``); every
 other argument is fixed, so ``token_type_ids=None`` or ``targets=None`` take
 the branch they take eagerly, and a call with other values (or after
 ``model.train()``) gets a part of its own. A module whose arguments fxdebug
-cannot specialise on (an ``ImageList``, ``*args``) runs eagerly, and says so.
+cannot specialise on (an ``ImageList``, non-tensors through ``*args``) runs eagerly, and says so.
 
 The user's model is never modified. All parts and eager captures write into
 one :class:`SharedRecorder` (the root's ``fxdebug_recorder``), so
