@@ -133,7 +133,17 @@ def static_forward(module: torch.nn.Module):
 
 
 class TracePatches:
-    """While tracing: record as nodes what torch.fx would freeze or drop (see the module doc)."""
+    """While tracing: record as nodes what torch.fx would freeze or drop (see the module doc).
+
+    >>> class Noise(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         return x + torch.rand(3)
+    >>> model, tracer = Noise(), fx.Tracer()
+    >>> with TracePatches(tracer, model):
+    ...     graph = tracer.trace(model)
+    >>> [getattr(node.target, "__name__", node.target) for node in graph.nodes]
+    ['x', 'rand', 'add', 'output']
+    """
 
     def __init__(self, tracer: fx.Tracer, root) -> None:
         self.tracer = tracer
@@ -367,6 +377,13 @@ def constant_value(node: fx.Node, root: torch.nn.Module):
     branch on it is not a branch on the inputs. Not constant: anything reached
     from an input, a parameter, a module call, a random op, or a value written
     in place by a node outside this computation.
+
+    >>> graph, root = fx.Graph(), torch.nn.Module()
+    >>> four = graph.call_function(torch.tensor, (4.0,))
+    >>> constant_value(graph.call_method("sqrt", (four,)), root)
+    tensor(2.)
+    >>> constant_value(graph.placeholder("x"), root) is NOT_CONSTANT
+    True
     """
     ancestors: dict[fx.Node, None] = {}
     stack = [node]
