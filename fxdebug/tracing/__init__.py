@@ -7,7 +7,9 @@ structure of what the module returned::
     trace(model, *example_inputs, frontend="fx")          frontends.py
       ├─ "fx"      trace_fx(model)                        fx_tracer.py
       │              ├─ _Tracer: keys (keys.py), source lines (locations.py),
-      │              │  faithful in-place ops
+      │              │  faithful in-place ops; random ops, constructors, grad-mode and
+      │              │  autocast blocks as nodes, inference_mode and attribute writes
+      │              │  refused (fidelity.py)
       │              └─ failure: explain_failure -> TraceFailure (failure.py),
       │                 or the failing submodule becomes an auto-leaf
       ├─ "export"  export_trace(model, *inputs)           export.py

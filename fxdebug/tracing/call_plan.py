@@ -18,11 +18,12 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from ..runtime import RECORDER_ATTR, SharedRecorder, leaves
+from .fidelity import static_forward
 from .keys import META_RETURNS, ModuleReturn
 from .module_copy import module_tree_copy
 from .partial_report import REPORT_ATTR
 
-__all__ = ["CallPlan", "call_plan", "strip_guards", "note_part_output", "set_submodule",
+__all__ = ["CallPlan", "call_plan", "call_forward", "strip_guards", "note_part_output", "set_submodule",
            "clean_tree", "is_fx_leaf", "is_container"]
 
 
@@ -69,20 +70,29 @@ def call_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> CallPlan:
     signature = _forward_signature(type(module))
     if signature is None:
         return CallPlan(reason="its forward has no inspectable signature")
+    takes_self = static_forward(module) is None
     try:
-        bound = signature.bind(module, *args, **kwargs)
+        bound = signature.bind(*((module,) if takes_self else ()), *args, **kwargs)
     except TypeError as exc:
         return CallPlan(reason=f"the call does not match forward's signature ({exc})")
-    names, values, described = [], [], []
+    names, values, described, extra = [], [], [], []
     plan = CallPlan()
+    keyword_only = any(p.kind == p.KEYWORD_ONLY for p in signature.parameters.values())
     for index, (name, parameter) in enumerate(signature.parameters.items()):
-        if index == 0:
+        if index == 0 and takes_self:
             continue  # self
+        given = bound.arguments.get(name)
+        if (parameter.kind == parameter.VAR_POSITIONAL and given and not keyword_only
+                and all(isinstance(value, torch.Tensor) for value in given)):
+            extra = list(given)  # tensors through *args: graph inputs after the named ones
+            described.append(f"*{name}={len(extra)} tensor(s)")
+            continue
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-            if bound.arguments.get(name):
+            if given:
                 return CallPlan(reason=f"it is called with extra arguments through "
                                         f"{'*' if parameter.kind == parameter.VAR_POSITIONAL else '**'}"
-                                        f"{name}, which tracing cannot fix")
+                                        f"{name} that are not all tensors (or with keyword-only "
+                                        f"parameters after them), which tracing cannot fix")
             continue
         value = bound.arguments.get(name, parameter.default)
         if value is inspect.Parameter.empty:
@@ -107,10 +117,22 @@ def call_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> CallPlan:
     leaves, spec = pytree.tree_flatten(values)
     marks = tuple(("tensor",) if isinstance(leaf, torch.Tensor) else (type(leaf), leaf)
                   for leaf in leaves)
-    plan.signature = (tuple(m.training for m in module.modules()), spec, marks)
-    plan.positional = values
+    plan.signature = (tuple(m.training for m in module.modules()), spec, marks, len(extra))
+    plan.positional = values + extra
     plan.description = f"({', '.join(described)})"
     return plan
+
+
+def call_forward(module: torch.nn.Module, args: tuple, kwargs: dict):
+    """Run the class's own ``forward`` on ``module`` (a ``@staticmethod`` forward without it).
+
+    >>> call_forward(torch.nn.ReLU(), (torch.tensor([-1.0, 2.0]),), {})
+    tensor([0., 2.])
+    """
+    static = static_forward(module)
+    if static is not None:
+        return static(*args, **kwargs)
+    return type(module).forward(module, *args, **kwargs)
 
 
 def strip_guards(gm: fx.GraphModule) -> None:

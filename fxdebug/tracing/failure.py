@@ -7,6 +7,7 @@ import linecache
 import re
 
 import torch
+import torch.fx as fx
 
 from ..errors import TraceFailure
 from .locations import format_location, is_user_file, user_location_in_traceback
@@ -28,6 +29,12 @@ _KINDS = (
     (r"is not supported in symbolic tracing by default",
      "an untraceable builtin called on a traced value (such as len())",
      "builtin"),
+    (r"fxdebug: torch.inference_mode\(\) inside forward",
+     "torch.inference_mode() inside forward, which a torch.fx graph cannot hold",
+     "context"),
+    (r"fxdebug: forward stores a traced value on the module",
+     "a traced value stored on the module in forward (torch.fx would leave a Proxy there)",
+     "attribute"),
     (r"is not installed as a submodule",
      "a module that is not registered as a submodule (created inside forward?)",
      "unregistered"),
@@ -55,38 +62,97 @@ def _failing_function(exc: BaseException) -> str | None:
     return name
 
 
-def _root_branch_fix(model: torch.nn.Module) -> str:
-    """Advice for a branch in the root forward: concrete_args only helps for flag arguments."""
+def _flag_arguments(model: torch.nn.Module) -> dict[str, object]:
+    """Arguments of the root forward that have a non-tensor default: flags, not inputs."""
     try:
         parameters = inspect.signature(model.forward).parameters.values()
     except (TypeError, ValueError):
-        parameters = []
-    flags = [p.name for p in parameters if p.default is not inspect.Parameter.empty]
-    advice = ("if the branch depends on tensor values, move it into a submodule (which "
-              "auto_leaf then keeps as a leaf), use torch.where, or call it through a "
-              "function wrapped with torch.fx.wrap")
+        return {}
+    return {p.name: p.default for p in parameters
+            if p.default is not inspect.Parameter.empty and p.default is not None
+            and not isinstance(p.default, torch.Tensor)}
+
+
+def _condition_arguments(condition: fx.Node) -> tuple[list[str], bool]:
+    """(placeholders ``condition`` depends on, whether a tensor operation lies on the way).
+
+    Only Python operators (``not``, ``==``, ``and``...) count as not touching a tensor.
+    """
+    names, tensor_op, stack, seen = [], False, [condition], set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node.op == "placeholder":
+            names.append(str(node.target).lstrip("*"))
+            continue
+        if node.op != "call_function" or getattr(node.target, "__module__", None) not in (
+                "_operator", "operator", "builtins"):
+            tensor_op = True
+        stack.extend(node.all_input_nodes)
+    return sorted(names), tensor_op
+
+
+def _tensor_branch_fix(model: torch.nn.Module) -> str:
+    advice = ("the statement depends on tensor values, which one graph cannot follow: move it "
+              "into a submodule (auto_leaf then runs that submodule as a leaf, eagerly) or into a "
+              "function wrapped with torch.fx.wrap, or replace the branch with torch.where")
+    if next(model.children(), None) is not None:
+        advice += ("; or call fxdebug.instrument(model) as it is: it runs the root forward "
+                   "eagerly and instruments its submodules (partial instrumentation)")
+    return advice
+
+
+def _root_branch_fix(model: torch.nn.Module, condition: fx.Node | None) -> str:
+    """Advice for a failure in the root forward; concrete_args only for flag arguments.
+
+    ``concrete_args`` fixes an argument to one value: right for a flag, wrong for a
+    tensor (the model would return the same output for every input).
+    """
+    flags = _flag_arguments(model)
+    if condition is not None:
+        names, tensor_op = _condition_arguments(condition)
+        if names and not tensor_op and all(name in flags for name in names):
+            example = ", ".join(f"{name!r}: {flags[name]!r}" for name in names)
+            return (f"the branch depends only on the flag argument(s) {', '.join(names)}: fix "
+                    f"them with fxdebug.trace(model, concrete_args={{{example}}}) (one graph "
+                    f"per value)")
+        return _tensor_branch_fix(model)
+    advice = _tensor_branch_fix(model)
     if flags:
-        example = ", ".join(f"{name!r}: ..." for name in flags[:2])
-        advice += (f"; if it depends on a flag argument, fix the flag with "
+        example = ", ".join(f"{name!r}: {value!r}" for name, value in list(flags.items())[:2])
+        advice += (f"; if it uses a flag argument rather than a tensor, fix the flag with "
                    f"concrete_args={{{example}}}")
-    else:
-        advice += "; if it depends on a non-tensor argument, fix it with concrete_args={name: value}"
+    return advice
+
+
+def _eager_fix(model: torch.nn.Module, code: str) -> str:
+    advice = "move the statement into a submodule (auto_leaf then runs that submodule eagerly)"
+    if code == "attribute":
+        advice += ", or return the value instead of storing it on self"
+    if next(model.children(), None) is not None:
+        advice += ("; or call fxdebug.instrument(model) as it is: it runs the root forward "
+                   "eagerly and instruments its submodules")
     return advice
 
 
 def explain_failure(exc: BaseException, model: torch.nn.Module, scope: tuple[str, ...],
-                    auto_leaves: tuple[tuple[str, str], ...]) -> TraceFailure:
+                    auto_leaves: tuple[tuple[str, str], ...],
+                    condition: fx.Node | None = None) -> TraceFailure:
     """Build the TraceFailure for ``exc`` raised while tracing ``model``.
 
     ``scope`` is the stack of module paths being traced when it was raised
-    (empty: the root's own ``forward``).
+    (empty: the root's own ``forward``); ``condition`` the traced value a failed
+    ``if``/``for`` was on, when known.
     """
     module_path = scope[-1] if scope else ""
     try:
         module_type = type(model.get_submodule(module_path)).__name__
     except AttributeError:
         module_type = "?"
-    where = user_location_in_traceback(exc.__traceback__)
+    where = (getattr(exc, "fxdebug_location", None)  # set where no traceback names the line
+             or user_location_in_traceback(exc.__traceback__))
     location = format_location(where) if where else None
     statement = linecache.getline(where[0], where[1]).strip() if where else ""
     kind, code = _classify(exc)
@@ -106,7 +172,9 @@ def explain_failure(exc: BaseException, model: torch.nn.Module, scope: tuple[str
         builtin = match.group(1) if match else "len"
         fixes.append(f"or call torch.fx.wrap({builtin!r}) at the top level of that file")
     if code in ("control", "number") and not module_path:
-        fixes.append(_root_branch_fix(model))
+        fixes.append(_root_branch_fix(model, condition if code == "control" else None))
+    if code in ("context", "attribute") and not module_path:
+        fixes.append(_eager_fix(model, code))
     if code == "other" and not module_path:
         fixes.append("or rewrite the statement with tensor operations")
     fixes = [f[3:] if f.startswith("or ") else f for f in fixes]

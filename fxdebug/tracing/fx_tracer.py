@@ -7,7 +7,10 @@ Call tree::
            ├─ _Tracer.trace(shallow copy of model)   torch.fx.Tracer, plus:
            │    ├─ create_node   -> meta: fxdebug_key, fxdebug_source
            │    ├─ call_module   -> scope stack; non-leaf outputs -> fxdebug_returns
-           │    └─ proxy         -> _FaithfulProxy (keeps ``+=`` and ``x[i] = v`` in place)
+           │    ├─ proxy         -> _FaithfulProxy (keeps ``+=`` and ``x[i] = v`` in place)
+           │    └─ TracePatches  -> random ops / constructors / grad modes / autocast as
+           │                        nodes; inference_mode, ``self.x = proxy`` refused (fidelity.py)
+           ├─ take_leftover_proxies: a Proxy kept in module state -> that module is refused
            └─ on failure: explain_failure() -> TraceFailure
                  └─ auto_leaf and the failure is inside a submodule: retry with it as a leaf
       └─ DebugGraphModule(root, graph)
@@ -33,6 +36,8 @@ from torch.fx.proxy import Attribute
 
 from ..runtime import Recorder, leaves
 from .failure import explain_failure
+from .fidelity import (NOT_CONSTANT, UNPATCHED_FROM_NUMPY, TracePatches, UnfaithfulTrace,
+                       constant_value, static_forward, take_leftover_proxies)
 from .graph_module import DebugGraphModule
 from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, ModuleReturn,
                    key_base)
@@ -48,10 +53,33 @@ _INPLACE_OPERATOR_NAMES = ("iadd", "iand", "ifloordiv", "ilshift", "imod", "imul
 
 
 class _InplaceMixin:
-    """Augmented assignment and item assignment recorded as in-place graph nodes."""
+    """Augmented assignment and item assignment recorded as in-place graph nodes; a value
+    computed from constants only is given to Python when it needs a number."""
 
     def __getattr__(self, name):
         return _FaithfulAttribute(self, name)
+
+    def _concrete(self, convert, kind):
+        value = self.tracer.concrete(self) if isinstance(self.tracer, _Tracer) else NOT_CONSTANT
+        if value is NOT_CONSTANT:
+            raise TypeError(f"{kind} argument must be a number, not Proxy "
+                            f"(a traced value used as a Python number)")
+        return convert(value)
+
+    def __index__(self):
+        return self._concrete(operator.index, "__index__")
+
+    def __int__(self):
+        return self._concrete(int, "int()")
+
+    def __float__(self):
+        return self._concrete(float, "float()")
+
+    def __len__(self):
+        value = self.tracer.concrete(self) if isinstance(self.tracer, _Tracer) else NOT_CONSTANT
+        if value is NOT_CONSTANT:
+            return super().__len__()
+        return len(value)
 
     def __setitem__(self, index, value):
         self.tracer.create_proxy("call_function", operator.setitem, (self, index, value), {})
@@ -94,13 +122,56 @@ class _Tracer(fx.Tracer):
         self._module_scope: list[str] = []
         self.keys = KeyAllocator()  # re-made with the root's module paths in trace()
         self.failure_scope: tuple[str, ...] | None = None
+        self.condition_node: fx.Node | None = None
         self._order: dict[fx.Node, int] = {}
         self._recorder_proxies: dict[str, fx.Proxy] = {}
 
     def trace(self, root, concrete_args=None):
-        if isinstance(root, torch.nn.Module):
-            self.keys = KeyAllocator(owned=(name for name, _ in root.named_modules() if name))
-        return super().trace(root, concrete_args)
+        self.condition_node = None
+        if not isinstance(root, torch.nn.Module):
+            with TracePatches(self, root):
+                return super().trace(root, concrete_args)
+        self.keys = KeyAllocator(owned=(name for name, _ in root.named_modules() if name))
+        static = static_forward(root)
+        with TracePatches(self, root):
+            if static is None:
+                return super().trace(root, concrete_args)
+            # fx would bind the module to the first parameter: trace the function instead
+            graph = super().trace(static, concrete_args)
+        for node in graph.nodes:  # constants fx stored on its stand-in root
+            if node.op == "get_attr":
+                setattr(root, node.target, getattr(self.root, node.target))
+        self.root = root
+        return graph
+
+    def to_bool(self, obj):
+        value = self.concrete(obj)
+        if value is not NOT_CONSTANT:
+            return bool(value)
+        self.condition_node = obj.node  # what the failing branch depends on (failure.py)
+        return super().to_bool(obj)
+
+    def iter(self, obj):
+        value = self.concrete(obj)
+        if value is not NOT_CONSTANT:
+            return iter(value)
+        self.condition_node = obj.node
+        return super().iter(obj)
+
+    def concrete(self, obj):
+        """The value of a Proxy computed from constants only (a constructor's result), or
+        NOT_CONSTANT: Python needs it now, and it is the same on every run."""
+        if not isinstance(obj, fx.Proxy) or obj.tracer is not self:
+            return NOT_CONSTANT
+        return constant_value(obj.node, self.root)
+
+    def create_arg(self, a):
+        if type(a).__module__ == "numpy" and type(a).__name__ == "ndarray":
+            # torch.from_numpy(array) stays a call on the array, as in eager: the array is
+            # kept as a tensor constant sharing its memory, handed back with .numpy()
+            shared = super().create_arg(UNPATCHED_FROM_NUMPY(a))
+            return self.create_node("call_method", "numpy", (shared,), {})
+        return super().create_arg(a)
 
     # -- graph construction ----------------------------------------------------------
     def proxy(self, node: fx.Node) -> fx.Proxy:
@@ -186,6 +257,21 @@ def _resolve_leaves(model: torch.nn.Module, leaf_modules) -> tuple[list[str], tu
     return paths, tuple(types)
 
 
+def _refuse_leftover_proxies(tracer: _Tracer, root: torch.nn.Module) -> None:
+    """A Proxy kept in module state (``self.history.append(x)``): that module runs eagerly."""
+    leftover = take_leftover_proxies(root)
+    if not leftover:
+        return
+    path, name, node = leftover[0]
+    parts = path.split(".") if path else []
+    tracer.failure_scope = tuple(".".join(parts[:i + 1]) for i in range(len(parts)))
+    error = UnfaithfulTrace(f"fxdebug: forward stores a traced value on the module (in "
+                            f"self.{name}, {type(root.get_submodule(path)).__name__}): torch.fx "
+                            f"would leave a Proxy there")
+    error.fxdebug_location = node.meta.get(META_SOURCE)
+    raise error
+
+
 def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
               concrete_args: dict | None = None, auto_leaf: bool = True) -> fx.GraphModule:
     """Symbolic tracing with auto-leaf (the ``"fx"`` front end)."""
@@ -201,9 +287,11 @@ def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
         root = shallow_module_copy(model)
         try:
             graph = tracer.trace(root, concrete_args=concrete_args)
+            _refuse_leftover_proxies(tracer, root)
             break
         except Exception as exc:  # any failure of user code under tracing is explained
-            failure = explain_failure(exc, model, tracer.failure_scope or (), tuple(auto_leaves))
+            failure = explain_failure(exc, model, tracer.failure_scope or (), tuple(auto_leaves),
+                                      tracer.condition_node)
             can_retry = (auto_leaf and failure.module_path
                          and failure.module_path not in leaf_paths
                          and failure.module_path not in [p for p, _ in auto_leaves])

@@ -80,9 +80,11 @@ class DebugGraphModule(fx.GraphModule):
         filename = type(self).forward.__code__.co_filename
         if filename not in linecache.cache:  # linecache.clearcache() was called
             _register_source(filename, self._code)
+        grad_mode = torch.is_grad_enabled()
         try:
             return super().__call__(*args, **kwargs)
         except Exception as exc:
+            torch.set_grad_enabled(grad_mode)  # a grad-mode node's block may not have ended
             _annotate(self, exc)
             raise
 

@@ -29,7 +29,7 @@ Tensors become graph inputs (also inside lists and dicts: ``fx.PH``); every
 other argument is fixed, so ``token_type_ids=None`` or ``targets=None`` take
 the branch they take eagerly, and a call with other values (or after
 ``model.train()``) gets a part of its own. A module whose arguments fxdebug
-cannot specialise on (an ``ImageList``, ``*args``) runs eagerly, and says so.
+cannot specialise on (an ``ImageList``, non-tensors through ``*args``) runs eagerly, and says so.
 
 The user's model is never modified. All parts and eager captures write into
 one :class:`SharedRecorder` (the root's ``fxdebug_recorder``), so
@@ -59,7 +59,7 @@ import torch.fx as fx
 from .. import runtime
 from ..errors import SelectionError, TraceFailure
 from ..runtime import RECORDER_ATTR, PartRecorder, SharedRecorder, begin_part, clone_inputs
-from .call_plan import (CallPlan, call_plan, clean_tree, is_container, is_fx_leaf,
+from .call_plan import (CallPlan, call_forward, call_plan, clean_tree, is_container, is_fx_leaf,
                         note_part_output, set_submodule, strip_guards)
 from .fx_tracer import trace_fx
 from .keys import META_KEY, META_MODULE, join_path, key_base, prefix_keys
@@ -97,7 +97,7 @@ class _Dispatch:
                 context.note_inputs(part, positional)
                 output = part(*positional)
             else:
-                output = type(self.module).forward(self.module, *args, **kwargs)
+                output = call_forward(self.module, args, kwargs)
                 context.capture_eager(self, output)
         finally:
             shared.depth -= 1
