@@ -30,7 +30,7 @@ True
 """
 
 from .debugger import stop, stops_disabled
-from .gradients import (GradEdit, call_with_parameters, edit_grads, edited_parameter,
+from .gradients import (PASSES_THROUGH, GradEdit, call_with_parameters, edit_grads, edited_parameter,
                         own_value, record_grads)
 from .nodes import RECORDER_ATTR, Recorder, begin_run, capture, capture_stats, emit_if_tracing
 from .parts import PartRecorder, SharedRecorder, begin_part
@@ -39,7 +39,7 @@ from .values import children, clone_inputs, flatten_tensors, leaves
 
 __all__ = ["Recorder", "RECORDER_ATTR", "Records", "Record", "Stats", "tensor_stats",
            "begin_run", "capture", "capture_stats", "record_grads", "GradEdit", "edit_grads",
-           "own_value", "edited_parameter", "call_with_parameters",
+           "own_value", "edited_parameter", "call_with_parameters", "PASSES_THROUGH",
            "stop", "stops_disabled", "begin_part", "SharedRecorder", "PartRecorder",
            "emit_if_tracing", "flatten_tensors", "clone_inputs", "children", "leaves"]
 

@@ -27,7 +27,7 @@ from .nodes import Recorder, emit_if_tracing
 from .records import Records
 from .values import flatten_tensors
 
-__all__ = ["GradEdit", "own_value", "record_grads", "edit_grads", "edited_parameter",
+__all__ = ["PASSES_THROUGH", "GradEdit", "own_value", "record_grads", "edit_grads", "edited_parameter",
            "call_with_parameters"]
 
 
@@ -245,3 +245,8 @@ def call_with_parameters(module: torch.nn.Module, parameters: dict, *args, **kwa
             f"autograd Function or C++ code reads it), so the gradient edit would be silently "
             f"lost. Edit the gradient of the module's output instead (include=[module key]).")
     return result
+
+
+# fxdebug's nodes whose value the graph uses: which argument it stands for. A tool that runs
+# the graph without fxdebug's nodes (shape propagation) uses that argument instead.
+PASSES_THROUGH = {own_value: 0, edited_parameter: 1}
