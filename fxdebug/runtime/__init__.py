@@ -29,6 +29,7 @@ uses (``fxdebug_runtime_capture``) and dumped folders import.
 True
 """
 
+from .asserts import PROXY_IN_TEXT, TracedMessage, traced_message
 from .debugger import stop, stops_disabled
 from .gradients import (PASSES_THROUGH, GradEdit, call_with_parameters, edit_grads, edited_parameter,
                         own_value, record_grads)
@@ -40,12 +41,14 @@ from .values import children, clone_inputs, flatten_tensors, leaves
 __all__ = ["Recorder", "RECORDER_ATTR", "Records", "Record", "Stats", "tensor_stats",
            "begin_run", "capture", "capture_stats", "record_grads", "GradEdit", "edit_grads",
            "own_value", "edited_parameter", "call_with_parameters", "PASSES_THROUGH",
+           "traced_message", "TracedMessage", "PROXY_IN_TEXT",
            "stop", "stops_disabled", "begin_part", "SharedRecorder", "PartRecorder",
            "emit_if_tracing", "flatten_tensors", "clone_inputs", "children", "leaves"]
 
 # Generated code names a function after its module: publish the node functions here, so
 # code, pickles and dumped folders say fxdebug.runtime.capture wherever they are defined.
 for _node_function in (begin_run, capture, capture_stats, record_grads, edit_grads, stop,
-                       begin_part, own_value, edited_parameter, call_with_parameters):
+                       begin_part, own_value, edited_parameter, call_with_parameters,
+                       traced_message):
     _node_function.__module__ = __name__
 del _node_function
