@@ -44,6 +44,8 @@ def own_value(value):
     Hooks then go on the view, never on the caller's tensor; the view's
     gradient is the gradient of the value through this forward.
 
+    >>> import torch
+    >>> from fxdebug.runtime import own_value
     >>> x = torch.ones(2, requires_grad=True)
     >>> own = own_value((x, [x]))
     >>> own[0] is x, own[0].grad_fn is not None, own[1][0] is x
@@ -163,6 +165,8 @@ def edited_parameter(edit: GradEdit, parameter, key: str):
     applies to every backward through this run and the shared parameter
     itself never gets a hook.
 
+    >>> import torch
+    >>> from fxdebug.runtime import GradEdit, edited_parameter
     >>> w = torch.nn.Parameter(torch.ones(2))
     >>> view = edited_parameter(GradEdit(lambda g: g * 0, "zero"), w, "w")
     >>> (view * 3).sum().backward()
