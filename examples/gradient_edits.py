@@ -82,6 +82,7 @@ for name, grad in param_grads(net).items():
     assert torch.equal(grad, by_hand[name]), name
 
 net.zero_grad()
+gm(x)  # a forward of gm without a backward leaves nothing armed on net's parameters
 (1 - net(x)).mean().backward()  # the edits live in gm's graph only: net's own backward is plain
 assert torch.equal(net.fc1.bias.grad, plain_grads["fc1.bias"])
 print("ok: GradTransform.clamp/zero give the hand-written hooks' parameter gradients exactly")

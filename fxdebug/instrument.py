@@ -29,6 +29,7 @@ from .errors import FxdebugError, TraceFailure
 from .passes import Capture, GradHooks, as_pass
 from .runtime import RECORDER_ATTR, Recorder, Records
 from .tracing import instrument_parts, is_partial, keyed_copy, trace
+from .tracing.selection import candidates
 
 __all__ = ["instrument", "records", "build_pipeline", "run_pipeline"]
 
@@ -90,7 +91,20 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
             if next(model.children(), None) is None:
                 raise  # no submodules: there are no parts, the TraceFailure says what to do
             return instrument_parts(model, instrument_part, **arguments, failure=failure)
-    return run_pipeline(gm, build_pipeline(**arguments) + user_passes)
+    gm = run_pipeline(gm, build_pipeline(**arguments) + user_passes)
+    if not isinstance(getattr(gm, RECORDER_ATTR, None), Recorder):
+        # nothing selected: remember the call, so records(gm) can say why it has nothing
+        gm.fxdebug_instrumented = _describe_call(model, arguments, passes)
+    return gm
+
+
+def _describe_call(model, arguments: dict, passes) -> str:
+    defaults = dict(capture="modules", depth=None, include=None, exclude=None, grads=False,
+                    mode="tensor")
+    given = [f"{name}={value!r}" for name, value in arguments.items() if value != defaults[name]]
+    if passes:
+        given.append(f"passes=[{', '.join(as_pass(p).name for p in passes)}]")
+    return f"fxdebug.instrument({', '.join([type(model).__name__] + given)})"
 
 
 def _instrument_part(gm: fx.GraphModule, arguments: dict | None, user_passes) -> fx.GraphModule:
@@ -146,6 +160,10 @@ def records(gm: torch.nn.Module) -> Records:
         torch.Size([3, 2])
     """
     recorder = getattr(gm, RECORDER_ATTR, None)
+    if not isinstance(recorder, Recorder) and isinstance(gm, fx.GraphModule):
+        call = getattr(gm, "fxdebug_instrumented", None)
+        if call is not None:
+            raise FxdebugError(_nothing_selected(gm, call))
     if not isinstance(recorder, Recorder):
         raise FxdebugError(
             f"{type(gm).__name__} has no fxdebug recorder, so nothing was captured. "
@@ -156,3 +174,21 @@ def records(gm: torch.nn.Module) -> Records:
     latest = recorder.latest
     latest.bind_parameters(gm.named_parameters())
     return latest
+
+
+def _nothing_selected(gm: fx.GraphModule, call: str) -> str:
+    """Why an instrumented module has no Records: what it was asked to capture, what there was."""
+    modules = candidates(gm, every_node=False)
+    every = candidates(gm, every_node=True)
+    if modules:
+        there = (f"its graph has {len(modules)} module call(s) "
+                 f"({', '.join(t.key for t in modules[:5])}{', ...' if len(modules) > 5 else ''})")
+    elif every:
+        there = (f"its graph calls no submodule; its {len(every)} other node(s) "
+                 f"({', '.join(t.key for t in every[:5])}{', ...' if len(every) > 5 else ''}) "
+                 f"are captured with capture='all'")
+    else:
+        there = "its graph computes nothing (the output is an input, as in nn.Identity)"
+    return (f"{call} selected no node, so no capture node was inserted and nothing is recorded: "
+            f"{there}. Widen the selection (capture='all', a depth, include=[...]) or drop "
+            f"the exclude patterns that removed everything.")

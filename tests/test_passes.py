@@ -199,8 +199,8 @@ def test_cli_passes_prints_each_diff_and_code_diffs():
                   "--check")
     assert result.returncode == 0, result.stderr
     assert "== pass capture: +77 -0 ~0" in result.stdout
-    assert "== pass grads: +75 -0 ~0" in result.stdout
-    assert result.stdout.rstrip().splitlines()[-1].split() == ["grads", "yes", "+75", "-0", "~0", "ok"]
+    assert "== pass grads: +76 -0 ~1" in result.stdout  # 75 hooks and the view of x conv1 reads
+    assert result.stdout.rstrip().splitlines()[-1].split() == ["grads", "yes", "+76", "-0", "~1", "ok"]
     code = _cli("passes", "--input", "1,3,64,64", "--pass", "capture", "--code")
     assert code.returncode == 0 and "+++ after" in code.stdout
     bad = _cli("passes", "--pass", "nope")

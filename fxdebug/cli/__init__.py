@@ -14,8 +14,10 @@
       └─ debug.py       a dump folder's run.py under pdb, stopping at --break KEYS
     _common.py holds the options and messages the subcommands share.
 
-Errors print one paragraph and exit with status 1 (2 for bad arguments),
-never a traceback.
+Errors print one paragraph and exit with status 1 (2 for bad arguments); an
+error raised in the user's code (a model factory, a forward) adds where it was
+raised and the traceback of the user's own frames; ``--traceback`` prints
+every frame.
 
 >>> from fxdebug.cli import main
 >>> main(["summary", "torchvision.models:resnet18", "--input", "1,3,32,32", "--depth", "1"])
@@ -32,8 +34,10 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 
 from ..errors import FxdebugError
+from ..tracing.locations import format_location, is_user_file, user_location_in_traceback
 
 __all__ = ["main"]
 
@@ -44,6 +48,8 @@ COMMANDS = ("summary", "passes", "check", "nonfinite", "lint", "dump", "debug")
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fxdebug", description="Debug PyTorch models through torch.fx graph transformations.")
+    parser.add_argument("--traceback", action="store_true",
+                        help="on an error, print the full traceback (default: the user's frames)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in COMMANDS:
@@ -71,9 +77,25 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and closed: stop quietly, like cat does
         sys.stdout = open(os.devnull, "w")
         return 141
-    except Exception as exc:  # a model error: report it in one paragraph, never a traceback
-        print(f"fxdebug: error: {type(exc).__name__}: {_one_paragraph(exc)}", file=sys.stderr)
+    except Exception as exc:  # a model error: one paragraph, then the user's frames
+        location = user_location_in_traceback(exc.__traceback__)
+        where = f" (raised at {format_location(location)})" if location else ""
+        print(f"fxdebug: error: {type(exc).__name__}: {_one_paragraph(exc)}{where}",
+              file=sys.stderr)
+        if getattr(args, "traceback", False):
+            traceback.print_exception(exc, file=sys.stderr)
+        else:
+            _print_user_frames(exc)
         return 1
+
+
+def _print_user_frames(exc: BaseException) -> None:
+    """The frames of the traceback that are the user's code (not torch, fxdebug, the stdlib)."""
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
+              if is_user_file(frame.filename)]
+    if frames:
+        print("Traceback (the user's frames; --traceback for all):", file=sys.stderr)
+        print("".join(traceback.format_list(frames)), end="", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -70,7 +70,12 @@ def load_model(spec: str):
     ('Identity', None)
     """
     factory = load_object(spec, "model")
-    made = factory()
+    try:
+        made = factory()
+    except Exception as exc:
+        exc.add_note(f"fxdebug: raised while building the model: factory {spec!r} "
+                     f"(run with --traceback for every frame)")
+        raise
     inputs = None
     if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
         made, inputs = made

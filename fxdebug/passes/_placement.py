@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch.fx as fx
 
 from .. import runtime
 from ..runtime import RECORDER_ATTR
 from ..tracing.keys import META_KEY, META_PASS, META_SOURCE
 
-__all__ = ["ensure_recorder", "insert_per_target"]
+__all__ = ["ensure_recorder", "insert_per_target", "own_inputs"]
+
+# Nodes that take the caller's inputs as they are: they read no gradient.
+_READS_INPUTS = ("begin_run", "begin_part")
 
 
 def ensure_recorder(gm: fx.GraphModule, pass_name: str) -> fx.Node:
@@ -62,3 +67,40 @@ def insert_per_target(gm: fx.GraphModule, recorder: fx.Node, targets, pass_name:
         node.meta[META_PASS] = pass_name
         node.meta[META_SOURCE] = target.source
         last_inserted[place] = node
+
+
+def own_inputs(gm: fx.GraphModule, targets, pass_name: str) -> list:
+    """Route every use of the graph's inputs through ``own_value`` (once); return ``targets`` re-pointed.
+
+    A gradient hook on a tensor the caller passed in would outlive the run
+    (and fire in the caller's own backward); hooks go on the view
+    ``own_value`` makes in each forward instead. ``begin_run`` keeps the
+    inputs themselves.
+    """
+    graph = gm.graph
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    owned: dict[fx.Node, fx.Node] = {}
+    for placeholder in placeholders:
+        existing = [user for user in placeholder.users
+                    if user.op == "call_function" and user.target is runtime.own_value]
+        if existing:
+            owned[placeholder] = existing[0]
+            continue
+        with graph.inserting_after(placeholders[-1]):
+            own = graph.create_node("call_function", runtime.own_value, (placeholder,), {},
+                                    name=f"{placeholder.name}_own")
+        own.meta[META_KEY] = f"{placeholder.meta.get(META_KEY, placeholder.name)}:own"
+        own.meta[META_PASS] = pass_name
+        placeholder.replace_all_uses_with(
+            own, delete_user_cb=lambda user, own=own: user is not own and not (
+                user.op == "call_function" and getattr(user.target, "__name__", "") in _READS_INPUTS))
+        owned[placeholder] = own
+
+    def repoint(value):
+        if isinstance(value, fx.Node):
+            return owned.get(value, value)
+        if isinstance(value, dict):
+            return {key: repoint(item) for key, item in value.items()}
+        return value
+
+    return [dataclasses.replace(target, value=repoint(target.value)) for target in targets]

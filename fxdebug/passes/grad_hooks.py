@@ -7,7 +7,9 @@ After ``GradHooks("modules")`` (what ``instrument(..., grads=True)`` runs)::
 
 Each node registers ``Tensor.register_hook`` on the value when it is made, so
 the gradient filed under ``conv1`` is that of the conv output itself, even if
-a later in-place op rewrites the tensor. No ``saved_tensors_hooks`` are ever
+a later in-place op rewrites the tensor. The graph's inputs are used through
+``own_value`` (a view made in each forward), so no hook ever sits on a tensor
+the caller owns and nothing outlives the run. No ``saved_tensors_hooks`` are ever
 installed: PyTorch's own "modified by an inplace operation" check stays on.
 """
 
@@ -18,7 +20,7 @@ import torch.fx as fx
 from .. import runtime
 from ..errors import SelectionError
 from ..tracing.selection import select
-from ._placement import ensure_recorder, insert_per_target
+from ._placement import ensure_recorder, insert_per_target, own_inputs
 from .base import Pass
 
 __all__ = ["GradHooks"]
@@ -56,9 +58,19 @@ class GradHooks(Pass):
         if not targets:
             return False
         recorder = ensure_recorder(gm, self.name)
+        _mark_records_grads(getattr(gm, runtime.RECORDER_ATTR))
+        targets = own_inputs(gm, targets, self.name)
         kwargs = {"stats_only": True} if self.mode == "stats" else {}
         # after the captures of the same node: values are read before hooks are registered
         insert_per_target(gm, recorder, targets, self.name, "record_grads", "grads",
                           lambda target: (runtime.record_grads, kwargs),
                           after=(runtime.capture, runtime.capture_stats))
         return True
+
+
+def _mark_records_grads(recorder) -> None:
+    """Tell the recorder (and a part's shared recorder) that its runs record gradients."""
+    recorder.records_grads = True
+    shared = getattr(recorder, "shared", None)
+    if shared is not None:
+        shared.records_grads = True

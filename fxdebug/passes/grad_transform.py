@@ -13,10 +13,19 @@ As passes::
 which inserts::
 
     fc1_bias = self.fc1.bias
-    edit_grads_fc1_bias = fxdebug_runtime_edit_grads(fxdebug_grad_edit_1, fc1_bias, 'fc1.bias')
+    edit_grads_fc1_bias = fxdebug_runtime_edited_parameter(fxdebug_grad_edit_1, fc1_bias, 'fc1.bias')
     ...
     relu = self.relu(conv)
     edit_grads_relu = fxdebug_runtime_edit_grads(fxdebug_grad_edit_0, relu, 'relu')
+    ...
+    fc1 = fxdebug_runtime_call_with_parameters(self.fc1, {'bias': edit_grads_fc1_bias}, flatten)
+
+A parameter's gradient is edited on its uses in the graph: each forward
+makes a view of the parameter whose gradient the edit replaces, and the
+graph (and the module that owns the parameter, through
+``call_with_parameters``) reads that view. Every backward through the
+instrumented module is edited; the shared parameter never gets a hook, so
+the caller's own model, run without fxdebug, never sees the edit.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from .. import runtime
 from ..errors import SelectionError
 from ..tracing.keys import META_KEY, META_PASS, META_SOURCE
 from ..tracing.selection import matches, select
+from ._placement import own_inputs
 from .base import Pass
 
 __all__ = ["GradTransform"]
@@ -132,16 +142,12 @@ class GradTransform(Pass):
         edit.meta[META_KEY], edit.meta[META_PASS] = attr, self.name
         last = edit
         for name in parameters:
-            with graph.inserting_after(last):
-                param = graph.create_node("get_attr", name, name=name.replace(".", "_"))
-            with graph.inserting_after(param):
-                node = graph.create_node("call_function", runtime.edit_grads, (edit, param, name),
-                                         {}, name=f"edit_grads_{name}")
-            param.meta[META_KEY], param.meta[META_PASS] = name, self.name
-            node.meta[META_KEY], node.meta[META_PASS] = f"{name}:edit", self.name
-            last = node
+            last = _edit_parameter(gm, edit, name, last, self.name)
+        targets = own_inputs(gm, targets, self.name)
         for target in targets:
             place = last if target.anchor.op == "placeholder" else target.anchor
+            if place.op == "placeholder":  # before the edit node itself: after the input's view
+                place = last
             with graph.inserting_after(place):
                 node = graph.create_node("call_function", runtime.edit_grads,
                                          (edit, target.value, target.key), {},
@@ -150,3 +156,42 @@ class GradTransform(Pass):
             node.meta[META_PASS] = self.name
             node.meta[META_SOURCE] = target.source
         return True
+
+
+def _edit_parameter(gm: fx.GraphModule, edit: fx.Node, name: str, after: fx.Node,
+                    pass_name: str) -> fx.Node:
+    """Make every use of parameter ``name`` in the graph read an edited view; return the view's node."""
+    graph = gm.graph
+    with graph.inserting_after(after):
+        param = graph.create_node("get_attr", name, name=name.replace(".", "_"))
+    with graph.inserting_after(param):
+        view = graph.create_node("call_function", runtime.edited_parameter, (edit, param, name),
+                                 {}, name=f"edit_grads_{name}")
+    param.meta[META_KEY], param.meta[META_PASS] = name, pass_name
+    view.meta[META_KEY], view.meta[META_PASS] = f"{name}:edit", pass_name
+    uses = 0
+    for node in list(graph.nodes):
+        if node is param:
+            continue
+        if node.op == "get_attr" and node.target == name:
+            node.replace_all_uses_with(view)
+            uses += 1
+        elif node.op == "call_module" and name.startswith(f"{node.target}."):
+            with graph.inserting_before(node):
+                module = graph.create_node("get_attr", node.target, name=f"{node.name}_module")
+            module.meta[META_KEY], module.meta[META_PASS] = f"{node.target}:module", pass_name
+            node.op, node.target = "call_function", runtime.call_with_parameters
+            node.args = (module, {name[len(module.target) + 1:]: view}) + tuple(node.args)
+            uses += 1
+        elif node.op == "call_function" and node.target is runtime.call_with_parameters:
+            module, mapping = node.args[0], node.args[1]
+            if name.startswith(f"{module.target}."):
+                node.args = (module, {**mapping, name[len(module.target) + 1:]: view}) + \
+                    tuple(node.args[2:])
+                uses += 1
+    if not uses:
+        raise SelectionError(
+            f"pass {pass_name!r}: parameter {name!r} is not used by the traced graph (no node "
+            f"reads it, and no module call owns it), so there is no gradient to edit. Include "
+            f"a parameter the model uses, or an activation key.")
+    return view

@@ -22,6 +22,7 @@ import torch
 import torch.fx as fx
 from tabulate import tabulate
 
+from .. import runtime
 from ..tracing.keys import META_PASS, META_SOURCE, module_path, node_key, target_name
 from ..tracing.locations import format_location
 
@@ -94,6 +95,9 @@ def _shapes(gm: fx.GraphModule, inputs: tuple) -> dict[fx.Node, tuple[str, str]]
     class ShapeRun(fx.Interpreter):
         def run_node(self, node):
             if node.meta.get(META_PASS) and node.op == "call_function":
+                if node.target in runtime.PASSES_THROUGH:  # a view of an input or a parameter
+                    args, _ = self.fetch_args_kwargs_from_env(node)
+                    return args[runtime.PASSES_THROUGH[node.target]]
                 return None  # captures and hooks: nothing to propagate, no Records touched
             value = super().run_node(node)
             if isinstance(value, torch.Tensor):

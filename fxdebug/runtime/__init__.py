@@ -8,11 +8,15 @@ these functions, and the functions write into the module's Recorder::
       ├─ capture(recorder, value, key, op)     Records.add: a view, or a copy
       │                                        where a later in-place op writes
       ├─ capture_stats(recorder, value, ...)   Records.add(stats_only=True)
+      ├─ own_value(x)                          a view of an input: hooks go on it, not on x
       ├─ record_grads(recorder, value, ...)    Tensor.register_hook -> Records.grads
-      ├─ edit_grads(edit, value, key)          Tensor.register_hook(edit.fn)
+      ├─ edit_grads(edit, value, key)          Tensor.register_hook(edit.fn) on an activation
+      ├─ edited_parameter(edit, p, name)       a view of p whose gradient is edited
+      ├─ call_with_parameters(module, {n: v})  the module reads the edited view, not p
       ├─ stop(key, op, inputs)                 pdb in the generated forward
       └─ begin_part(part recorder, inputs)     a traced part of a part-by-part model
-    records(gm)                                recorder.latest: the Records of that run
+    records(gm)                                recorder.latest: the Records of the calling
+                                               thread's latest run
 
 Every node function is registered with ``torch.fx.node.has_side_effect`` and
 emits itself again under re-tracing. They are published here, as
@@ -25,21 +29,26 @@ uses (``fxdebug_runtime_capture``) and dumped folders import.
 True
 """
 
+from .asserts import PROXY_IN_TEXT, TracedMessage, traced_message
 from .debugger import stop, stops_disabled
-from .nodes import (RECORDER_ATTR, GradEdit, Recorder, begin_run, capture, capture_stats,
-                    edit_grads, emit_if_tracing, record_grads)
+from .gradients import (PASSES_THROUGH, GradEdit, call_with_parameters, edit_grads, edited_parameter,
+                        own_value, record_grads)
+from .nodes import RECORDER_ATTR, Recorder, begin_run, capture, capture_stats, emit_if_tracing
 from .parts import PartRecorder, SharedRecorder, begin_part
 from .records import Record, Records, Stats, tensor_stats
 from .values import children, clone_inputs, flatten_tensors, leaves
 
 __all__ = ["Recorder", "RECORDER_ATTR", "Records", "Record", "Stats", "tensor_stats",
            "begin_run", "capture", "capture_stats", "record_grads", "GradEdit", "edit_grads",
+           "own_value", "edited_parameter", "call_with_parameters", "PASSES_THROUGH",
+           "traced_message", "TracedMessage", "PROXY_IN_TEXT",
            "stop", "stops_disabled", "begin_part", "SharedRecorder", "PartRecorder",
            "emit_if_tracing", "flatten_tensors", "clone_inputs", "children", "leaves"]
 
 # Generated code names a function after its module: publish the node functions here, so
 # code, pickles and dumped folders say fxdebug.runtime.capture wherever they are defined.
 for _node_function in (begin_run, capture, capture_stats, record_grads, edit_grads, stop,
-                       begin_part):
+                       begin_part, own_value, edited_parameter, call_with_parameters,
+                       traced_message):
     _node_function.__module__ = __name__
 del _node_function

@@ -18,15 +18,16 @@ which re-traces) keeps the nodes. The runtime never imports the passes.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.fx as fx
 from torch.fx.node import has_side_effect, map_aggregate
 
 from .records import Records
-from .values import flatten_tensors
 
-__all__ = ["Recorder", "RECORDER_ATTR", "GradEdit", "begin_run", "capture", "capture_stats",
-           "record_grads", "edit_grads", "emit_if_tracing"]
+__all__ = ["Recorder", "RECORDER_ATTR", "begin_run", "capture", "capture_stats",
+           "emit_if_tracing"]
 
 # The attribute of an instrumented GraphModule that holds its Recorder.
 RECORDER_ATTR = "fxdebug_recorder"
@@ -36,8 +37,12 @@ class Recorder(torch.nn.Module):
     """Submodule ``fxdebug_recorder`` of an instrumented GraphModule: holds the latest Records.
 
     It has no parameters and is never called; capture nodes read it through a
-    ``get_attr`` node. Copies and pickles of the module start with empty
-    Records (the values of a run belong to that run, not to the model).
+    ``get_attr`` node. Each thread has its own latest Records: a forward
+    running in another thread at the same time never writes into it.
+    ``latest`` is the Records of the calling thread's latest forward, or, in
+    a thread that never ran the module, of the forward started last in any
+    thread. Copies and pickles of the module start with empty Records (the
+    values of a run belong to that run, not to the model).
 
     >>> Recorder().latest.keys()
     []
@@ -45,8 +50,20 @@ class Recorder(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.latest = Records()
         self.notes: list[str] = []  # what the passes want every run's Records to say
+        self.records_grads = False  # set by the GradHooks pass: Records.grads explains its absence
+        self._per_thread = threading.local()
+        self._started_last = Records(grads_recorded=False)
+
+    @property
+    def latest(self) -> Records:
+        own = getattr(self._per_thread, "records", None)
+        return self._started_last if own is None else own
+
+    @latest.setter
+    def latest(self, records: Records) -> None:
+        self._per_thread.records = records
+        self._started_last = records
 
     def forward(self, *args, **kwargs):
         raise TypeError("Recorder holds fxdebug's Records and is not callable; "
@@ -55,8 +72,18 @@ class Recorder(torch.nn.Module):
     def __getstate__(self):
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
         state = dict(state)
-        state["latest"] = Records()
+        state.pop("_per_thread", None)
+        state["_started_last"] = Records(grads_recorded=state.get("records_grads", False))
         return state
+
+    def __setstate__(self, state) -> None:
+        state = dict(state)
+        state.setdefault("records_grads", False)
+        if "_started_last" not in state:  # pickled by an fxdebug that kept one Records
+            state["_started_last"] = Records()
+        state.pop("latest", None)
+        super().__setstate__(state)
+        self._per_thread = threading.local()
 
 
 def _first_proxy(*values):
@@ -85,7 +112,7 @@ def begin_run(recorder: Recorder, inputs: tuple):
     emitted = emit_if_tracing(begin_run, (recorder, inputs), {})
     if emitted is not None:
         return emitted
-    recorder.latest = Records()
+    recorder.latest = Records(grads_recorded=getattr(recorder, "records_grads", None))
     recorder.latest.notes.extend(getattr(recorder, "notes", ()))
     return None
 
@@ -111,105 +138,4 @@ def capture_stats(recorder: Recorder, value, key: str, op: str):
     if emitted is not None:
         return emitted
     recorder.latest.add(key, op, value, stats_only=True)
-    return None
-
-
-class _StoreGrad:
-    """Tensor hook that files a gradient under its key; changes nothing."""
-
-    __slots__ = ("records", "key", "op", "stats_only")
-
-    def __init__(self, records: Records, key: str, op: str, stats_only: bool) -> None:
-        self.records, self.key, self.op, self.stats_only = records, key, op, stats_only
-
-    def __call__(self, grad):
-        self.records.grads.add(self.key, self.op, grad, stats_only=self.stats_only)
-        return None
-
-
-@has_side_effect
-def record_grads(recorder: Recorder, value, key: str, op: str, stats_only: bool = False):
-    """Register a hook on every tensor in ``value`` that requires grad; the hook keeps its gradient.
-
-    The hook sees the gradient of the value *at this node*, even when a later
-    in-place op rewrites the tensor. Nothing is done under ``torch.no_grad()``.
-    """
-    kwargs = {"stats_only": True} if stats_only else {}
-    emitted = emit_if_tracing(record_grads, (recorder, value, key, op), kwargs)
-    if emitted is not None:
-        return emitted
-    if torch.is_grad_enabled():
-        for name, tensor in flatten_tensors(value, key):
-            if tensor.requires_grad:
-                tensor.register_hook(_StoreGrad(recorder.latest, name, op, stats_only))
-    return None
-
-
-class GradEdit(torch.nn.Module):
-    """Holds a gradient edit ``fn(grad) -> grad`` for ``edit_grads`` nodes (submodule ``fxdebug_grad_edit_N``).
-
-    >>> edit = GradEdit(lambda g: g.clamp(min=0), "clamp(min=0)")
-    >>> edit.fn(torch.tensor([-1.0, 2.0]))
-    tensor([0., 2.])
-    """
-
-    def __init__(self, fn, description: str) -> None:
-        super().__init__()
-        if not callable(fn):
-            raise TypeError(f"a gradient edit must be callable (grad -> grad), got {fn!r}")
-        self.fn = fn
-        self.description = description
-        self._leaf_handles: dict[str, object] = {}
-
-    def forward(self, *args, **kwargs):
-        raise TypeError("GradEdit is applied by edit_grads nodes and is not callable.")
-
-    def extra_repr(self) -> str:
-        return self.description
-
-    def __getstate__(self):
-        state = dict(super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__)
-        state["_leaf_handles"] = {}
-        return state
-
-
-class _EditOnce:
-    """Hook on a leaf tensor (a parameter): applies the edit to one backward, then removes itself."""
-
-    __slots__ = ("fn", "handle")
-
-    def __init__(self, fn) -> None:
-        self.fn, self.handle = fn, None
-
-    def __call__(self, grad):
-        if self.handle is not None:
-            self.handle.remove()
-        return self.fn(grad)
-
-
-@has_side_effect
-def edit_grads(edit: GradEdit, value, key: str):
-    """Make backward use ``edit.fn(grad)`` instead of the gradient of ``value``.
-
-    Parameters (leaf tensors) are shared with the original model, so their
-    hooks fire for one backward only and are replaced on the next forward:
-    no hook outlives the run it belongs to.
-    """
-    emitted = emit_if_tracing(edit_grads, (edit, value, key), {})
-    if emitted is not None:
-        return emitted
-    if not torch.is_grad_enabled():
-        return None
-    for name, tensor in flatten_tensors(value, key):
-        if not tensor.requires_grad:
-            continue
-        if tensor.is_leaf:
-            stale = edit._leaf_handles.pop(name, None)
-            if stale is not None:
-                stale.remove()
-            once = _EditOnce(edit.fn)
-            once.handle = tensor.register_hook(once)
-            edit._leaf_handles[name] = once.handle
-        else:
-            tensor.register_hook(edit.fn)
     return None

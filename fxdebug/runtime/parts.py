@@ -120,6 +120,7 @@ class PartRecorder(Recorder):
     def __getstate__(self):
         state = dict(self.__dict__)
         state["call"] = 0
+        state.pop("_per_thread", None)  # added by Recorder.__setstate__ on copies; per process
         return state
 
 

@@ -126,11 +126,14 @@ class Records:
     ``(a, {"b": c})`` under key ``blk`` gives ``blk/0`` and ``blk/1/b``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, grads_recorded: bool | None = None, *, _of: "Records | None" = None) -> None:
         self._records: dict[str, Record] = {}
         self.notes: list[str] = []
         self._grads: Records | None = None
         self._parameters: list[tuple[str, torch.nn.Parameter]] = []
+        # whether the run records gradients (None: unknown); _of: the Records these are the grads of
+        self._grads_recorded = grads_recorded
+        self._of = _of
 
     @property
     def grads(self) -> "Records":
@@ -141,7 +144,7 @@ class Records:
         :class:`Stats` in stats mode).
         """
         if self._grads is None:
-            self._grads = Records()
+            self._grads = Records(self._grads_recorded, _of=self)
         return self._grads
 
     def bind_parameters(self, named_parameters) -> None:
@@ -171,6 +174,8 @@ class Records:
 
     # -- reading -----------------------------------------------------------------------
     def __getitem__(self, key: str):
+        if not isinstance(key, str):
+            raise TypeError(_key_type_message(key))
         record = self.record(key)
         if record.stale:
             raise StaleCaptureError(
@@ -185,12 +190,23 @@ class Records:
 
     def record(self, key: str) -> Record:
         """The :class:`Record` (value, shape, dtype, stats) stored under ``key``."""
+        if not isinstance(key, str):
+            raise TypeError(_key_type_message(key))
         try:
             return self._records[key]
         except KeyError:
             raise KeyError(self._missing(key)) from None
 
     def _missing(self, key: str) -> str:
+        if self._of is not None and not self._records:
+            if self._grads_recorded is False:
+                return (f"no gradient recorded under {key!r}: this module records no gradients. "
+                        f"Instrument it with fxdebug.instrument(model, grads=True), run forward "
+                        f"and backward, then read rec.grads[key].")
+            captured = f" ({len(self._of)} activations were captured)" if len(self._of) else ""
+            return (f"no gradient recorded under {key!r}: no backward has run through the latest "
+                    f"forward{captured}. Call backward() on its output (or torch.autograd.grad), "
+                    f"then read rec.grads[key].")
         if not self._records and self.notes:
             return f"no value captured under {key!r}: {' '.join(self.notes)}"
         if not self._records:
@@ -291,6 +307,12 @@ def _version_of(tensor: torch.Tensor) -> int | None:
         return tensor._version
     except RuntimeError:
         return None
+
+
+def _key_type_message(key) -> str:
+    return (f"Records keys are strings, got {type(key).__name__} {key!r}: a node key "
+            f"('layer1.0.conv1', 'relu_1') or a nested output 'key/index' ('lstm/0'). "
+            f"rec.keys() lists them in execution order; by position: rec[rec.keys()[{key!r}]].")
 
 
 def _shape_text(shape) -> str:

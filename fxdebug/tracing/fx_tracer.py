@@ -34,7 +34,7 @@ import torch
 import torch.fx as fx
 from torch.fx.proxy import Attribute
 
-from ..runtime import Recorder, leaves
+from ..runtime import PROXY_IN_TEXT, Recorder, leaves, traced_message
 from .failure import explain_failure
 from .fidelity import (NOT_CONSTANT, UNPATCHED_FROM_NUMPY, TracePatches, UnfaithfulTrace,
                        constant_value, static_forward, take_leftover_proxies)
@@ -178,6 +178,8 @@ class _Tracer(fx.Tracer):
         return _FaithfulProxy(node, self)
 
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None):
+        if kind == "call_function" and target is torch._assert:
+            args = self._message_of_this_run(args)
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
         scope = self._module_scope[-1] if self._module_scope else ""
         node.meta[META_KEY] = self.keys.allocate(key_base(kind, target, scope),
@@ -186,6 +188,19 @@ class _Tracer(fx.Tracer):
         node.meta[META_MODULE] = str(target) if kind == "call_module" else scope
         self._order[node] = len(self._order)
         return node
+
+    def _message_of_this_run(self, args: tuple) -> tuple:
+        """``torch._assert(cond, f"... {proxy}")``: a message node that formats the run's values."""
+        if len(args) < 2 or not isinstance(args[1], str):
+            return args
+        by_name = {node.name: node for node in self.graph.nodes}
+        names = tuple(dict.fromkeys(name for name in PROXY_IN_TEXT.findall(args[1])
+                                    if name in by_name))
+        if not names:
+            return args
+        message = self.create_node("call_function", traced_message,
+                                   (args[1], names, tuple(by_name[name] for name in names)), {})
+        return (args[0], message) + tuple(args[2:])
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_paths or isinstance(m, self.leaf_types):

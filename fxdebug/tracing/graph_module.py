@@ -85,7 +85,7 @@ class DebugGraphModule(fx.GraphModule):
             return super().__call__(*args, **kwargs)
         except Exception as exc:
             torch.set_grad_enabled(grad_mode)  # a grad-mode node's block may not have ended
-            _annotate(self, exc)
+            _annotate(self, exc, args, kwargs)
             raise
 
     def __reduce__(self):
@@ -150,7 +150,14 @@ def _describe(value) -> str:
     return type(value).__name__
 
 
-def _annotate(gm: fx.GraphModule, exc: BaseException) -> None:
+def _called_with(gm: fx.GraphModule, args: tuple, kwargs: dict) -> str:
+    """``x: 1x3x64x64 float32``: the module's inputs by placeholder name, as it was called."""
+    names = [node.target for node in gm.graph.nodes if node.op == "placeholder"]
+    given = list(zip(names, args)) + [(name, value) for name, value in kwargs.items()]
+    return ", ".join(f"{str(name).lstrip('*')}: {_describe(value)}" for name, value in given)
+
+
+def _annotate(gm: fx.GraphModule, exc: BaseException, args: tuple = (), kwargs=None) -> None:
     if any(str(note).startswith(_NOTE_MARK) for note in getattr(exc, "__notes__", ())):
         return
     node, local_vars = _failing_node(gm, exc)
@@ -165,7 +172,8 @@ def _annotate(gm: fx.GraphModule, exc: BaseException) -> None:
     exc.add_note(
         f"{_NOTE_MARK}failed at node {node.meta.get(META_KEY, node.name)!r} "
         f"({op_name(node, gm)}, {format_location(where) if where else 'no source line'})"
-        f"{inputs_text}. Check that the model inputs have the shape and dtype this node expects; "
+        f"{inputs_text}; the module was called with {_called_with(gm, args, kwargs or {}) or 'no inputs'}. "
+        f"Check that the model inputs have the shape and dtype this node expects; "
         f"print(gm.code) shows the generated forward.")
 
 

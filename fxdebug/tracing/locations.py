@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 import types
 
 import torch
@@ -15,14 +16,19 @@ import torch
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _FXDEBUG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
+# console scripts (``fxdebug``, ``torchrun``) are launchers, never where a model's code lives
+_SCRIPTS_DIR = os.path.abspath(sysconfig.get_path("scripts")) + os.sep
+# where fxdebug's generated forwards say they live (graph_module.GENERATED_DIR; only in linecache)
+_GENERATED_DIR = os.path.join(os.sep, "fxdebug-generated") + os.sep
 
 
 def is_user_file(filename: str) -> bool:
-    """Return whether ``filename`` holds user code (not torch, fxdebug, the stdlib or generated code)."""
+    """Return whether ``filename`` holds user code (not torch, fxdebug, the stdlib, console
+    scripts or generated code)."""
     if not filename or filename.startswith("<"):
         return False
     path = os.path.abspath(filename)
-    if path.startswith((_TORCH_DIR, _FXDEBUG_DIR)):
+    if path.startswith((_TORCH_DIR, _FXDEBUG_DIR, _SCRIPTS_DIR, _GENERATED_DIR)):
         return False
     if path.startswith(_STDLIB_DIR) and "site-packages" not in path and "dist-packages" not in path:
         return False
