@@ -212,19 +212,22 @@ def test_each_thread_reads_the_whole_records_of_its_own_run():
 
 def test_records_of_an_empty_selection_say_what_was_selected():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
-    gm = fxdebug.instrument(model, exclude=["*"])
+    with pytest.warns(UserWarning, match=r"exclude=\['\*'\] selects no value"):
+        gm = fxdebug.instrument(model, exclude=["*"])
     gm(torch.ones(1, 2))
-    with pytest.raises(fxdebug.FxdebugError, match=r"exclude=\['\*'\]\) selected no node") as info:
-        fxdebug.records(gm)
+    rec = fxdebug.records(gm)
+    assert rec.keys() == []
+    with pytest.raises(KeyError, match=r"exclude=\['\*'\] selects no value.*print_tabular"):
+        rec["0"]
+    nothing = fxdebug.instrument(model, capture=[])  # no capture pass at all
+    nothing(torch.ones(1, 2))
+    with pytest.raises(fxdebug.FxdebugError, match=r"capture=\[\]\) selected no node") as info:
+        fxdebug.records(nothing)
     assert "2 module call(s) (0, 1)" in str(info.value)
-    identity = fxdebug.instrument(torch.nn.Identity())
-    identity(torch.ones(1))
-    try:
-        rec = fxdebug.records(identity)  # where instrument() captures a bare model's output
-    except fxdebug.FxdebugError as error:
-        assert "fxdebug.instrument(Identity) selected no node" in str(error)
-    else:
-        assert len(rec) > 0
+    identity = fxdebug.instrument(torch.nn.Identity())  # a bare model: its output is captured
+    x = torch.ones(1)
+    identity(x)
+    assert torch.equal(fxdebug.records(identity)["output"], x)
 
 
 def test_records_name_accepted_keys_and_grads_true():
