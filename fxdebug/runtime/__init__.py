@@ -11,7 +11,9 @@ these functions, and the functions write into the module's Recorder::
       ├─ record_grads(recorder, value, ...)    Tensor.register_hook -> Records.grads
       ├─ edit_grads(edit, value, key)          Tensor.register_hook(edit.fn)
       ├─ stop(key, op, inputs)                 pdb in the generated forward
-      └─ begin_part(part recorder, inputs)     a traced part of a part-by-part model
+      ├─ begin_part(part recorder, inputs)     a traced part of a part-by-part model
+      └─ EagerScope                             code that runs eagerly (eager modules,
+                                               leaf modules): module calls and ops
     records(gm)                                recorder.latest: the Records of that run
 
 Every node function is registered with ``torch.fx.node.has_side_effect`` and
@@ -28,6 +30,7 @@ True
 from .debugger import stop, stops_disabled
 from .nodes import (RECORDER_ATTR, GradEdit, Recorder, begin_run, capture, capture_stats,
                     edit_grads, emit_if_tracing, record_grads)
+from .eager_ops import EAGER_MODULE, EAGER_OP, EagerKeys, EagerScope
 from .parts import PartRecorder, SharedRecorder, begin_part
 from .records import Record, Records, Stats, tensor_stats
 from .values import children, clone_inputs, flatten_tensors, leaves
@@ -35,7 +38,8 @@ from .values import children, clone_inputs, flatten_tensors, leaves
 __all__ = ["Recorder", "RECORDER_ATTR", "Records", "Record", "Stats", "tensor_stats",
            "begin_run", "capture", "capture_stats", "record_grads", "GradEdit", "edit_grads",
            "stop", "stops_disabled", "begin_part", "SharedRecorder", "PartRecorder",
-           "emit_if_tracing", "flatten_tensors", "clone_inputs", "children", "leaves"]
+           "emit_if_tracing", "flatten_tensors", "clone_inputs", "children", "leaves",
+           "EagerScope", "EagerKeys", "EAGER_OP", "EAGER_MODULE"]
 
 # Generated code names a function after its module: publish the node functions here, so
 # code, pickles and dumped folders say fxdebug.runtime.capture wherever they are defined.

@@ -86,7 +86,10 @@ class Record:
 
     ``value`` is the tensor in tensor mode (``None`` in stats mode);
     ``copied`` says whether it is a copy (taken because a later in-place op
-    writes to it) or a view of the model's own activation.
+    writes to it) or a view of the model's own activation. ``via`` says how it
+    was captured: ``"graph"`` (a capture node), ``"eager module"`` (the output
+    of a module call that ran eagerly) or ``"eager op"`` (a torch function or
+    tensor method inside code that ran eagerly).
     """
 
     key: str
@@ -96,6 +99,7 @@ class Record:
     value: torch.Tensor | None
     copied: bool
     _stats: Stats | None = None
+    via: str = "graph"
 
     @property
     def stats(self) -> Stats:
@@ -145,16 +149,16 @@ class Records:
 
     # -- writing (called by fxdebug.runtime) -------------------------------------------
     def add(self, key: str, op: str, value: Any, *, clone: bool = False,
-            stats_only: bool = False) -> None:
+            stats_only: bool = False, via: str = "graph") -> None:
         tensors: list[tuple[str, torch.Tensor]] = []
         flatten_into(value, key, tensors, self.notes)
         for name, tensor in tensors:
             if stats_only:
                 record = Record(name, op, tuple(tensor.shape), tensor.dtype, None, False,
-                                tensor_stats(tensor))
+                                tensor_stats(tensor), via)
             else:
                 kept = tensor.detach().clone() if clone else tensor.detach()
-                record = Record(name, op, tuple(tensor.shape), tensor.dtype, kept, clone)
+                record = Record(name, op, tuple(tensor.shape), tensor.dtype, kept, clone, via=via)
             self._records.pop(name, None)
             self._records[name] = record
 
