@@ -98,7 +98,8 @@ def _region_copy(module: torch.nn.Module, path: str, scope) -> torch.nn.Module:
             if child is not None:
                 new._modules[name] = copy(child, f"{at}.{name}", False)
         if not is_container(original) and "forward" not in original.__dict__:
-            new.__dict__["forward"] = runtime.RegionForward(scope, new, at, entry)
+            ops = not is_fx_leaf(original) or next(original.children(), None) is not None
+            new.__dict__["forward"] = runtime.RegionForward(scope, new, at, entry, ops)
         return new
 
     return copy(module, path, True)

@@ -30,7 +30,7 @@ True
 from .debugger import stop, stops_disabled
 from .nodes import (RECORDER_ATTR, GradEdit, Recorder, begin_run, capture, capture_stats,
                     edit_grads, emit_if_tracing, record_grads)
-from .eager_ops import EAGER_MODULE, EAGER_OP, EagerKeys, EagerScope
+from .eager_ops import EAGER_MODULE, EAGER_OP, EagerKeys, EagerScope, RegionForward
 from .parts import PartRecorder, SharedRecorder, begin_part
 from .records import Record, Records, Stats, tensor_stats
 from .values import children, clone_inputs, flatten_tensors, leaves
@@ -39,7 +39,7 @@ __all__ = ["Recorder", "RECORDER_ATTR", "Records", "Record", "Stats", "tensor_st
            "begin_run", "capture", "capture_stats", "record_grads", "GradEdit", "edit_grads",
            "stop", "stops_disabled", "begin_part", "SharedRecorder", "PartRecorder",
            "emit_if_tracing", "flatten_tensors", "clone_inputs", "children", "leaves",
-           "EagerScope", "EagerKeys", "EAGER_OP", "EAGER_MODULE"]
+           "EagerScope", "EagerKeys", "RegionForward", "EAGER_OP", "EAGER_MODULE"]
 
 # Generated code names a function after its module: publish the node functions here, so
 # code, pickles and dumped folders say fxdebug.runtime.capture wherever they are defined.

@@ -227,10 +227,12 @@ class EagerScope:
         return key
 
     # -- captures ----------------------------------------------------------------------
-    def module_call(self, module: torch.nn.Module, path: str, forward, args, kwargs):
+    def module_call(self, module: torch.nn.Module, path: str, forward, args, kwargs,
+                    ops: bool = True):
         """Run ``forward(*args, **kwargs)`` of the module at ``path`` in its own scope; capture
-        its output under the key of this call."""
-        with self.region(path):
+        its output under the key of this call. ``ops=False``: record no op inside (a
+        ``torch.nn`` leaf such as ``Linear``, one node in a graph too)."""
+        with self.region(path) if ops else self.paused():
             output = forward(*args, **kwargs)
         key = self.allocate(path, owner=True)
         capture, grads = self.selection.for_eager(key)
@@ -272,14 +274,16 @@ class RegionForward:
     """The instance ``forward`` of a module that runs eagerly inside an instrumented graph.
 
     ``entry``: the module a graph node calls (its own output is the node's
-    capture); it opens a region under its path. Modules below it capture
+    capture); it opens a region under its path. ``ops``: whether ops inside
+    are recorded (not inside a ``torch.nn`` leaf without children). Modules below it capture
     their outputs per call (``EagerScope.module_call``) while a region runs.
     """
 
-    __slots__ = ("scope", "module", "path", "entry")
+    __slots__ = ("scope", "module", "path", "entry", "ops")
 
-    def __init__(self, scope: EagerScope, module: torch.nn.Module, path: str, entry: bool) -> None:
-        self.scope, self.module, self.path, self.entry = scope, module, path, entry
+    def __init__(self, scope: EagerScope, module: torch.nn.Module, path: str, entry: bool,
+                 ops: bool = True) -> None:
+        self.scope, self.module, self.path, self.entry, self.ops = scope, module, path, entry, ops
 
     def __call__(self, *args, **kwargs):
         module = self.module
@@ -289,7 +293,7 @@ class RegionForward:
                 return forward(*args, **kwargs)
         if not self.scope.active():
             return forward(*args, **kwargs)
-        return self.scope.module_call(module, self.path, forward, args, kwargs)
+        return self.scope.module_call(module, self.path, forward, args, kwargs, self.ops)
 
     def __getstate__(self):
         return {name: getattr(self, name) for name in self.__slots__}
