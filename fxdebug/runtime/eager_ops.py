@@ -21,7 +21,8 @@ in there, under the keys a traced graph would give it::
 Keys come from an :class:`EagerKeys` made per Records, so a run numbers from
 zero again: the n-th call of module ``path`` is ``path_n`` (as forward hooks
 count calls), an op is ``base``, ``base_1``... as in a traced graph, never
-taking a module's path or a name of one of its calls. Op names are the names fx gives the same call
+taking a module's path or a name of one of its calls (``F.dropout`` next to
+module ``dropout`` is ``dropout_op``). Op names are the names fx gives the same call
 (``torch.matmul`` and ``Tensor.matmul`` -> ``matmul``, ``x + y`` -> ``add``).
 Captured values are copies (eager code may write to them in place later);
 each record says ``via="eager op"`` or ``via="eager module"``.
@@ -80,7 +81,7 @@ class EagerKeys:
     >>> keys = EagerKeys(["blk", "blk.relu"])
     >>> [keys.allocate("blk.relu", owner=True), keys.allocate("blk.relu"),
     ...  keys.allocate("blk.relu", owner=True), keys.allocate("blk.add"), keys.allocate("blk.add")]
-    ['blk.relu', 'blk.relu_2', 'blk.relu_1', 'blk.add', 'blk.add_1']
+    ['blk.relu', 'blk.relu_op', 'blk.relu_1', 'blk.add', 'blk.add_1']
     """
 
     def __init__(self, module_paths=()) -> None:
@@ -96,20 +97,21 @@ class EagerKeys:
             self._calls[base] = count + 1
             key = base if count == 0 else f"{base}_{count}"
         else:
+            while base in self._modules:  # F.dropout next to module dropout: not a call's key
+                base = f"{base}_op"
             index = self._next.get(base, 0)
             key = base if index == 0 else f"{base}_{index}"
-            while key in self._used or self._is_module_key(key, base):
+            while key in self._used or self._is_module_key(key):
                 index += 1
                 key = f"{base}_{index}"
             self._next[base] = index + 1
         self._used[key] = None
         return key
 
-    def _is_module_key(self, key: str, base: str) -> bool:
-        """A module's path, or the key of a later call of a module (an op named after the
-        module it sits next to, ``self.dropout`` and ``F.dropout``, counts on from the path)."""
+    def _is_module_key(self, key: str) -> bool:
+        """A module's path, or the key of a later call of a module."""
         head, _, tail = key.rpartition("_")
-        return key in self._modules or (tail.isdigit() and head in self._modules and head != base)
+        return key in self._modules or (tail.isdigit() and head in self._modules)
 
 
 class OpRecorder(TorchFunctionMode):
