@@ -11,6 +11,8 @@ Call tree::
       ├─ tracing.keyed_copy(gm)            a GraphModule: the caller's module is never edited
       ├─ passes.Capture(...)               capture nodes + recorder
       ├─ passes.GradHooks(...)             with grads=True: gradient-recording nodes
+      ├─ passes.EagerRegions(...)          leaf modules called as one node (auto-leaves,
+      │                                    TransformerEncoder): capture inside them too
       ├─ user passes                       run in the order given
       └─ graph.lint(); recompile()         once, after every pass
     gm(x)                                  begin_run, then every capture node
@@ -26,7 +28,7 @@ import torch
 import torch.fx as fx
 
 from .errors import FxdebugError, TraceFailure
-from .passes import Capture, GradHooks, as_pass
+from .passes import Capture, EagerRegions, GradHooks, as_pass
 from .runtime import RECORDER_ATTR, Recorder, Records
 from .tracing import instrument_parts, is_partial, keyed_copy, trace
 from .tracing.selection import candidates
@@ -119,7 +121,7 @@ def build_pipeline(capture="modules", depth=None, include=None, exclude=None, gr
     """The passes ``instrument()`` runs for these arguments, in order.
 
     >>> [p.name for p in build_pipeline(grads=True)]
-    ['capture', 'grads']
+    ['capture', 'grads', 'eager_regions']
     """
     pipeline = []
     if not (isinstance(capture, (list, tuple)) and len(capture) == 0):
@@ -128,6 +130,9 @@ def build_pipeline(capture="modules", depth=None, include=None, exclude=None, gr
         selection = "modules" if isinstance(capture, (list, tuple)) and not capture else capture
         pipeline.append(GradHooks(selection, depth=depth, include=include, exclude=exclude,
                                   mode=mode))
+    if pipeline:  # the leaf modules the graph calls as one node: capture inside them too
+        pipeline.append(EagerRegions(capture, depth=depth, include=include, exclude=exclude,
+                                     grads=grads, mode=mode))
     pipeline.extend(as_pass(p) for p in passes)
     return pipeline
 

@@ -26,12 +26,13 @@ from .base import Pass, PassResult, as_pass
 from .breakpoint import Breakpoint
 from .capture import Capture
 from .checkpoint import Checkpoint
+from .eager_regions import EagerRegions
 from .functionalize import Functionalize
 from .grad_hooks import GradHooks
 from .grad_transform import GradTransform
 
 __all__ = ["Pass", "PassResult", "as_pass", "Capture", "GradHooks", "GradTransform",
-           "Breakpoint", "Functionalize", "Checkpoint", "BUILTIN_PASSES"]
+           "Breakpoint", "Functionalize", "Checkpoint", "EagerRegions", "BUILTIN_PASSES"]
 
 BUILTIN_PASSES = {
     "capture": Capture,

@@ -14,7 +14,9 @@ these functions, and the functions write into the module's Recorder::
       ├─ edited_parameter(edit, p, name)       a view of p whose gradient is edited
       ├─ call_with_parameters(module, {n: v})  the module reads the edited view, not p
       ├─ stop(key, op, inputs)                 pdb in the generated forward
-      └─ begin_part(part recorder, inputs)     a traced part of a part-by-part model
+      ├─ begin_part(part recorder, inputs)     a traced part of a part-by-part model
+      └─ EagerScope                             code that runs eagerly (eager modules,
+                                                leaf modules): module calls and ops
     records(gm)                                recorder.latest: the Records of the calling
                                                thread's latest run
 
@@ -34,6 +36,7 @@ from .debugger import stop, stops_disabled
 from .gradients import (PASSES_THROUGH, GradEdit, call_with_parameters, edit_grads, edited_parameter,
                         own_value, record_grads)
 from .nodes import RECORDER_ATTR, Recorder, begin_run, capture, capture_stats, emit_if_tracing
+from .eager_ops import EAGER_MODULE, EAGER_OP, EagerKeys, EagerScope, RegionForward
 from .parts import PartRecorder, SharedRecorder, begin_part
 from .records import Record, Records, Stats, tensor_stats
 from .values import children, clone_inputs, flatten_tensors, leaves
@@ -43,7 +46,8 @@ __all__ = ["Recorder", "RECORDER_ATTR", "Records", "Record", "Stats", "tensor_st
            "own_value", "edited_parameter", "call_with_parameters", "PASSES_THROUGH",
            "traced_message", "TracedMessage", "PROXY_IN_TEXT",
            "stop", "stops_disabled", "begin_part", "SharedRecorder", "PartRecorder",
-           "emit_if_tracing", "flatten_tensors", "clone_inputs", "children", "leaves"]
+           "emit_if_tracing", "flatten_tensors", "clone_inputs", "children", "leaves",
+           "EagerScope", "EagerKeys", "RegionForward", "EAGER_OP", "EAGER_MODULE"]
 
 # Generated code names a function after its module: publish the node functions here, so
 # code, pickles and dumped folders say fxdebug.runtime.capture wherever they are defined.

@@ -90,6 +90,9 @@ class Record:
     writes to it) or a view of the model's own activation. A view whose
     tensor was written in place after the capture (``stale``) is never shown
     as the captured value: ``rec[key]`` raises :class:`~fxdebug.errors.StaleCaptureError`.
+    ``via`` says how it was captured: ``"graph"`` (a capture node), ``"eager module"`` (the output
+    of a module call that ran eagerly) or ``"eager op"`` (a torch function or
+    tensor method inside code that ran eagerly).
     """
 
     key: str
@@ -99,6 +102,7 @@ class Record:
     value: torch.Tensor | None
     copied: bool
     _stats: Stats | None = None
+    via: str = "graph"
     version: int | None = None
 
     @property
@@ -158,17 +162,17 @@ class Records:
 
     # -- writing (called by fxdebug.runtime) -------------------------------------------
     def add(self, key: str, op: str, value: Any, *, clone: bool = False,
-            stats_only: bool = False) -> None:
+            stats_only: bool = False, via: str = "graph") -> None:
         tensors: list[tuple[str, torch.Tensor]] = []
         flatten_into(value, key, tensors, self.notes)
         for name, tensor in tensors:
             if stats_only:
                 record = Record(name, op, tuple(tensor.shape), tensor.dtype, None, False,
-                                tensor_stats(tensor))
+                                tensor_stats(tensor), via)
             else:
                 kept = tensor.detach().clone() if clone else tensor.detach()
                 record = Record(name, op, tuple(tensor.shape), tensor.dtype, kept, clone,
-                                version=None if clone else _version_of(tensor))
+                                version=None if clone else _version_of(tensor), via=via)
             self._records.pop(name, None)
             self._records[name] = record
 

@@ -163,7 +163,7 @@ def explain_failure(exc: BaseException, model: torch.nn.Module, scope: tuple[str
         fixes.append("create the module in __init__ so it is a registered submodule")
     if module_path:
         fixes.append(f"make it a leaf: fxdebug.trace(model, leaf_modules=[{module_path!r}]) "
-                     f"(its output is still captured, its insides are not)")
+                     f"(it runs eagerly; its module calls and ops are still captured)")
     if function and code in ("control", "number", "builtin", "other"):
         fixes.append(f"or call torch.fx.wrap({function!r}) at the top level of the file that "
                      f"defines {function}() so it runs as one opaque node")

@@ -321,6 +321,7 @@ def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
     if auto_leaves:
         listed = "; ".join(f"{path} ({reason})" for path, reason in auto_leaves)
         warnings.warn(f"fxdebug traced {len(auto_leaves)} module(s) as leaves because tracing "
-                      f"through them failed: {listed}. Their outputs are captured, their insides "
-                      f"are not.", stacklevel=caller_stacklevel())
+                      f"through them failed: {listed}. They run eagerly: instrument() captures "
+                      f"their module calls (and, with capture='all', their ops) as they run, "
+                      f"but passes cannot edit their insides.", stacklevel=caller_stacklevel())
     return gm

@@ -48,7 +48,9 @@ what each was called with, for ``check_equivalence``, ``diff``,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import re
 import warnings
 from typing import Callable
@@ -92,13 +94,16 @@ class _Dispatch:
             runtime.begin_run(shared, ())
         shared.depth += 1
         try:
-            part, positional = self._choose(args, kwargs)
-            if part is not None:
-                context.note_inputs(part, positional)
-                output = part(*positional)
-            else:
-                output = call_forward(self.module, args, kwargs)
-                context.capture_eager(self, output)
+            with context.quiet():  # fxdebug's own work, and traced parts, are no eager ops
+                part, positional = self._choose(args, kwargs)
+                if part is not None:
+                    context.note_inputs(part, positional)
+                    output = part(*positional)
+            if part is None:
+                with context.region(self.path, self.module):
+                    output = call_forward(self.module, args, kwargs)
+                with context.quiet():
+                    context.capture_eager(self, output)
         finally:
             shared.depth -= 1
         if outermost:
@@ -139,6 +144,29 @@ class _Context:
         self._eager_seen: dict[tuple[str, str], None] = {}
         self.recording: dict[str, tuple] | None = None
         self.runs = 0
+        self.scope: runtime.EagerScope | None = None
+        if selection is not None:  # ops inside eager modules (capture="all")
+            self.scope = runtime.EagerScope(
+                self.shared, selection, functools.partial(runtime.EagerKeys,
+                                                          tuple(self.module_paths)),
+                record_ops=selection.records_ops, seen=self._see)
+
+    def _see(self, key: str) -> None:
+        self.seen_keys[key] = None
+
+    def quiet(self):
+        """Record no eager op inside (fxdebug's own work, a traced part)."""
+        active = self.scope is not None and self.scope.active()
+        return self.scope.paused() if active else contextlib.nullcontext()
+
+    def region(self, path: str, module: torch.nn.Module):
+        """Record the ops of the eager module at ``path`` run inside (with capture="all");
+        none inside a ``torch.nn`` leaf (``Linear``), which a graph shows as one node too."""
+        if self.scope is None:
+            return contextlib.nullcontext()
+        if is_fx_leaf(module) and next(module.children(), None) is None:
+            return self.quiet()
+        return self.scope.region(path)
 
     # -- building ------------------------------------------------------------------------
     def build(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -238,11 +266,10 @@ class _Context:
             return
         key = path if count == 0 else f"{path}_{count}"
         op = type(dispatch.module).__name__
-        if capture == "stats":
-            runtime.capture_stats(self.shared, output, key, op)
-        elif capture == "tensor":
+        if capture is not None:
             # eager code may write to the output in place later: keep a copy
-            runtime.capture(self.shared, output, key, op, clone=True)
+            self.shared.latest.add(key, op, output, clone=capture == "tensor",
+                                   stats_only=capture == "stats", via=runtime.EAGER_MODULE)
         if grads is not None:
             runtime.record_grads(self.shared, output, key, op, stats_only=grads == "stats")
 
@@ -336,6 +363,15 @@ class _Selection:
         capture = self.mode if chosen and not (listed and not self.capture) else None
         grads_chosen = chosen or (listed and not self.capture)
         return capture, (self.mode if self.grads and grads_chosen else None)
+
+    @property
+    def records_ops(self) -> bool:
+        """Whether ops inside eager code can be selected (``capture="all"`` or patterns)."""
+        return self.capture == "all" or (isinstance(self.capture, list) and bool(self.capture))
+
+    def for_op(self, key: str) -> tuple[str | None, str | None]:
+        """As :meth:`for_eager`, for an op that ran inside eager code (none for ``"modules"``)."""
+        return self.for_eager(key) if self.records_ops else (None, None)
 
 
 @dataclasses.dataclass(frozen=True)

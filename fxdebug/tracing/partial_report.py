@@ -95,7 +95,8 @@ class PartialReport:
         for part in self.parts:
             leaves = f"; auto-leaves: {', '.join(part.auto_leaves)}" if part.auto_leaves else ""
             lines.append(f"  {part.label or '(root)'} ({part.module_type}) {part.call}{leaves}")
-        lines.append("eager modules (run as Python; their outputs are captured):")
+        lines.append("eager modules (run as Python; their outputs and module calls are captured, "
+                     "and with capture='all' their ops):")
         for eager in self.eager:
             lines.append(f"  {eager.path or '(root)'} ({eager.module_type}): {eager.reason}")
         return "\n".join(lines)

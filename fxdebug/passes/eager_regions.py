@@ -1,0 +1,105 @@
+"""EagerRegions: capture inside the leaf modules a graph calls as one node.
+
+A traced graph calls some modules as a single ``call_module`` node and never
+looks inside: an auto-leaf (fx could not trace it), a user's leaf module, a
+``torch.nn`` module with children (``TransformerEncoder``, ``MultiheadAttention``).
+This pass gives each such module (in the GraphModule only; the user's model
+keeps its own) a copy of its subtree whose ``forward`` methods capture while
+they run::
+
+    block = self.block(x)                    the graph is unchanged
+      └─ RegionForward(entry) of block       EagerScope.region("block")
+           ├─ self.conv(x) -> RegionForward  captured as "block.conv" (per call:
+           │                                 "block.conv_1"...)
+           └─ torch.relu(...)                with capture="all": "block.relu"
+
+so ``capture="modules"`` sees every module call and ``capture="all"`` every
+op, whichever way a part ran. The records say ``via="eager module"`` /
+``"eager op"``. A graph without such modules is not touched.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.fx as fx
+
+from .. import runtime
+from ..tracing.call_plan import is_container, is_fx_leaf
+from ..tracing.module_copy import shallow_module_copy
+from ..tracing.partial import _Selection
+from ._placement import ensure_recorder
+from .base import Pass
+
+__all__ = ["EagerRegions", "hides_calls"]
+
+
+def hides_calls(module: torch.nn.Module) -> bool:
+    """Whether a graph calling ``module`` as one node misses calls or ops inside it.
+
+    >>> hides_calls(torch.nn.Linear(2, 2)), hides_calls(torch.nn.TransformerEncoderLayer(4, 1))
+    (False, True)
+    """
+    if "forward" in module.__dict__:  # a dispatcher of a part-by-part model, or done already
+        return False
+    return not is_fx_leaf(module) or next(module.children(), None) is not None
+
+
+class EagerRegions(Pass):
+    """Capture module calls (and, with ``capture="all"``, ops) inside leaf-module nodes.
+
+    Args: as :class:`~fxdebug.passes.Capture`, plus ``grads`` (record the
+    gradients of what is captured there too).
+
+    Example::
+
+        >>> import torch, fxdebug
+        >>> layer = torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0)
+        >>> gm = fxdebug.instrument(torch.nn.Sequential(layer))
+        >>> _ = gm(torch.randn(3, 1, 8))
+        >>> [k for k in fxdebug.records(gm).keys() if k.startswith("0.l")]
+        ['0.linear1', '0.linear2']
+    """
+
+    name = "eager_regions"
+
+    def __init__(self, capture="modules", depth=None, include=None, exclude=None,
+                 grads: bool = False, mode: str = "tensor") -> None:
+        self.selection = _Selection(capture, depth, include, exclude, grads, mode)
+
+    def run(self, gm: fx.GraphModule) -> bool:
+        leaves = [str(node.target) for node in gm.graph.nodes if node.op == "call_module"]
+        leaves = [path for path in dict.fromkeys(leaves) if hides_calls(gm.get_submodule(path))]
+        if not leaves:
+            return False
+        ensure_recorder(gm, self.name)
+        recorder = getattr(gm, runtime.RECORDER_ATTR)
+        paths = [name for name, _ in gm.named_modules(remove_duplicate=False) if name]
+        scope = runtime.EagerScope(recorder, self.selection,
+                                   functools.partial(runtime.EagerKeys, tuple(paths)),
+                                   record_ops=self.selection.records_ops)
+        for path in leaves:
+            parent, _, name = path.rpartition(".")
+            owner = gm.get_submodule(parent) if parent else gm
+            owner._modules[name] = _region_copy(gm.get_submodule(path), path, scope)
+        return True
+
+
+def _region_copy(module: torch.nn.Module, path: str, scope) -> torch.nn.Module:
+    """A copy of the subtree (parameters and buffers shared) whose forwards capture."""
+    memo: dict[int, torch.nn.Module] = {}
+
+    def copy(original: torch.nn.Module, at: str, entry: bool) -> torch.nn.Module:
+        if id(original) in memo:
+            return memo[id(original)]
+        new = memo[id(original)] = shallow_module_copy(original)
+        for name, child in original._modules.items():
+            if child is not None:
+                new._modules[name] = copy(child, f"{at}.{name}", False)
+        if not is_container(original) and "forward" not in original.__dict__:
+            ops = not is_fx_leaf(original) or next(original.children(), None) is not None
+            new.__dict__["forward"] = runtime.RegionForward(scope, new, at, entry, ops)
+        return new
+
+    return copy(module, path, True)

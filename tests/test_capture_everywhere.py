@@ -1,0 +1,187 @@
+"""Captures inside code that runs eagerly: eager modules, auto-leaves, torch.nn modules with children.
+
+Ground truth: the attention weights transformers returns with output_attentions=True,
+forward hooks on every module (tests/hooks.py), retain_grad on the eager model.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import fxdebug
+from fxdebug.runtime import tensor_stats
+from hooks import hook_captures
+
+
+def _quiet(fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*args, **kwargs)
+
+
+# -- attention probabilities inside Hugging Face attention blocks ---------------------------
+def _bert():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64,
+                                     max_position_embeddings=64, attn_implementation="eager")
+    return transformers.BertModel(config).eval(), "encoder.layer.{}.attention.self"
+
+
+def _gpt2():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=2,
+                                     n_positions=64, use_cache=False, bos_token_id=0,
+                                     eos_token_id=0, attn_implementation="eager")
+    return transformers.GPT2Model(config).eval(), "h.{}.attn"
+
+
+@pytest.mark.parametrize("factory", [_bert, _gpt2], ids=["bert", "gpt2"])
+def test_attention_probabilities_are_captured_inside_eager_attention(factory):
+    torch.manual_seed(0)
+    model, attention = factory()
+    ids = torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(ids, output_attentions=True)
+    instrumented = fxdebug.instrument(model, capture="all")
+    with torch.no_grad():
+        out = _quiet(instrumented, ids, output_attentions=True)
+    assert torch.equal(out.last_hidden_state, expected.last_hidden_state)
+    rec = fxdebug.records(instrumented)
+    for layer, weights in enumerate(expected.attentions):
+        key = f"{attention.format(layer)}.softmax"
+        assert rec.record(key).via == "eager op"
+        assert rec.record(key).op == "torch.nn.functional.softmax"
+        assert torch.equal(rec[key], weights), key
+        assert f"{attention.format(layer)}.matmul" in rec  # the scores, before the softmax
+    # module outputs keep their keys and say how they were captured
+    assert rec.record(f"{attention.format(0)}/0").via in ("eager module", "graph")
+    # capture="modules" records no op
+    modules = fxdebug.instrument(model)
+    with torch.no_grad():
+        _quiet(modules, ids)
+    assert not any(r.via == "eager op" for r in fxdebug.records(modules).records())
+
+
+# -- a block auto-leaf must make a leaf ------------------------------------------------------
+class Gated(torch.nn.Module):
+    """fx cannot trace it (a branch on a value): auto-leaf keeps it as one node."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.norm = torch.nn.BatchNorm2d(4)
+        self.act = torch.nn.ReLU()
+
+    def forward(self, x):
+        y = self.act(self.norm(self.conv(x)))
+        if y.mean() > 0:
+            y = self.act(y - 0.5)
+        return torch.sigmoid(y) * 2
+
+
+class WithLeaves(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.block = Gated()
+        self.other = Gated()
+        self.head = torch.nn.Conv2d(4, 2, 1)
+
+    def forward(self, x):
+        return self.head(self.other(self.block(self.block(self.stem(x)))))
+
+
+def test_module_calls_inside_auto_leaves_equal_forward_hooks():
+    torch.manual_seed(0)
+    model = WithLeaves().eval()
+    x = torch.randn(2, 3, 8, 8)
+    truth = hook_captures(model, x)
+    gm = fxdebug.instrument(model)
+    assert isinstance(gm, torch.fx.GraphModule)
+    assert [path for path, _ in gm.meta["fxdebug_auto_leaves"]] == ["block", "other"]
+    with torch.no_grad():
+        assert torch.equal(gm(x), model(x))
+    rec = fxdebug.records(gm)
+    assert rec.keys() == list(truth)  # block.act_1, block_1, block.conv_1...: per call
+    for key in truth:
+        assert torch.equal(rec[key], truth[key]), key
+    assert rec.record("block.conv_1").via == "eager module"
+    assert rec.record("stem").via == "graph"
+    assert not hasattr(model.block, "forward") or "forward" not in model.block.__dict__
+
+
+def test_ops_inside_an_auto_leaf_with_capture_all_and_stats():
+    torch.manual_seed(0)
+    model = WithLeaves().eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        inner = model.block.act(model.block.norm(model.block.conv(model.stem(x))))
+        sigmoid = torch.sigmoid(model.block.act(inner - 0.5))
+    rec = fxdebug.records(_run(fxdebug.instrument(model, capture="all"), x))
+    assert [k for k in rec.keys() if k.startswith("block.") and "_" not in k][:6] == [
+        "block.conv", "block.norm", "block.act", "block.mean", "block.gt", "block.sub"]
+    assert torch.equal(rec["block.sigmoid"], sigmoid)
+    assert rec.record("block.sigmoid").via == "eager op"
+    stats = fxdebug.records(_run(fxdebug.instrument(model, capture="all", mode="stats"), x))
+    assert stats.keys() == rec.keys()
+    assert stats["block.sigmoid"] == tensor_stats(sigmoid)
+
+
+def _run(gm, x):
+    with torch.no_grad():
+        gm(x)
+    return gm
+
+
+def test_gradients_inside_an_auto_leaf_equal_retain_grad():
+    torch.manual_seed(0)
+    model = WithLeaves().eval()
+    x = torch.randn(2, 3, 8, 8)
+    kept = {}
+
+    def keep(name):
+        def hook(_module, _inputs, output):
+            if name not in kept:
+                output.retain_grad()
+                kept[name] = output
+        return hook
+
+    handles = [model.block.conv.register_forward_hook(keep("block.conv")),
+               model.other.norm.register_forward_hook(keep("other.norm"))]
+    model(x).square().sum().backward()
+    for handle in handles:
+        handle.remove()
+    model.zero_grad()
+    gm = fxdebug.instrument(model, grads=True)
+    gm(x).square().sum().backward()
+    grads = fxdebug.records(gm).grads
+    for key, tensor in kept.items():
+        assert torch.allclose(grads[key], tensor.grad, rtol=1e-5, atol=1e-6), key
+
+
+# -- torch.nn modules with children ---------------------------------------------------------
+def test_transformer_encoder_internals_are_captured():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16),
+                                torch.nn.TransformerEncoder(layer, num_layers=2)).eval()
+    x = torch.randn(5, 2, 8)
+    truth = hook_captures(model, x)
+    assert "1.layers.1.linear2" in truth
+    gm = _quiet(fxdebug.instrument, model)
+    with torch.no_grad():
+        assert torch.equal(gm(x), model(x))
+    rec = fxdebug.records(gm)
+    assert rec.keys() == list(truth)
+    for key in truth:
+        assert torch.equal(rec[key], truth[key]), key
+    everything = _quiet(fxdebug.instrument, model, capture="all")
+    with torch.no_grad():
+        everything(x)
+    ops = [r.key for r in fxdebug.records(everything).records() if r.via == "eager op"]
+    assert ops[:3] == ["1.layers.0.self_attn.multi_head_attention_forward/0",
+                       "1.layers.0.add", "1.layers.0.relu"]
