@@ -39,7 +39,7 @@ from typing import Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .nodes import record_grads
+from .gradients import record_grads
 from .parts import _PartRecords
 
 __all__ = ["EagerScope", "EagerKeys", "RegionForward", "OpRecorder", "op_key_name", "EAGER_OP", "EAGER_MODULE"]
