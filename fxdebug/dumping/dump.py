@@ -13,6 +13,8 @@ The folder::
     breakpoints.json  node key -> line of module.py (what ``fxdebug debug --break KEY`` uses)
     README.md         what is where, what must be importable, what had to be pickled
     __init__.py       the folder is a package: ``from FOLDER import load``
+    manifest.json     every file above with its size and sha256: what ``overwrite=True``
+                      may replace (a folder holding anything else is never deleted)
 
 Call tree::
 
@@ -26,7 +28,8 @@ Call tree::
       ├─ module_py(...)          forward.py + templates/module_*.py.tmpl
       ├─ _expected(gm, inputs)   run a copy (seed 0): outputs and parameter gradients
       ├─ run.py                  templates/run.py.tmpl + folder_runtime.py's functions
-      └─ write_atomically()      writer.py: temporary folder in the same parent, then rename
+      └─ write_atomically()      writer.py: temporary folder in the same parent, then rename;
+                                 leftovers of killed dumps cleaned, only manifest files replaced
 """
 
 from __future__ import annotations
@@ -49,12 +52,13 @@ from .folder_runtime import compare, first_line, flatten_outputs, loss_of
 from .forward import (PICKLED_FILE, class_name, forward_code, module_py, template, weights)
 from .literals import Imports
 from .structure import Structure, tensor_file
-from .writer import looks_like_dump, write_atomically
+from .writer import MANIFEST, prepare_destination, write_atomically
 
 __all__ = ["dump", "FILES"]
 
 FILES = ("__init__.py", "module.py", "run.py", "weights.pt", "inputs.pt", "expected.pt",
-         "breakpoints.json", "README.md")
+         "breakpoints.json", "README.md", MANIFEST)
+KNOWN = FILES + (PICKLED_FILE,)  # every name a dump may write: what replacing one may delete
 
 
 def _expected(gm: fx.GraphModule, inputs: tuple) -> dict:
@@ -161,15 +165,17 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False) -> str:
         folder: the folder to create. Its parent must exist.
         inputs: example inputs; the folder keeps them and the outputs (and
             parameter gradients) ``gm`` gives on them.
-        overwrite: replace ``folder`` if it exists (only an earlier dump or an
-            empty folder is ever replaced).
+        overwrite: replace ``folder`` if it exists: only an empty folder, or an
+            earlier dump holding exactly the files its manifest.json lists,
+            unchanged (and the bytecode Python wrote for them), is ever replaced.
 
     Returns:
         The absolute path of the folder. ``python FOLDER/run.py`` runs it;
         ``fxdebug debug FOLDER --break KEY`` steps through it in pdb.
 
     Raises:
-        FxdebugError: the folder exists, the graph calls a function that
+        FxdebugError: the folder exists (or holds files a dump did not write,
+            or cannot be replaced for lack of permission), the graph calls a function that
             cannot be imported, a leaf module's class is defined locally, or
             writing failed. Nothing is left half-written.
 
@@ -191,13 +197,7 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False) -> str:
     if not os.path.isdir(parent):
         raise FxdebugError(f"cannot dump into {folder!r}: its parent folder {parent!r} does not "
                            f"exist. Create it first.")
-    if os.path.lexists(folder):
-        if not overwrite:
-            raise FxdebugError(f"cannot dump into {folder!r}: it already exists. Pass "
-                               f"overwrite=True (--overwrite) to replace it, or choose another folder.")
-        if not os.path.isdir(folder) or not looks_like_dump(folder):
-            raise FxdebugError(f"refusing to overwrite {folder!r}: it is not an fxdebug dump "
-                               f"(no run.py and breakpoints.json) nor an empty folder.")
+    prepare_destination(folder, overwrite, KNOWN, hashes=False)  # before the work; again when writing
     if not isinstance(gm, fx.GraphModule):
         gm = trace(gm)
     pytree_inputs = isinstance(gm.graph._codegen, _PyTreeCodeGen)  # placeholders are the leaves
@@ -235,5 +235,5 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False) -> str:
     if pickled_bytes is not None:
         files[PICKLED_FILE] = pickled_bytes
     compile(module_text, os.path.join(folder, "module.py"), "exec")  # never write code that cannot parse
-    write_atomically(folder, files, overwrite)
+    write_atomically(folder, files, overwrite, KNOWN)
     return folder
