@@ -86,32 +86,39 @@ def test_an_edited_dump_is_not_replaced_but_one_that_ran_is(tmp_path):
 
 
 # -- a dump killed at a chosen point (test_dump_kill.py kills at random ones) --------------
-def killed_dump(gm, folder, when) -> int:
+EVENTS = ("open", "mkdir", "rename", "unlink", "rmdir")
+
+
+def killed_dump(gm, folder, when, inputs=None) -> int:
     """Dump ``gm`` in a forked child that SIGKILLs itself when ``when(event, path)`` says so.
 
-    Events: ``"open"`` (a file opened for writing) and ``"rename"`` (its destination).
-    Returns the child's wait status.
+    ``when`` is asked before every file system change (``EVENTS``: a file opened,
+    a folder made, a rename (its destination), a file or folder removed). Returns
+    the child's wait status; a child that was not killed exits with the number of
+    events it saw (at most 255).
     """
     pid = os.fork()
     if pid == 0:  # the child: never returns to pytest
+        seen = [0]
         try:
             torch.set_num_threads(1)
-            real_rename, real_open = os.rename, builtins.open
 
-            def rename(src, dst):
-                if when("rename", os.fspath(dst)):
-                    os.kill(os.getpid(), signal.SIGKILL)
-                return real_rename(src, dst)
+            def hooked(real, event):
+                def call(path, *args, **kwargs):
+                    target = args[0] if event == "rename" else path
+                    if event != "open" or (args and "w" in args[0]):
+                        seen[0] += 1
+                        if when(event, os.fspath(target)):
+                            os.kill(os.getpid(), signal.SIGKILL)
+                    return real(path, *args, **kwargs)
+                return call
 
-            def opener(path, *args, **kwargs):
-                if when("open", os.fspath(path)):
-                    os.kill(os.getpid(), signal.SIGKILL)
-                return real_open(path, *args, **kwargs)
-
-            os.rename, builtins.open = rename, opener
-            fxdebug.dump(gm, folder, X, overwrite=True)
+            builtins.open = hooked(builtins.open, "open")
+            for event in EVENTS[1:]:
+                setattr(os, event, hooked(getattr(os, event), event))
+            fxdebug.dump(gm, folder, X if inputs is None else inputs, overwrite=True)
         finally:
-            os._exit(0)
+            os._exit(min(seen[0], 255))
     return os.waitpid(pid, 0)[1]
 
 
