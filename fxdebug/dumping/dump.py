@@ -48,7 +48,7 @@ from ..errors import FxdebugError
 from ..runtime import clone_inputs, stops_disabled
 from ..tracing import trace
 from ..tracing.keys import META_PASS, node_key
-from .folder_runtime import compare, first_line, flatten_outputs, loss_of
+from .folder_runtime import GRADIENT_SCALE, compare, first_line, flatten_outputs, loss_of, tolerance
 from .forward import (PICKLED_FILE, class_name, forward_code, module_py, template, weights)
 from .literals import Imports
 from .structure import Structure, tensor_file
@@ -110,7 +110,9 @@ def _readme(cls: str, inputs: tuple, structure: Structure,
         "| `weights.pt` | every parameter and buffer (non-persistent ones too), once; `torch.load(..., weights_only=True)` |",
         "| `inputs.pt` | the example inputs, a list |",
         "| `expected.pt` | `{\"outputs\": ..., \"grads\": ...}` recorded when dumped |",
-        "| `run.py` | loads, runs, compares (`torch.equal`, else `torch.allclose`) |",
+        "| `run.py` | loads, runs, compares (`torch.equal`, else `torch.allclose` with "
+        "torch.testing's tolerances for the dtype; for gradients scaled by their largest "
+        "element, so another machine or thread count passes) |",
         "| `breakpoints.json` | node key -> line of `module.py`, and the names of the node's inputs |",
     ]
     if structure.pickled:
@@ -224,6 +226,7 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False) -> str:
             cls=cls, flatten=inspect.getsource(flatten_outputs).rstrip(),
             loss=inspect.getsource(loss_of).rstrip(),
             first_line=inspect.getsource(first_line).rstrip(),
+            tolerance=inspect.getsource(tolerance).rstrip(), gradient_scale=GRADIENT_SCALE,
             compare=inspect.getsource(compare)).encode(),
         "breakpoints.json": _breakpoints_json(forward_line, node_lines).encode(),
         "README.md": _readme(cls, inputs, structure, imports, _example_key(gm),
