@@ -35,6 +35,7 @@ Call tree::
 from __future__ import annotations
 
 import copy
+import hashlib
 import inspect
 import io
 import json
@@ -118,6 +119,13 @@ def _readme(cls: str, inputs: tuple, structure: Structure,
     if structure.pickled:
         lines.append(f"| `{PICKLED_FILE}` | submodules that could not be written as code (below) |")
     lines += ["", "Every path is relative to this folder: move or copy it freely.", "",
+              "## Opening this folder runs its code", "",
+              "`load()`, `python run.py` and `fxdebug debug` import `module.py` and run `run.py`: "
+              "Python code, which can do anything your account can. Open only folders you trust, "
+              "as with any pickle (see the warning in `torch.load`'s documentation). Tensors are "
+              "read with `torch.load(..., weights_only=True)`"
+              + (f"; `{PICKLED_FILE}` is unpickled with `weights_only=False` (module.py checks its "
+                 f"sha256 first)." if structure.pickled else "; nothing is unpickled."), "",
               "## What must be importable", "",
               "module.py imports `torch`" + "".join(f", `{name}`" for name in imports.top_level_packages())
               + "; run it where these import as they did when it was dumped."]
@@ -158,7 +166,20 @@ def _plain_tensor_file(obj, what: str) -> bytes:
     return data
 
 
-def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False) -> str:
+def _refuse_pickling(structure: Structure) -> FxdebugError:
+    listed = "; ".join(f"{note.path!r} ({note.type_name}): {note.reason}"
+                       for note in structure.pickled_notes)
+    return FxdebugError(
+        f"cannot dump without pickling: fxdebug could not rebuild these submodules from code: "
+        f"{listed}. Unpickling runs whatever code the file names (torch.load(..., "
+        f"weights_only=False)), so fxdebug writes modules as code. Trace through them (do not list "
+        f"their classes in leaf_modules), keep each constructor argument in an attribute of the "
+        f"same name, or pass allow_pickled_modules=True (fxdebug dump --allow-pickle) to pickle them "
+        f"into {PICKLED_FILE}.")
+
+
+def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
+         allow_pickled_modules: bool = False) -> str:
     """Write ``gm`` to ``folder`` as a package that runs on its own and round-trips.
 
     Args:
@@ -170,13 +191,17 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False) -> str:
         overwrite: replace ``folder`` if it exists: only an empty folder, or an
             earlier dump holding exactly the files its manifest.json lists,
             unchanged (and the bytecode Python wrote for them), is ever replaced.
+        allow_pickled_modules: pickle the submodules that cannot be rebuilt
+            from code into pickled_modules.pt (loading it unpickles with
+            ``weights_only=False``); without it, such a module is an error.
 
     Returns:
         The absolute path of the folder. ``python FOLDER/run.py`` runs it;
         ``fxdebug debug FOLDER --break KEY`` steps through it in pdb.
 
     Raises:
-        FxdebugError: the folder exists (or holds files a dump did not write,
+        FxdebugError: a submodule cannot be rebuilt from code (and
+            ``allow_pickled_modules`` is false), the folder exists (or holds files a dump did not write,
             or cannot be replaced for lack of permission), the graph calls a function that
             cannot be imported, a leaf module's class is defined locally, or
             writing failed. Nothing is left half-written.
@@ -216,9 +241,12 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False) -> str:
     imports = Imports()
     forward = forward_code(gm, imports)
     structure = Structure(gm, imports)
+    if structure.pickled and not allow_pickled_modules:
+        raise _refuse_pickling(structure)
     pickled_bytes = structure.pickled_bytes()
+    pickled_sha = hashlib.sha256(pickled_bytes).hexdigest() if pickled_bytes is not None else None
     module_text, forward_line, node_lines = module_py(gm, cls, imports, forward, structure,
-                                                      pickled_bytes is not None, pytree_inputs)
+                                                      pickled_sha, pytree_inputs)
     files = {
         "__init__.py": template("package_init.py.tmpl").format(cls=cls).encode(),
         "module.py": module_text.encode(),

@@ -180,7 +180,7 @@ def _pad(statement: str, comment: str, indent: str) -> str:
 
 
 def module_py(gm: fx.GraphModule, cls: str, imports: Imports, forward: Forward,
-               structure: Structure, has_pickled: bool, pytree_inputs: bool
+               structure: Structure, pickled_sha: str | None, pytree_inputs: bool
                ) -> tuple[str, int, dict[str, dict]]:
     """module.py's text, the line of ``def forward`` and, for every node key, its line and inputs."""
     _, tied, frozen = weights(gm)
@@ -198,11 +198,12 @@ def module_py(gm: fx.GraphModule, cls: str, imports: Imports, forward: Forward,
         wrap="".join(f'\ntorch.fx.wrap("{name}")\n' for name in forward.wrapped),
         frozen=literal(tuple(frozen)), tied=literal(tied), training=training,
         training_exceptions=literal(training_exceptions))
-    if has_pickled:
-        head += template("pickled_loader.py.tmpl").format(pickled_file=PICKLED_FILE)
+    if pickled_sha is not None:
+        head += template("pickled_loader.py.tmpl").format(pickled_file=PICKLED_FILE,
+                                                          sha256=pickled_sha)
     out = head.rstrip("\n").split("\n") + ["", "", f"class {cls}(torch.nn.Module):",
                                            "    def __init__(self):", "        super().__init__()"]
-    if has_pickled:
+    if pickled_sha is not None:
         out.append("        pickled = _pickled_modules()")
     out += [f"        {line}" for line in structure.lines + extra_attrs]
     out += ["", f"    {forward.signature}"]
