@@ -90,7 +90,7 @@ def _example_key(gm: fx.GraphModule) -> str:
 
 
 def _readme(cls: str, inputs: tuple, structure: Structure,
-            imports: Imports, example: str, wrapped: list[str]) -> str:
+            imports: Imports, example: str, wrapped: list[str], copied: list[str]) -> str:
     shapes = ", ".join("x".join(map(str, t.shape)) + f" {str(t.dtype).replace('torch.', '')}"
                        if isinstance(t, torch.Tensor) else type(t).__name__ for t in inputs)
     lines = [
@@ -132,6 +132,10 @@ def _readme(cls: str, inputs: tuple, structure: Structure,
     if wrapped:
         lines += ["", "Functions kept as single calls with `torch.fx.wrap`: "
                   + ", ".join(f"`{name}`" for name in wrapped) + "."]
+    if copied:
+        lines += ["", "Copied into module.py from the script that was run (`__main__`), with the "
+                  "constants and imports they use: " + ", ".join(f"`{name}`" for name in copied)
+                  + "."]
     lines += ["", "## Submodules", ""]
     if structure.pickled_notes:
         lines.append(f"These submodules are pickled in `{PICKLED_FILE}` (their classes must be "
@@ -258,7 +262,7 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
             compare=inspect.getsource(compare)).encode(),
         "breakpoints.json": _breakpoints_json(forward_line, node_lines).encode(),
         "README.md": _readme(cls, inputs, structure, imports, _example_key(gm),
-                             forward.wrapped).encode(),
+                             forward.wrapped, forward.script.names()).encode(),
         "inputs.pt": _plain_tensor_file(list(clone_inputs(inputs)), "the example inputs"),
         "expected.pt": _plain_tensor_file(_expected(gm, inputs), "the outputs"),
         "weights.pt": tensor_file(weights(gm)[0]),
