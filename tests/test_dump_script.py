@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent('''
 
     @torch.fx.wrap
     def clamp_if_large(x, lo):
-        if float(x.abs().max()) > 1e6:  # a value-dependent branch: why it is wrapped
+        if float(x.detach().abs().max()) > 1e6:  # a value-dependent branch: why it is wrapped
             return x
         return F.relu(_shifted(x) - lo) + math.pi
 
