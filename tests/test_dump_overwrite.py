@@ -147,6 +147,20 @@ def test_the_next_dump_finishes_what_a_killed_one_left(tmp_path, point):
     assert sorted(os.listdir(tmp_path)) == ["earlier"]
 
 
+def test_leftovers_of_an_older_fxdebug_are_restored_too(tmp_path):
+    """Before manifests a killed overwrite left the earlier dump in ``.NAME.T.old/NAME``."""
+    made = tmp_path / "made"
+    fxdebug.dump(_gm(), made, X)
+    dumped = _tree(made)
+    (tmp_path / ".out.k3j9x0a1.old").mkdir()
+    os.rename(made, tmp_path / ".out.k3j9x0a1.old" / "out")
+    (tmp_path / ".out.p0q8r7s6.tmp").mkdir()
+    (tmp_path / ".out.p0q8r7s6.tmp" / "run.py").write_text("half written")
+    with pytest.raises(fxdebug.FxdebugError, match=r"already exists \(restored the earlier dump"):
+        fxdebug.dump(_gm(), tmp_path / "out", X)
+    assert sorted(os.listdir(tmp_path)) == ["out"] and _tree(tmp_path / "out") == dumped
+
+
 def test_leftovers_holding_foreign_files_are_kept(tmp_path):
     stale = tmp_path / ".out.abcd1234.tmp"
     stale.mkdir()

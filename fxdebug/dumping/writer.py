@@ -211,6 +211,10 @@ def clean_leftovers(folder: str, known) -> list[str]:
         if not _owner_is_dead(stem + ".lock"):
             continue  # another process is writing this folder right now
         tmp, old = stem + ".tmp", stem + ".old"
+        holder = None
+        if (os.path.isdir(old) and not os.path.islink(old) and os.listdir(old) == [name]
+                and os.path.isdir(os.path.join(old, name))):
+            holder, old = old, os.path.join(old, name)  # fxdebug before manifests: .old/NAME
         if os.path.lexists(old):
             if not os.path.lexists(folder):
                 os.rename(old, folder)
@@ -221,6 +225,8 @@ def clean_leftovers(folder: str, known) -> list[str]:
                 if left:
                     warnings.warn(f"fxdebug.dump: {old!r}, left by a killed dump, holds files a "
                                   f"dump does not write ({_names(left)}); it was kept.", stacklevel=3)
+        if holder is not None and not os.listdir(holder):
+            os.rmdir(holder)
         if os.path.lexists(tmp):
             left = _remove_ours(tmp, known)
             if left:
