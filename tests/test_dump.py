@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
+import shutil
+import tempfile
 import textwrap
 import zipfile
 
@@ -96,7 +99,7 @@ def round_trip(tmp_path_factory):
             with torch.no_grad():
                 gm(x.clone())
             records = {k: fxdebug.records(gm)[k].clone() for k in fxdebug.records(gm).keys()}
-        fxdebug.dump(gm, made / name, x)
+        fxdebug.dump(gm, made / name, x, allow_pickled_modules=name == "gadgets")  # Opaque
         originals[name] = {"eager": eager, "records": records, "model": model}
     os.rename(made, moved)
     results = base / "results.pt"
@@ -274,7 +277,7 @@ def test_dumped_files_identical_across_hash_seeds(tmp_path):
         fxdebug.dump(fxdebug.instrument(NestedOutputs().eval(), capture="all"), out + "/nested",
                      torch.randn(2, 8))
         gm = fxdebug.instrument(fxdebug.trace(Gadgets().eval(), leaf_modules=[Opaque]))
-        fxdebug.dump(gm, out + "/gadgets", torch.randn(2, 6))
+        fxdebug.dump(gm, out + "/gadgets", torch.randn(2, 6), allow_pickled_modules=True)
     """)
     for seed in HASH_SEEDS:
         (tmp_path / f"seed{seed}").mkdir()
@@ -354,19 +357,43 @@ def test_locally_defined_function_call_names_the_node(tmp_path):
     assert _entries(tmp_path) == []
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders; "
-                    "test_disk_write_failure_leaves_nothing covers a real write failure")
-def test_read_only_parent(tmp_path):
-    parent = tmp_path / "ro"
+def test_read_only_parent():
+    """Root writes into read-only folders: a forked child becomes ``nobody`` first."""
+    base = tempfile.mkdtemp(prefix="fxdebug-ro-")  # not under pytest's 0700 folder: nobody can enter
+    os.chmod(base, 0o755)
+    parent = pathlib.Path(base) / "ro"
     parent.mkdir()
     parent.chmod(0o555)
+    gm = fxdebug.instrument(SeedOneNet().eval())
+    fxdebug.dump(gm, pathlib.Path(base) / "warm", torch.randn(1, 3, 8, 8))  # imports done as root
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns to pytest
+        code = 1
+        try:
+            os.close(read)
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            try:
+                fxdebug.dump(gm, parent / "out", torch.randn(1, 3, 8, 8))
+            except fxdebug.FxdebugError as error:
+                os.write(write, str(error).encode())
+                code = 3
+            except BaseException as error:
+                os.write(write, repr(error).encode())
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        message = pipe.read()
     try:
-        with pytest.raises(fxdebug.FxdebugError, match="parent is writable"):
-            fxdebug.dump(fxdebug.instrument(SeedOneNet().eval()), parent / "out",
-                         torch.randn(1, 3, 8, 8))
+        assert os.WEXITSTATUS(os.waitpid(pid, 0)[1]) == 3, message
+        assert "parent is writable" in message
         assert _entries(parent) == []
     finally:
         parent.chmod(0o755)
+        shutil.rmtree(base)
 
 
 def test_disk_write_failure_leaves_nothing(tmp_path):

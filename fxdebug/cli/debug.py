@@ -23,7 +23,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "debug", help="step through a dumped folder in pdb, stopped at a node's line",
         description="Run FOLDER/run.py under pdb with a breakpoint at the line of each --break "
-                    "node in FOLDER/module.py (default: the first line of forward).")
+                    "node in FOLDER/module.py (default: the first line of forward). This runs "
+                    "the folder's Python code: open only folders you trust.")
     parser.add_argument("folder", help="a folder written by fxdebug dump")
     parser.add_argument("--break", dest="breaks", action="append", metavar="KEY", default=[],
                         help="node key (layer1.0.conv2) or module path (layer1.0: its first node); "

@@ -20,6 +20,9 @@ def register(subparsers) -> None:
                         help="modules, all, comma-separated keys/globs, or none (default modules)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace FOLDER if it is an earlier dump")
+    parser.add_argument("--allow-pickle", action="store_true",
+                        help="pickle submodules that cannot be written as code (loading the folder "
+                             "then unpickles them with weights_only=False); default: refuse")
     parser.set_defaults(run=run)
 
 
@@ -33,7 +36,8 @@ def run(args) -> int:
         gm = instrument(model, capture=capture)
     for warning in caught:
         print(f"note: {warning.message}")
-    dump(gm, args.folder, *inputs, overwrite=args.overwrite)
+    dump(gm, args.folder, *inputs, overwrite=args.overwrite,
+         allow_pickled_modules=args.allow_pickle)
     print(f"{args.model}: {type(model).__name__}, input {describe_inputs(inputs)}, "
           f"capture={args.capture}")
     run_py = os.path.join(args.folder, "run.py")

@@ -13,6 +13,8 @@ The folder::
     breakpoints.json  node key -> line of module.py (what ``fxdebug debug --break KEY`` uses)
     README.md         what is where, what must be importable, what had to be pickled
     __init__.py       the folder is a package: ``from FOLDER import load``
+    manifest.json     every file above with its size and sha256: what ``overwrite=True``
+                      may replace (a folder holding anything else is never deleted)
 
 Call tree::
 
@@ -26,12 +28,14 @@ Call tree::
       ├─ module_py(...)          forward.py + templates/module_*.py.tmpl
       ├─ _expected(gm, inputs)   run a copy (seed 0): outputs and parameter gradients
       ├─ run.py                  templates/run.py.tmpl + folder_runtime.py's functions
-      └─ write_atomically()      writer.py: temporary folder in the same parent, then rename
+      └─ write_atomically()      writer.py: temporary folder in the same parent, then rename;
+                                 leftovers of killed dumps cleaned, only manifest files replaced
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import inspect
 import io
 import json
@@ -45,16 +49,17 @@ from ..errors import FxdebugError
 from ..runtime import clone_inputs, stops_disabled
 from ..tracing import trace
 from ..tracing.keys import META_PASS, node_key
-from .folder_runtime import compare, first_line, flatten_outputs, loss_of
+from .folder_runtime import GRADIENT_SCALE, compare, first_line, flatten_outputs, loss_of, tolerance
 from .forward import (PICKLED_FILE, class_name, forward_code, module_py, template, weights)
 from .literals import Imports
 from .structure import Structure, tensor_file
-from .writer import looks_like_dump, write_atomically
+from .writer import MANIFEST, prepare_destination, write_atomically
 
 __all__ = ["dump", "FILES"]
 
 FILES = ("__init__.py", "module.py", "run.py", "weights.pt", "inputs.pt", "expected.pt",
-         "breakpoints.json", "README.md")
+         "breakpoints.json", "README.md", MANIFEST)
+KNOWN = FILES + (PICKLED_FILE,)  # every name a dump may write: what replacing one may delete
 
 
 def _expected(gm: fx.GraphModule, inputs: tuple) -> dict:
@@ -85,7 +90,7 @@ def _example_key(gm: fx.GraphModule) -> str:
 
 
 def _readme(cls: str, inputs: tuple, structure: Structure,
-            imports: Imports, example: str, wrapped: list[str]) -> str:
+            imports: Imports, example: str, wrapped: list[str], copied: list[str]) -> str:
     shapes = ", ".join("x".join(map(str, t.shape)) + f" {str(t.dtype).replace('torch.', '')}"
                        if isinstance(t, torch.Tensor) else type(t).__name__ for t in inputs)
     lines = [
@@ -106,18 +111,31 @@ def _readme(cls: str, inputs: tuple, structure: Structure,
         "| `weights.pt` | every parameter and buffer (non-persistent ones too), once; `torch.load(..., weights_only=True)` |",
         "| `inputs.pt` | the example inputs, a list |",
         "| `expected.pt` | `{\"outputs\": ..., \"grads\": ...}` recorded when dumped |",
-        "| `run.py` | loads, runs, compares (`torch.equal`, else `torch.allclose`) |",
+        "| `run.py` | loads, runs, compares (`torch.equal`, else `torch.allclose` with "
+        "torch.testing's tolerances for the dtype; for gradients scaled by their largest "
+        "element, so another machine or thread count passes) |",
         "| `breakpoints.json` | node key -> line of `module.py`, and the names of the node's inputs |",
     ]
     if structure.pickled:
         lines.append(f"| `{PICKLED_FILE}` | submodules that could not be written as code (below) |")
     lines += ["", "Every path is relative to this folder: move or copy it freely.", "",
+              "## Opening this folder runs its code", "",
+              "`load()`, `python run.py` and `fxdebug debug` import `module.py` and run `run.py`: "
+              "Python code, which can do anything your account can. Open only folders you trust, "
+              "as with any pickle (see the warning in `torch.load`'s documentation). Tensors are "
+              "read with `torch.load(..., weights_only=True)`"
+              + (f"; `{PICKLED_FILE}` is unpickled with `weights_only=False` (module.py checks its "
+                 f"sha256 first)." if structure.pickled else "; nothing is unpickled."), "",
               "## What must be importable", "",
               "module.py imports `torch`" + "".join(f", `{name}`" for name in imports.top_level_packages())
               + "; run it where these import as they did when it was dumped."]
     if wrapped:
         lines += ["", "Functions kept as single calls with `torch.fx.wrap`: "
                   + ", ".join(f"`{name}`" for name in wrapped) + "."]
+    if copied:
+        lines += ["", "Copied into module.py from the script that was run (`__main__`), with the "
+                  "constants and imports they use: " + ", ".join(f"`{name}`" for name in copied)
+                  + "."]
     lines += ["", "## Submodules", ""]
     if structure.pickled_notes:
         lines.append(f"These submodules are pickled in `{PICKLED_FILE}` (their classes must be "
@@ -152,7 +170,20 @@ def _plain_tensor_file(obj, what: str) -> bytes:
     return data
 
 
-def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False) -> str:
+def _refuse_pickling(structure: Structure) -> FxdebugError:
+    listed = "; ".join(f"{note.path!r} ({note.type_name}): {note.reason}"
+                       for note in structure.pickled_notes)
+    return FxdebugError(
+        f"cannot dump without pickling: fxdebug could not rebuild these submodules from code: "
+        f"{listed}. Unpickling runs whatever code the file names (torch.load(..., "
+        f"weights_only=False)), so fxdebug writes modules as code. Trace through them (do not list "
+        f"their classes in leaf_modules), keep each constructor argument in an attribute of the "
+        f"same name, or pass allow_pickled_modules=True (fxdebug dump --allow-pickle) to pickle them "
+        f"into {PICKLED_FILE}.")
+
+
+def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
+         allow_pickled_modules: bool = False) -> str:
     """Write ``gm`` to ``folder`` as a package that runs on its own and round-trips.
 
     Args:
@@ -161,15 +192,21 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False) -> str:
         folder: the folder to create. Its parent must exist.
         inputs: example inputs; the folder keeps them and the outputs (and
             parameter gradients) ``gm`` gives on them.
-        overwrite: replace ``folder`` if it exists (only an earlier dump or an
-            empty folder is ever replaced).
+        overwrite: replace ``folder`` if it exists: only an empty folder, or an
+            earlier dump holding exactly the files its manifest.json lists,
+            unchanged (and the bytecode Python wrote for them), is ever replaced.
+        allow_pickled_modules: pickle the submodules that cannot be rebuilt
+            from code into pickled_modules.pt (loading it unpickles with
+            ``weights_only=False``); without it, such a module is an error.
 
     Returns:
         The absolute path of the folder. ``python FOLDER/run.py`` runs it;
         ``fxdebug debug FOLDER --break KEY`` steps through it in pdb.
 
     Raises:
-        FxdebugError: the folder exists, the graph calls a function that
+        FxdebugError: a submodule cannot be rebuilt from code (and
+            ``allow_pickled_modules`` is false), the folder exists (or holds files a dump did not write,
+            or cannot be replaced for lack of permission), the graph calls a function that
             cannot be imported, a leaf module's class is defined locally, or
             writing failed. Nothing is left half-written.
 
@@ -191,13 +228,7 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False) -> str:
     if not os.path.isdir(parent):
         raise FxdebugError(f"cannot dump into {folder!r}: its parent folder {parent!r} does not "
                            f"exist. Create it first.")
-    if os.path.lexists(folder):
-        if not overwrite:
-            raise FxdebugError(f"cannot dump into {folder!r}: it already exists. Pass "
-                               f"overwrite=True (--overwrite) to replace it, or choose another folder.")
-        if not os.path.isdir(folder) or not looks_like_dump(folder):
-            raise FxdebugError(f"refusing to overwrite {folder!r}: it is not an fxdebug dump "
-                               f"(no run.py and breakpoints.json) nor an empty folder.")
+    prepare_destination(folder, overwrite, KNOWN, hashes=False)  # before the work; again when writing
     if not isinstance(gm, fx.GraphModule):
         gm = trace(gm)
     pytree_inputs = isinstance(gm.graph._codegen, _PyTreeCodeGen)  # placeholders are the leaves
@@ -214,9 +245,12 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False) -> str:
     imports = Imports()
     forward = forward_code(gm, imports)
     structure = Structure(gm, imports)
+    if structure.pickled and not allow_pickled_modules:
+        raise _refuse_pickling(structure)
     pickled_bytes = structure.pickled_bytes()
+    pickled_sha = hashlib.sha256(pickled_bytes).hexdigest() if pickled_bytes is not None else None
     module_text, forward_line, node_lines = module_py(gm, cls, imports, forward, structure,
-                                                      pickled_bytes is not None, pytree_inputs)
+                                                      pickled_sha, pytree_inputs)
     files = {
         "__init__.py": template("package_init.py.tmpl").format(cls=cls).encode(),
         "module.py": module_text.encode(),
@@ -224,10 +258,11 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False) -> str:
             cls=cls, flatten=inspect.getsource(flatten_outputs).rstrip(),
             loss=inspect.getsource(loss_of).rstrip(),
             first_line=inspect.getsource(first_line).rstrip(),
+            tolerance=inspect.getsource(tolerance).rstrip(), gradient_scale=GRADIENT_SCALE,
             compare=inspect.getsource(compare)).encode(),
         "breakpoints.json": _breakpoints_json(forward_line, node_lines).encode(),
         "README.md": _readme(cls, inputs, structure, imports, _example_key(gm),
-                             forward.wrapped).encode(),
+                             forward.wrapped, forward.script.names()).encode(),
         "inputs.pt": _plain_tensor_file(list(clone_inputs(inputs)), "the example inputs"),
         "expected.pt": _plain_tensor_file(_expected(gm, inputs), "the outputs"),
         "weights.pt": tensor_file(weights(gm)[0]),
@@ -235,5 +270,5 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False) -> str:
     if pickled_bytes is not None:
         files[PICKLED_FILE] = pickled_bytes
     compile(module_text, os.path.join(folder, "module.py"), "exec")  # never write code that cannot parse
-    write_atomically(folder, files, overwrite)
+    write_atomically(folder, files, overwrite, KNOWN)
     return folder

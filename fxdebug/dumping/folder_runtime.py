@@ -9,7 +9,7 @@ import dataclasses
 
 import torch
 
-__all__ = ["flatten_outputs", "loss_of", "first_line", "compare"]
+__all__ = ["flatten_outputs", "loss_of", "first_line", "tolerance", "GRADIENT_SCALE", "compare"]
 
 
 def flatten_outputs(value, prefix="output"):
@@ -58,12 +58,39 @@ def first_line(exc):
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def compare(title, expected, got):
+def tolerance(want, scaled):
+    """``(rtol, atol)`` for comparing with ``want``: torch.testing.assert_close's for its dtype.
+
+    ``scaled`` (gradients) adds ``GRADIENT_SCALE * rtol * max|want|`` to atol: a
+    gradient sums many terms, and the order of that sum (it changes with the
+    number of threads, the machine, the BLAS) moves every element by a few
+    roundings of the largest one, however small the element itself is.
+
+    >>> tolerance(torch.tensor([1.0, -50.0]), scaled=True)
+    (1.3e-06, 0.00027)
+    """
+    rtol, atol = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5),
+                  torch.float32: (1.3e-6, 1e-5), torch.float64: (1e-7, 1e-7),
+                  torch.complex64: (1.3e-6, 1e-5), torch.complex128: (1e-7, 1e-7)
+                  }.get(want.dtype, (0.0, 0.0))
+    if scaled and want.numel() and (rtol or atol):
+        atol += GRADIENT_SCALE * rtol * want.abs().max().item()
+    return rtol, float(f"{atol:.2g}")
+
+
+GRADIENT_SCALE = 4
+
+
+def compare(title, expected, got, scaled=False):
     """Print how ``got`` compares with ``expected`` (dicts of values); return whether all match.
+
+    Tensors are equal, or close: ``|got - want| <= atol + rtol * |want|`` with
+    :func:`tolerance`'s figures (``scaled=True`` for gradients), printed with the
+    largest difference.
 
     >>> compare("outputs", {"y": torch.ones(2)}, {"y": torch.ones(2) + 1e-7})
     outputs: 1 close
-      y: close (max abs diff 1.19e-07)
+      y: close (max abs diff 1.19e-07; rtol 1.3e-06, atol 1e-05)
     True
     """
     verdicts = {}
@@ -80,10 +107,13 @@ def compare(title, expected, got):
             verdicts[key] = "equal"
         else:
             diff = (have.double() - want.double()).abs().max().item() if want.numel() else 0.0
-            if torch.allclose(have, want, rtol=1e-5, atol=1e-6, equal_nan=True):
-                verdicts[key] = f"close (max abs diff {diff:.3g})"
+            rtol, atol = tolerance(want, scaled)
+            figures = f"max abs diff {diff:.3g}; rtol {rtol:.2g}, atol {atol:.2g}"
+            if (want.is_floating_point() or want.is_complex()) and torch.allclose(
+                    have, want, rtol=rtol, atol=atol, equal_nan=True):
+                verdicts[key] = f"close ({figures})"
             else:
-                verdicts[key] = f"DIFFERENT (max abs diff {diff:.3g})"
+                verdicts[key] = f"DIFFERENT ({figures})"
     counts = {}
     for verdict in verdicts.values():
         word = verdict.split(" ")[0]

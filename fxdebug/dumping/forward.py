@@ -25,6 +25,7 @@ from ..errors import FxdebugError
 from ..runtime import Recorder
 from ..tracing.keys import META_PASS, META_SOURCE, node_key, op_name
 from .literals import Imports, importable, literal
+from .script_source import ScriptSource, is_script_object
 from .structure import Structure
 
 __all__ = ["portable_location", "Forward", "forward_code", "module_py", "class_name", "weights",
@@ -77,6 +78,7 @@ class Forward:
     lines: list[tuple[str, fx.Node | None]]   # (statement, node it belongs to)
     signature: str                             # "def forward(self, x):"
     wrapped: list[str]                         # global names fx.wrap must know
+    script: ScriptSource                       # functions copied from __main__
 
 
 def _node_comment(node: fx.Node | None) -> str:
@@ -113,6 +115,8 @@ def forward_code(gm: fx.GraphModule, imports: Imports) -> Forward:
                 lines.append((part, node))  # keeps them, so pdb can print any of them
     body = "\n".join([src_lines[def_index]] + [text for text, _ in lines])
     used = dict.fromkeys(_IDENTIFIER.findall(body))
+    script = ScriptSource(imports, reserved=(class_name(gm),))
+    renamed: dict[str, str] = {}
     for name, obj in code.globals.items():
         if name not in used or name == "wrap":
             continue
@@ -127,13 +131,24 @@ def forward_code(gm: fx.GraphModule, imports: Imports) -> Forward:
             user = next((n for n in nodes if n.target is obj), None)
             where = (f"node {node_key(user)!r} ({_node_where(user)})" if user is not None
                      else "the graph")
+            if is_script_object(obj):  # a notebook's or script's function: copy its source
+                alias = obj.__name__
+                while alias in used or alias in code.globals:  # a node of forward has its name
+                    alias = f"script_{alias}"
+                script.add(alias, obj, where)
+                renamed[name] = alias  # fx calls it __main___NAME: mangled inside a class
+                continue
             raise FxdebugError(
                 f"cannot dump: {where} calls {getattr(obj, '__qualname__', name)}, which {found}. "
                 f"module.py imports every function the graph calls; move it to the top level of "
                 f"an importable module (and torch.fx.wrap it there if it must stay one node), "
                 f"then trace and dump again.")
         imports.add_object(name, *found)
-    return Forward(lines, src_lines[def_index], [w for w in wrapped if w in used])
+    for old, new in renamed.items():
+        pattern = re.compile(rf"\b{re.escape(old)}\b")
+        lines = [(pattern.sub(new, text), node) for text, node in lines]
+    wrapped = [renamed.get(w, w) for w in wrapped if w in used]
+    return Forward(lines, src_lines[def_index], wrapped, script)
 
 
 def weights(gm: fx.GraphModule) -> tuple[dict, dict, list]:
@@ -180,7 +195,7 @@ def _pad(statement: str, comment: str, indent: str) -> str:
 
 
 def module_py(gm: fx.GraphModule, cls: str, imports: Imports, forward: Forward,
-               structure: Structure, has_pickled: bool, pytree_inputs: bool
+               structure: Structure, pickled_sha: str | None, pytree_inputs: bool
                ) -> tuple[str, int, dict[str, dict]]:
     """module.py's text, the line of ``def forward`` and, for every node key, its line and inputs."""
     _, tied, frozen = weights(gm)
@@ -194,15 +209,16 @@ def module_py(gm: fx.GraphModule, cls: str, imports: Imports, forward: Forward,
                 extra_attrs.append(f"self.{attr} = torch.utils._pytree.treespec_loads("
                                    f"{treespec_dumps(spec)!r})")
     head = template("module_head.py.tmpl").format(
-        cls=cls, imports=imports.text(),
+        cls=cls, imports=imports.text() + ("\n\n\n" + forward.script.text() if forward.script.text() else ""),
         wrap="".join(f'\ntorch.fx.wrap("{name}")\n' for name in forward.wrapped),
         frozen=literal(tuple(frozen)), tied=literal(tied), training=training,
         training_exceptions=literal(training_exceptions))
-    if has_pickled:
-        head += template("pickled_loader.py.tmpl").format(pickled_file=PICKLED_FILE)
+    if pickled_sha is not None:
+        head += template("pickled_loader.py.tmpl").format(pickled_file=PICKLED_FILE,
+                                                          sha256=pickled_sha)
     out = head.rstrip("\n").split("\n") + ["", "", f"class {cls}(torch.nn.Module):",
                                            "    def __init__(self):", "        super().__init__()"]
-    if has_pickled:
+    if pickled_sha is not None:
         out.append("        pickled = _pickled_modules()")
     out += [f"        {line}" for line in structure.lines + extra_attrs]
     out += ["", f"    {forward.signature}"]

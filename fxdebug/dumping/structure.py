@@ -195,9 +195,11 @@ class Structure:
 
     def _constructor_code(self, module: torch.nn.Module, path: str) -> tuple[str | None, str]:
         cls = type(module)
+        if isinstance(module, Recorder):  # a part's recorder files into its whole model's
+            # Recorder: the dumped part runs alone, so it records its own runs (begin_part
+            # starts a run on a plain Recorder)
+            return f"{self._class_expr(Recorder, path)[0]}()", ""
         cls_expr, module_name = self._class_expr(cls, path)
-        if cls is Recorder:
-            return f"{cls_expr}()", ""
         reason = f"{cls.__name__}'s constructor arguments could not be recovered"
         importlib.import_module(module_name)  # so that the dotted path resolves
         root = module_name.split(".")[0]
