@@ -18,6 +18,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"input shape, e.g. 1,3,224,224 or 1,16:int64; repeat for several "
                              f"inputs (default {DEFAULT_INPUT})")
     parser.add_argument("--seed", type=int, default=0, help="seed for weights and inputs (default 0)")
+    parser.add_argument("--wide", action="store_true",
+                        help="print every table column in full (default: fit the terminal; "
+                             "output to a file or pipe is always in full unless COLUMNS is set)")
 
 
 def model_and_inputs(args) -> tuple[torch.nn.Module, tuple]:

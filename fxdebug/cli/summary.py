@@ -79,7 +79,7 @@ def run(args) -> int:
     grads_text = f", grads of {args.loss}" if args.grads else ""
     print(f"{args.model}: {type(model).__name__}, input {describe_inputs(inputs)}, "
           f"capture={args.capture}, mode={args.mode}{grads_text}")
-    print(rec.table())
+    print(rec.table(wide=args.wide))
     if report is not None:  # what was traced, what ran eagerly and why
         print(report.summary())
     if args.plot:

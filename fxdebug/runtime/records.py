@@ -20,9 +20,16 @@ from typing import Any, Iterator, NamedTuple
 import torch
 from tabulate import tabulate
 
+from .fit import fit_table, table_width
 from .values import flatten_into
 
 __all__ = ["Records", "Record", "Stats", "tensor_stats"]
+
+
+# Columns of Records.table a narrow terminal gives up first, and short header names.
+RECORD_DROP = ("zeros %", "dtype", "std", "op", "min", "max", "grad non-finite", "mean")
+RECORD_SHORT = {"non-finite": "nonfin", "grad non-finite": "g nonfin", "grad norm": "g norm",
+                "zeros %": "0 %"}
 
 
 class Stats(NamedTuple):
@@ -204,8 +211,12 @@ class Records:
         """Bytes of tensor data held (views of live activations and copies)."""
         return sum(record.nbytes for record in self._records.values())
 
-    def table(self, floatfmt: str = ".4g") -> str:
+    def table(self, floatfmt: str = ".4g", wide: bool | None = None) -> str:
         """A table of every capture: key, op, shape, dtype, statistics, then totals.
+
+        In a terminal (or with ``COLUMNS`` set) the table fits its width: the
+        least important columns are dropped and long keys end in ``…``;
+        ``wide=True`` always gives every column (see :mod:`fxdebug.runtime.fit`).
 
         With recorded gradients it adds ``grad norm`` and ``grad non-finite``
         columns and a table of parameter gradients (name, shape, grad norm).
@@ -228,8 +239,9 @@ class Records:
                    "non-finite"]
         if grads is not None:
             headers += ["grad norm", "grad non-finite"]
-        text = tabulate(rows, headers=headers, disable_numparse=True,
-                        colalign=("left",) * 4 + ("right",) * (len(headers) - 4))
+        text = fit_table(rows, headers, width=table_width(wide), drop=RECORD_DROP,
+                         truncate=("key", "op"), short=RECORD_SHORT,
+                         colalign=("left",) * 4 + ("right",) * (len(headers) - 4))
         copied = sum(r.nbytes for r in self._records.values() if r.copied)
         lines = [text, f"{len(self._records)} tensors captured, {_human_bytes(self.nbytes)} held "
                        f"({_human_bytes(copied)} in copies)"]
