@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import warnings
 
-import torch
-
 from ..errors import FxdebugError
 from .model_spec import load_object
 from ._common import add_model_arguments, capture_argument, describe_inputs, model_and_inputs
@@ -36,7 +34,7 @@ def _loss_function(spec: str):
     return load_object(spec, "loss")
 
 
-def _reduce(output, how: str) -> torch.Tensor:
+def _reduce(output, how: str):
     from ..runtime import flatten_tensors
     tensors = [t for _, t in flatten_tensors(output, "out") if t.is_floating_point()]
     if not tensors:
@@ -46,6 +44,8 @@ def _reduce(output, how: str) -> torch.Tensor:
 
 
 def run(args) -> int:
+    import torch
+
     from ..instrument import instrument, records
     loss_fn = _loss_function(args.loss) if args.grads else None
     if args.plot:
