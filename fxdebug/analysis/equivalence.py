@@ -28,6 +28,7 @@ from tabulate import tabulate
 from ..errors import FxdebugError, TraceFailure
 from ..passes import Capture
 from ..runtime import RECORDER_ATTR
+from ..reporting.html import equivalence_html
 from ..runtime.fit import fit_table, table_width
 from ..tracing import keyed_copy, keyed_module, trace
 from ..tracing.keys import META_SOURCE, node_key, op_name, target_name
@@ -221,6 +222,10 @@ class EquivalenceReport:
 
     def __str__(self) -> str:
         return self.table()
+
+    def _repr_html_(self) -> str:
+        """The verdict and node comparisons as HTML for Jupyter, first divergence marked."""
+        return equivalence_html(self)
 
 
 def _tolerance_text(rtol, atol) -> str:

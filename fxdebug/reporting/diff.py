@@ -33,6 +33,7 @@ import torch.fx as fx
 
 from ..runtime.fit import fit_table, table_width
 from ..tracing.keys import META_PROVENANCE
+from .html import diff_html
 from .tabular import COLUMNS, NodeView, node_views, render_table
 
 __all__ = ["diff", "GraphDiff", "DiffRow", "GraphSnapshot", "snapshot"]
@@ -121,6 +122,10 @@ class GraphDiff:
         headers = ["", "key", "opcode", "name", "target", "args", "kwargs", "pass", "changed"]
         return fit_table(rows, headers, width=table_width(wide), drop=DIFF_DROP,
                          truncate=("key", "target", "args", "changed")) + f"\n{self.summary()}"
+
+    def _repr_html_(self) -> str:
+        """The diff as HTML for Jupyter: + / - / ~ rows coloured, and the code diff."""
+        return diff_html(self)
 
     def code_diff(self, context: int = 3) -> str:
         """Unified diff of the generated code (empty when the code is the same)."""

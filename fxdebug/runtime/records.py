@@ -21,6 +21,7 @@ import torch
 from tabulate import tabulate
 
 from .fit import fit_table, table_width
+from .records_html import records_table_html
 from .values import flatten_into
 
 __all__ = ["Records", "Record", "Stats", "tensor_stats"]
@@ -103,6 +104,15 @@ class Record:
     value: torch.Tensor | None
     copied: bool
     _stats: Stats | None = None
+
+    def __repr__(self) -> str:
+        stats = self.stats
+        shape = _shape_text(self.shape)
+        dtype = str(self.dtype).replace("torch.", "")
+        copied = ", copied" if self.copied else ""
+        return (f"Record({self.key!r}, {self.op}, {shape} {dtype}{copied}, mean={stats.mean:.4g} "
+                f"std={stats.std:.4g} min={stats.min:.4g} max={stats.max:.4g} "
+                f"non-finite={stats.nonfinite})")
 
     @property
     def stats(self) -> Stats:
@@ -265,6 +275,11 @@ class Records:
 
     def __repr__(self) -> str:
         return f"Records({len(self._records)} tensors, {_human_bytes(self.nbytes)})"
+
+    def _repr_html_(self) -> str:
+        """The table as HTML, for Jupyter (non-finite rows marked)."""
+        return (f"<div><p>{len(self._records)} tensors captured, "
+                f"{_human_bytes(self.nbytes)} held</p>{records_table_html(self)}</div>")
 
 
 def _shape_text(shape) -> str:
