@@ -17,7 +17,7 @@ line shows all), then truncatable cells shrink further::
 key             mean
 --------------  ------
 layer1.0.conv1  1.0
-(hidden to fit 22 columns: std, op; --wide shows all)
+(hidden: std, op; --wide shows all)
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ def ellipsize(text: str, width: int) -> str:
 
 
 def _widths(rows, headers) -> list[int]:
-    return [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)]
+    # tabulate's "simple" format pads each header by two (its MIN_PADDING)
+    return [max([len(h) + 2] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)]
 
 
 def _total(widths) -> int:
@@ -137,5 +138,5 @@ def fit_table(rows: Sequence[Sequence[str]], headers: Sequence[str], *, width: i
                 break
     text = render()
     if hidden:
-        text += f"\n(hidden to fit {width} columns: {', '.join(hidden)}; --wide shows all)"
+        text += f"\n(hidden: {', '.join(hidden)}; --wide shows all)"
     return text
