@@ -112,7 +112,7 @@ def test_passes_accepts_user_pass_files(tmp_path):
 
 def test_loss_from_current_directory_and_errors_about_the_loss(tmp_path):
     (tmp_path / "losses.py").write_text("def first(out):\n    return out[0, 0]\n")
-    (tmp_path / "net.py").write_text("import torch\ndef build():\n    return torch.nn.Linear(3, 2)\n")
+    (tmp_path / "net.py").write_text("import torch\ndef build():\n    return torch.nn.Sequential(torch.nn.Linear(3, 2))\n")
     ok = fxdebug_cli("summary", "net.py:build", "--input", "2,3", "--grads",
                      "--loss", "losses:first", cwd=str(tmp_path))
     assert ok.returncode == 0, ok.stderr
