@@ -121,3 +121,20 @@ def test_loss_from_current_directory_and_errors_about_the_loss(tmp_path):
                       "--loss", "nolosses:first", cwd=str(tmp_path))
     assert bad.returncode == 1 and "loss" in bad.stderr and "factory" not in bad.stderr
     assert os.path.exists(tmp_path / "losses.py")
+
+
+def test_partial_warning_is_one_line_at_the_users_call():
+    import warnings
+
+    from partial_models import Flow, flow_inputs
+    gm = fxdebug.instrument(Flow().eval())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            gm(*flow_inputs()); line = sys._getframe().f_lineno  # noqa: E702
+    messages = [w for w in caught if "as a whole" in str(w.message)]
+    assert len(messages) == 1
+    warning = messages[0]
+    assert (warning.filename, warning.lineno) == (__file__, line)
+    assert "\n" not in str(warning.message) and len(str(warning.message)) < 400
+    assert "summary()" in str(warning.message)

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from .aliasing import AliasAnalysis, _signature, inplace_requested, mutated_argument
 from ..tracing.keys import (INPLACE_OPERATORS, META_KEY, META_PASS, META_RETURNS, META_SOURCE, node_key,
                     op_name)
-from ..tracing.locations import caller_stacklevel, format_location
+from ..tracing.locations import caller_stacklevel, format_location, short_list
 from .base import Pass
 
 __all__ = ["Functionalize", "Unrewritten"]
@@ -167,9 +167,10 @@ class Functionalize(Pass):
                 self.not_rewritten.append(Unrewritten(node_key(node), before,
                                                       format_location(source), reason))
         if self.not_rewritten:
-            listed = "; ".join(str(item) for item in self.not_rewritten)
+            listed = short_list([str(item) for item in self.not_rewritten], limit=1)
             warnings.warn(f"Functionalize left {len(self.not_rewritten)} in-place op(s) as they "
-                          f"are: {listed}", stacklevel=caller_stacklevel())
+                          f"are: {listed} (step.not_rewritten lists them)",
+                          stacklevel=caller_stacklevel())
         return bool(self.rewritten)
 
     # -- one write ---------------------------------------------------------------------------

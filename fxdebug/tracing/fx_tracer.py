@@ -36,7 +36,7 @@ from .failure import explain_failure
 from .graph_module import DebugGraphModule
 from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, ModuleReturn,
                    key_base)
-from .locations import caller_stacklevel, user_location
+from .locations import caller_stacklevel, short_list, user_location
 from .module_copy import shallow_module_copy
 
 __all__ = ["trace_fx"]
@@ -216,8 +216,8 @@ def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
     gm.meta["fxdebug_auto_leaves"] = list(auto_leaves)
     gm.meta["fxdebug_frontend"] = "fx"
     if auto_leaves:
-        listed = "; ".join(f"{path} ({reason})" for path, reason in auto_leaves)
-        warnings.warn(f"fxdebug traced {len(auto_leaves)} module(s) as leaves because tracing "
-                      f"through them failed: {listed}. Their outputs are captured, their insides "
-                      f"are not.", stacklevel=caller_stacklevel())
+        listed = short_list([f"{path} ({reason})" for path, reason in auto_leaves])
+        warnings.warn(f"fxdebug traced {len(auto_leaves)} module(s) as leaves, insides not "
+                      f"captured: {listed}; gm.meta['fxdebug_auto_leaves'] says why.",
+                      stacklevel=caller_stacklevel())
     return gm
