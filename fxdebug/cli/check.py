@@ -53,7 +53,9 @@ def run(args) -> int:
     previous = model
     gm = trace(model)
     summary = []
-    for index, step in enumerate(passes, start=1):
+    from ..runtime.progress import progress
+    for index, step in progress(list(enumerate(passes, start=1)), desc="check passes",
+                                unit="pass"):
         stage = keyed_copy(gm)
         try:
             result = step(stage)
