@@ -90,3 +90,15 @@ def test_repr_html(page):
 def test_report_rejects_what_it_cannot_show(tmp_path):
     with pytest.raises(TypeError, match="no recorded run"):
         fxdebug.report(torch.nn.ReLU(), tmp_path / "r.html")
+
+
+def test_report_command(tmp_path):
+    from subprocesses import fxdebug_cli
+    (tmp_path / "net.py").write_text(
+        "import torch\ndef build():\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())\n")
+    result = fxdebug_cli("report", "net.py:build", "--input", "2,3", "-o", "out.html",
+                         "--pass", "functionalize", cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "out.html").read_text()
+    assert text.count("<svg") == 2 and "pass functionalize" in text
