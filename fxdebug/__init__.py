@@ -8,6 +8,8 @@ torch.Size([1, 64, 16, 16])
 """
 
 import importlib
+import sys
+import types
 
 # Public names and the module each lives in. They are imported on first use (PEP 562), so that
 # `import fxdebug` and the `fxdebug` command's --help and argument errors do not import torch.
@@ -45,6 +47,22 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(types.ModuleType):
+    """``import fxdebug.instrument`` (the submodule) must not hide the function ``instrument``.
+
+    Importing a submodule sets it as an attribute of the package; the eager imports this
+    package had before overwrote it with the function, and this keeps it that way lazily.
+    """
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "instrument" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 __version__ = "0.1.0"

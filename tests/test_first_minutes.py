@@ -138,3 +138,10 @@ def test_partial_warning_is_one_line_at_the_users_call():
     assert (warning.filename, warning.lineno) == (__file__, line)
     assert "\n" not in str(warning.message) and len(str(warning.message)) < 400
     assert "summary()" in str(warning.message)
+
+
+def test_lazy_package_keeps_functions_named_like_submodules():
+    import importlib
+    importlib.import_module("fxdebug.instrument")  # what `from ..instrument import x` does
+    assert callable(fxdebug.instrument) and fxdebug.instrument.__module__ == "fxdebug.instrument"
+    assert sorted(set(fxdebug.__all__) - set(dir(fxdebug))) == []
