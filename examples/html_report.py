@@ -40,6 +40,8 @@ path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(tempfile.mkdtemp(), "r
 fxdebug.report([gm, passes_report], path,
                title="fxdebug report: resnet18 with a NaN bias, and a faulty pass")
 page = open(path, encoding="utf-8").read()
-assert 'class="nonfinite"' in page and 'class="changed first"' in page
+assert 'class="nonfinite"' in page
+assert 'class="changed first"><td>~</td><td>layer2.0.iadd</td>' in page
 assert "<script src" not in page and "<link" not in page  # self-contained
-print(f"report: {path} ({os.path.getsize(path) // 1024} KiB)")
+print(f"ok: report {path} ({os.path.getsize(path) // 1024} KiB): the NaN output and the faulty "
+      f"pass's first divergence (layer2.0.iadd) are marked")
