@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import torch
 
@@ -23,18 +22,6 @@ def test_help_and_argument_errors_do_not_import_torch():
         result = subprocess.run([sys.executable, "-c", probe, *args], cwd=REPO, env=child_env(),
                                 capture_output=True, text=True, timeout=120)
         assert f"TORCH False {status}" in result.stderr, (args, result.stderr[-2000:])
-
-
-def test_help_is_much_faster_than_importing_torch():
-    def best(command):
-        times = []
-        for _ in range(2):
-            start = time.perf_counter()
-            subprocess.run(command, cwd=REPO, env=child_env(), capture_output=True, timeout=120)
-            times.append(time.perf_counter() - start)
-        return min(times)
-    assert best([sys.executable, "-m", "fxdebug", "--help"]) < 0.5 * best(
-        [sys.executable, "-c", "import torch"])
 
 
 def test_builtin_pass_names_match_the_passes():
