@@ -386,7 +386,9 @@ def main(argv=None) -> int:
     rows = []
     workdir = tempfile.mkdtemp(prefix="fxdebug_zoo_")
     try:
-        for index, (family, name) in enumerate(selected(args)):
+        from fxdebug.runtime.progress import progress
+        models = list(selected(args))
+        for index, (family, name) in progress(list(enumerate(models)), desc="zoo", unit="model"):
             row = run_model(family, name, workdir, index)
             rows.append(row)
             print(f"{family:>14} {name:<40} {row.frontend or 'ERROR':<7} "

@@ -7,17 +7,64 @@
 torch.Size([1, 64, 16, 16])
 """
 
-from . import analysis, passes, reporting, runtime, testing, tracing
-from .analysis import (CompiledReport, EquivalenceReport, Hazard, Hazards, JacobianNorms,
-                       NonfiniteReport, backend, check_compiled, check_equivalence,
-                       find_nonfinite, jacobian_norms, lint_inplace, vjp)
-from .dumping import dump
-from .errors import FxdebugError, PassEquivalenceError, SelectionError, TraceFailure
-from .instrument import instrument, records
-from .pass_manager import PassManager
-from .reporting import DiffRow, GraphDiff, diff, plots, print_tabular, tabular
-from .runtime import Record, Records, Stats
-from .tracing import (PartialReport, keys, part_inputs, partial, trace, traced_parts)
+import importlib
+import sys
+import types
+
+# Public names and the module each lives in. They are imported on first use (PEP 562), so that
+# `import fxdebug` and the `fxdebug` command's --help and argument errors do not import torch.
+_LAZY = {
+    "analysis": "fxdebug.analysis", "passes": "fxdebug.passes", "reporting": "fxdebug.reporting",
+    "runtime": "fxdebug.runtime", "testing": "fxdebug.testing", "tracing": "fxdebug.tracing",
+    "keys": "fxdebug.tracing.keys", "partial": "fxdebug.tracing.partial",
+    "plots": "fxdebug.reporting.plots",
+    **dict.fromkeys(("CompiledReport", "EquivalenceReport", "Hazard", "Hazards", "JacobianNorms",
+                     "NonfiniteReport", "backend", "check_compiled", "check_equivalence",
+                     "find_nonfinite", "jacobian_norms", "lint_inplace", "vjp"),
+                    "fxdebug.analysis"),
+    "dump": "fxdebug.dumping",
+    **dict.fromkeys(("FxdebugError", "PassEquivalenceError", "SelectionError", "TraceFailure"),
+                    "fxdebug.errors"),
+    "instrument": "fxdebug.instrument", "records": "fxdebug.instrument",
+    "PassManager": "fxdebug.pass_manager",
+    **dict.fromkeys(("DiffRow", "GraphDiff", "diff", "print_tabular", "tabular"),
+                    "fxdebug.reporting"),
+    "report": "fxdebug.reporting.html",
+    **dict.fromkeys(("Record", "Records", "Stats"), "fxdebug.runtime"),
+    **dict.fromkeys(("PartialReport", "part_inputs", "trace", "traced_parts"), "fxdebug.tracing"),
+}
+
+
+def __getattr__(name: str):
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'fxdebug' has no attribute {name!r}")
+    module = importlib.import_module(module_name)
+    value = module if module_name.rpartition(".")[2] == name and name not in vars(module) \
+        else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(types.ModuleType):
+    """``import fxdebug.instrument`` (the submodule) must not hide the function ``instrument``.
+
+    Importing a submodule sets it as an attribute of the package; the eager imports this
+    package had before overwrote it with the function, and this keeps it that way lazily.
+    """
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "instrument" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
 
 __version__ = "0.1.0"
 
@@ -58,4 +105,7 @@ __all__ = [
     "PartialReport",
     "traced_parts",
     "part_inputs",
+    "report",
+    "keys",
+    "plots",
 ]

@@ -28,6 +28,8 @@ from tabulate import tabulate
 from ..errors import FxdebugError, TraceFailure
 from ..passes import Capture
 from ..runtime import RECORDER_ATTR
+from ..reporting.html import equivalence_html
+from ..runtime.fit import fit_table, table_width
 from ..tracing import keyed_copy, keyed_module, trace
 from ..tracing.keys import META_SOURCE, node_key, op_name, target_name
 from ..tracing.locations import format_location
@@ -157,8 +159,11 @@ class EquivalenceReport:
         """Largest max-abs error over outputs and gradients (``inf`` for a structure mismatch)."""
         return max((c.max_abs for c in self.outputs + self.grads), default=0.0)
 
-    def table(self) -> str:
-        """The verdict, the output table, the first divergence and the node error table."""
+    def table(self, wide: bool | None = None) -> str:
+        """The verdict, the output table, the first divergence and the node error table.
+
+        The node tables fit the terminal unless ``wide=True`` (see :mod:`fxdebug.runtime.fit`).
+        """
         lines = [f"check_equivalence: {self.reference_name} (reference) vs {self.candidate_name} "
                  f"(candidate), {self.mode} mode, cloned inputs {self.inputs}; training flags "
                  f"restored afterwards",
@@ -194,14 +199,14 @@ class EquivalenceReport:
             lines.append("")
             lines.append(f"activation gradients out of tolerance: {len(bad_grads)} of "
                          f"{len(self.grad_nodes)} compared (backward order)")
-            lines.append(_node_table(bad_grads))
+            lines.append(_node_table(bad_grads, wide))
             lines.append("")
         if self.localized:
             bad = self.divergences
             lines.append(f"nodes out of tolerance: {len(bad)} of {len(self.nodes)} compared "
                          f"(reference execution order)")
             if bad:
-                lines.append(_node_table(bad))
+                lines.append(_node_table(bad, wide))
             if self.unmatched_reference:
                 lines.append("no counterpart in the candidate: " +
                              ", ".join(self.unmatched_reference))
@@ -217,6 +222,10 @@ class EquivalenceReport:
 
     def __str__(self) -> str:
         return self.table()
+
+    def _repr_html_(self) -> str:
+        """The verdict and node comparisons as HTML for Jupyter, first divergence marked."""
+        return equivalence_html(self)
 
 
 def _tolerance_text(rtol, atol) -> str:
@@ -235,14 +244,16 @@ def _comparison_table(rows: list[Comparison], what: str) -> str:
                     disable_numparse=True, colalign=("left",) * 3 + ("right",) * 3 + ("left",) * 2)
 
 
-def _node_table(rows: list[NodeComparison]) -> str:
+def _node_table(rows: list[NodeComparison], wide: bool | None = None) -> str:
     body = []
     for row in rows:
         body.append([row.key, row.op, row.location, row.candidate_text(), row.shape,
                      format_error(row.max_abs), format_error(row.max_rel), row.detail])
-    return tabulate(body, headers=["key", "op", "source", "candidate", "shape", "max abs",
-                                   "max rel", "detail"],
-                    disable_numparse=True, colalign=("left",) * 5 + ("right",) * 2 + ("left",))
+    return fit_table(body, ["key", "op", "source", "candidate", "shape", "max abs", "max rel",
+                            "detail"], width=table_width(wide),
+                     drop=("detail", "op", "max rel", "candidate", "source"),
+                     truncate=("key", "op", "source", "candidate", "detail"),
+                     colalign=("left",) * 5 + ("right",) * 2 + ("left",))
 
 
 def _describe_inputs(inputs) -> str:

@@ -23,6 +23,7 @@ Each estimate also comes with its own measured standard error.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -31,6 +32,7 @@ from tabulate import tabulate
 
 from ..errors import FxdebugError
 from ..runtime import flatten_tensors
+from ..runtime.progress import progress_bar
 from ..tracing import keyed_module
 from ..tracing.selection import select
 from .live import LiveRun, find_target
@@ -110,7 +112,7 @@ def jacobian_norms(model: torch.nn.Module, *inputs, output: str | None = None, s
         return value + probe
 
     run_targets = targets + ([out_target] if out_target is not None else [])
-    with torch.enable_grad():
+    with torch.enable_grad(), contextlib.ExitStack() as stack:
         result = LiveRun(gm, run_targets, on_value).run(*inputs)
         out_value = found.get("output", result) if out_target is not None else result
         outs = [t for _, t in flatten_tensors(out_value, "out") if t.requires_grad]
@@ -125,8 +127,11 @@ def jacobian_norms(model: torch.nn.Module, *inputs, output: str | None = None, s
         squares = torch.zeros(samples, len(keys), dtype=torch.float64)
         if batched is None:
             batched = outs[0].is_cuda
+        bar = stack.enter_context(progress_bar(total=samples, desc="jacobian probes",
+                                               unit="probe"))
         for start in range(0, samples, chunk):
             stop = min(start + chunk, samples)
+            bar.update(stop - start)
             grad_outputs = [v[start:stop] for v in vectors]
             grads = None
             if batched:

@@ -126,6 +126,7 @@ class NonfiniteReport:
     mode: str
     loss: str
     notes: list[str] = dataclasses.field(default_factory=list)
+    creators: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -156,6 +157,8 @@ class NonfiniteReport:
                                 colalign=("left",) * 4 + ("right",) * 5)
                 lines.extend("  " + line for line in body.splitlines())
             lines.append(_later("  later nodes with non-finite outputs", self.later_forward))
+            lines.append(_later("  every node that CREATED non-finite values (all it received "
+                                "was finite)", self.creators))
         if self.backward_ran:
             grad = self.backward
             if grad is None:
@@ -323,7 +326,9 @@ def find_nonfinite(model: torch.nn.Module, *inputs, backward: bool = True,
 
     Returns:
         :class:`NonfiniteReport`: ``ok``, ``forward``, ``backward``,
-        ``later_forward``, ``parameter_grads``, ``table()``.
+        ``later_forward``, ``creators`` (every node that made a NaN/Inf from finite
+        values, in execution order: a model with two bugs shows both),
+        ``parameter_grads``, ``table()``.
 
     Example::
 
@@ -335,8 +340,8 @@ def find_nonfinite(model: torch.nn.Module, *inputs, backward: bool = True,
         ...     def forward(self, x):
         ...         return torch.log(self.fc(x)).sum(-1)
         >>> report = fxdebug.find_nonfinite(Net(), torch.randn(8, 4))
-        >>> report.forward.key, report.forward.created, report.later_forward
-        ('log', True, ['sum'])
+        >>> report.forward.key, report.forward.created, report.later_forward, report.creators
+        ('log', True, ['sum'], ['log'])
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"find_nonfinite expects an nn.Module or a GraphModule, got "
@@ -354,6 +359,7 @@ def find_nonfinite(model: torch.nn.Module, *inputs, backward: bool = True,
         backward_ran = runs.run(lambda *args: _run_once(gm, watch, args, backward, loss, notes,
                                                         parameter_grads), grad=backward)
         forward_hit, later = _forward_search(gm, runs, watch, ignore)
+        creators = _creators(gm, runs, ignore) if forward_hit is not None else []
         backward_hit, later_grads = _backward_search(gm, runs, watch, ignore, loss)
     if forward_hit is not None and backward_ran:
         notes.append("the backward ran through a non-finite forward; fix the forward first")
@@ -361,7 +367,7 @@ def find_nonfinite(model: torch.nn.Module, *inputs, backward: bool = True,
                            later_backward=later_grads, parameter_grads=parameter_grads,
                            backward_ran=backward_ran, model_name=type(model).__name__,
                            inputs=_describe_inputs(inputs), mode=mode, loss=loss_text,
-                           notes=notes)
+                           notes=notes, creators=creators)
 
 
 def _run_once(gm: fx.GraphModule, watch: _Watch, args: tuple, backward: bool, loss,
@@ -402,6 +408,31 @@ def _forward_search(gm: fx.GraphModule, runs: ControlledRuns, watch: _Watch,
         first, later = _first_bad(exact.finite)
         hit = None if first is None else _replay(gm, runs, first, ignore)
     return hit, later
+
+
+def _creators(gm: fx.GraphModule, runs: ControlledRuns, ignore) -> list[str]:
+    """Keys of every node whose output is non-finite while all it received was finite.
+
+    One more forward, checking every value exactly (not by its sum). What a node
+    received: the nodes it reads (a node whose value was not checked, being ignored
+    or not a float tensor, counts as finite) and, for a module call, the module's
+    parameters and buffers. Inputs and parameters read with get_attr are sources,
+    not creators.
+    """
+    exact = _Watch(gm, hooks=False, ignore=ignore, exact=True)
+    runs.run(exact.run)
+    finite: dict[fx.Node, bool] = {}
+    flags = torch.stack([flag.to("cpu") for _, flag in exact.finite]).tolist() if exact.finite else []
+    for (node, _), ok in zip(exact.finite, flags):
+        finite[node] = finite.get(node, True) and bool(ok)
+    found = []
+    for node, ok in finite.items():
+        if ok or node.op in ("placeholder", "get_attr"):
+            continue
+        if all(finite.get(arg, True) for arg in node.all_input_nodes) and all(
+                v.finite for v in _module_stats(gm, node)):
+            found.append(node_key(node))
+    return found
 
 
 def _backward_search(gm: fx.GraphModule, runs: ControlledRuns, watch: _Watch, ignore,

@@ -6,6 +6,7 @@
       ├─ model_spec.py  load MODEL ("package.module:factory" or "file.py:factory",
       │                 default torchvision.models:resnet18, random weights) and --input
       ├─ summary.py     instrument -> run -> print_tabular of the captures
+      ├─ report.py      instrument -> run -> one self-contained HTML page (+ pass diffs)
       ├─ passes.py      PassManager(--pass ...) -> a diff table per pass
       ├─ check.py       check_equivalence(model, trace(model)) -> first differing node
       ├─ nonfinite.py   find_nonfinite -> the first node that makes a NaN/Inf
@@ -42,7 +43,7 @@ from ..tracing.locations import format_location, is_user_file, user_location_in_
 __all__ = ["main"]
 
 # Subcommands, in the order ``fxdebug --help`` lists them.
-COMMANDS = ("summary", "passes", "check", "nonfinite", "lint", "dump", "debug")
+COMMANDS = ("summary", "report", "passes", "check", "nonfinite", "lint", "dump", "debug")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-import torch
+from .model_spec import DEFAULT_INPUT, DEFAULT_MODEL, _import_file, _import_module, load_model, make_inputs
 
-from .model_spec import DEFAULT_INPUT, DEFAULT_MODEL, load_model, make_inputs
+# Names of fxdebug.passes.BUILTIN_PASSES, spelled out so that `fxdebug --help` and argument
+# errors need no torch import (tests/test_first_minutes.py checks they agree).
+BUILTIN_PASS_NAMES = ("capture", "grads", "breakpoint", "functionalize", "checkpoint")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,10 +20,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"input shape, e.g. 1,3,224,224 or 1,16:int64; repeat for several "
                              f"inputs (default {DEFAULT_INPUT})")
     parser.add_argument("--seed", type=int, default=0, help="seed for weights and inputs (default 0)")
+    parser.add_argument("--wide", action="store_true",
+                        help="print every table column in full (default: fit the terminal; "
+                             "output to a file or pipe is always in full unless COLUMNS is set)")
 
 
-def model_and_inputs(args) -> tuple[torch.nn.Module, tuple]:
+def model_and_inputs(args) -> tuple:
     """Build the model (eval mode, seeded) and its inputs from parsed arguments."""
+    import torch
     torch.manual_seed(args.seed)
     model, inputs = load_model(args.model)
     if inputs is None or args.input:
@@ -30,6 +36,7 @@ def model_and_inputs(args) -> tuple[torch.nn.Module, tuple]:
 
 
 def describe_inputs(inputs) -> str:
+    import torch
     return ", ".join("x".join(map(str, t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
                      for t in inputs)
 
@@ -43,10 +50,11 @@ def capture_argument(text: str):
 
 def add_pass_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--pass NAME`` (repeatable), naming built-in passes."""
-    from ..passes import BUILTIN_PASSES
     parser.add_argument("--pass", dest="passes", action="append", metavar="NAME",
-                        help=f"a built-in pass to run, in order; repeat for several "
-                             f"({', '.join(BUILTIN_PASSES)})")
+                        help=f"a pass to run, in order: a built-in one "
+                             f"({', '.join(BUILTIN_PASS_NAMES)}) or your own as "
+                             f"path/to/file.py:name or package.module:name (a Pass class or "
+                             f"instance, or a function gm -> gm); repeat for several")
 
 
 def built_in_passes(names) -> list:
@@ -56,10 +64,34 @@ def built_in_passes(names) -> list:
     if not names:
         raise FxdebugError(f"name at least one pass with --pass NAME; built-in passes: "
                            f"{', '.join(BUILTIN_PASSES)}.")
-    passes = []
-    for name in names:
-        if name not in BUILTIN_PASSES:
-            raise FxdebugError(f"--pass {name!r} is not a built-in pass; choose from "
-                               f"{', '.join(BUILTIN_PASSES)}.")
-        passes.append(BUILTIN_PASSES[name]())
-    return passes
+    return [load_pass(name) for name in names]
+
+
+def load_pass(spec: str):
+    """A pass from ``--pass``: a built-in name, or ``file.py:name`` / ``package.module:name``."""
+    from ..errors import FxdebugError
+    from ..passes import BUILTIN_PASSES, Pass, as_pass
+    if ":" not in spec:
+        if spec not in BUILTIN_PASSES:
+            raise FxdebugError(f"--pass {spec!r} is not a built-in pass; choose from "
+                               f"{', '.join(BUILTIN_PASSES)}, or name your own as "
+                               f"path/to/file.py:name or package.module:name.")
+        return BUILTIN_PASSES[spec]()
+    where, _, name = spec.rpartition(":")
+    if where.endswith(".py"):
+        module = _import_file(where, "pass")
+    else:
+        try:
+            module = _import_module(where)
+        except ImportError as exc:
+            raise FxdebugError(f"--pass {spec!r}: cannot import {where!r}: {exc}.") from exc
+    found = getattr(module, name, None)
+    if found is None:
+        raise FxdebugError(f"--pass {spec!r}: {where!r} has no {name!r}; name a Pass class, a "
+                           f"Pass instance or a function gm -> gm defined there.")
+    if isinstance(found, type) and issubclass(found, Pass):
+        return found()
+    step = as_pass(found)
+    if step.name == "<lambda>":
+        step.name = name
+    return step

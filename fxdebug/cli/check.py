@@ -22,13 +22,13 @@ import importlib
 from tabulate import tabulate
 
 from ..errors import FxdebugError
-from ._common import add_model_arguments, describe_inputs, model_and_inputs
+from ._common import (BUILTIN_PASS_NAMES, add_model_arguments, describe_inputs, load_pass,
+                      model_and_inputs)
 
 DEFAULT_PASSES = ("capture",)
 
 
 def register(subparsers) -> None:
-    from ..passes import BUILTIN_PASSES
     parser = subparsers.add_parser(
         "check", help="run passes and check that each one keeps the outputs",
         description="Trace MODEL, run each --pass on a copy of the stage before, and check "
@@ -36,7 +36,7 @@ def register(subparsers) -> None:
                     "names its first divergent node and source line.")
     add_model_arguments(parser)
     parser.add_argument("--pass", dest="passes", action="append", metavar="NAME",
-                        help=f"a built-in pass ({', '.join(BUILTIN_PASSES)}) or your own as "
+                        help=f"a built-in pass ({', '.join(BUILTIN_PASS_NAMES)}) or your own as "
                              f"path/to/file.py:name or package.module:name (a Pass class or "
                              f"instance, or a function gm -> gm); repeat for several "
                              f"(default: {', '.join(DEFAULT_PASSES)})")
@@ -97,36 +97,6 @@ def run_compiled(args) -> int:
     return 0 if report.ok else 1
 
 
-def load_pass(spec: str):
-    """A pass from ``--pass``: a built-in name, or ``file.py:name`` / ``package.module:name``."""
-    from ..passes import BUILTIN_PASSES, Pass, as_pass
-    if ":" not in spec:
-        if spec not in BUILTIN_PASSES:
-            raise FxdebugError(f"--pass {spec!r} is not a built-in pass; choose from "
-                               f"{', '.join(BUILTIN_PASSES)}, or name your own as "
-                               f"path/to/file.py:name or package.module:name.")
-        return BUILTIN_PASSES[spec]()
-    where, _, name = spec.rpartition(":")
-    if where.endswith(".py"):
-        from .model_spec import _import_file
-        module = _import_file(where)
-    else:
-        try:
-            module = importlib.import_module(where)
-        except ImportError as exc:
-            raise FxdebugError(f"--pass {spec!r}: cannot import {where!r}: {exc}.") from exc
-    found = getattr(module, name, None)
-    if found is None:
-        raise FxdebugError(f"--pass {spec!r}: {where!r} has no {name!r}; name a Pass class, a "
-                           f"Pass instance or a function gm -> gm defined there.")
-    if isinstance(found, type) and issubclass(found, Pass):
-        return found()
-    step = as_pass(found)
-    if step.name == "<lambda>":
-        step.name = name
-    return step
-
-
 def run(args) -> int:
     if args.compiled:
         return run_compiled(args)
@@ -141,7 +111,9 @@ def run(args) -> int:
     previous = model
     gm = trace(model)
     summary = []
-    for index, step in enumerate(passes, start=1):
+    from ..runtime.progress import progress
+    for index, step in progress(list(enumerate(passes, start=1)), desc="check passes",
+                                unit="pass"):
         stage = keyed_copy(gm)
         before = graph_source(stage)
         try:

@@ -14,7 +14,6 @@ import importlib.util
 import os
 import sys
 
-import torch
 
 from ..errors import FxdebugError
 
@@ -24,11 +23,19 @@ DEFAULT_MODEL = "torchvision.models:resnet18"
 DEFAULT_INPUT = "1,3,224,224"
 _FORMAT_HINT = ("Name a model as package.module:factory (e.g. torchvision.models:resnet18) "
                 "or path/to/file.py:factory; the factory takes no arguments.")
+_HINTS = {
+    "model": _FORMAT_HINT,
+    "loss": ("Name a loss as package.module:function or path/to/file.py:function (looked up "
+             "from the current directory); the function takes the model output and returns a "
+             "scalar tensor."),
+    "pass": ("Name a pass as package.module:name or path/to/file.py:name (looked up from the "
+             "current directory): a Pass class or instance, or a function gm -> gm."),
+}
 
 
-def _import_file(path: str):
+def _import_file(path: str, what: str = "model"):
     if not os.path.isfile(path):
-        raise FxdebugError(f"model file {path!r} does not exist. {_FORMAT_HINT}")
+        raise FxdebugError(f"{what} file {path!r} does not exist. {_hint(what)}")
     digest = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
     name = f"fxdebug_user_model_{digest}"
     spec = importlib.util.spec_from_file_location(name, path)
@@ -38,6 +45,23 @@ def _import_file(path: str):
     return module
 
 
+def _hint(what: str) -> str:
+    return _HINTS.get(what, _FORMAT_HINT)
+
+
+def _import_module(where: str):
+    """Import ``where`` with the current directory searched first, as ``python -m`` would."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(where)
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
 def load_object(spec: str, what: str = "model"):
     """The object named by ``package.module:name`` or ``path/to/file.py:name``.
 
@@ -45,20 +69,20 @@ def load_object(spec: str, what: str = "model"):
     'relu'
     """
     if ":" not in spec:
-        raise FxdebugError(f"{what} {spec!r} has no ':name' part. {_FORMAT_HINT}")
+        raise FxdebugError(f"{what} {spec!r} has no ':name' part. {_hint(what)}")
     where, _, name = spec.rpartition(":")
     if where.endswith(".py") or os.sep in where:
-        module = _import_file(where)
+        module = _import_file(where, what)
     else:
         try:
-            module = importlib.import_module(where)
+            module = _import_module(where)
         except ImportError as exc:
             raise FxdebugError(f"cannot import {where!r} for {what} {spec!r}: {exc}. "
-                               f"{_FORMAT_HINT}") from exc
+                               f"{_hint(what)}") from exc
     found = getattr(module, name, None)
     if found is None or not callable(found):
         raise FxdebugError(f"{where!r} has no callable {name!r} for {what} {spec!r}. "
-                           f"{_FORMAT_HINT}")
+                           f"{_hint(what)}")
     return found
 
 
@@ -69,6 +93,7 @@ def load_model(spec: str):
     >>> type(model).__name__, inputs
     ('Identity', None)
     """
+    import torch
     factory = load_object(spec, "model")
     try:
         made = factory()
@@ -86,12 +111,13 @@ def load_model(spec: str):
     return made.eval(), inputs
 
 
-def parse_input(text: str) -> tuple[tuple[int, ...], torch.dtype]:
+def parse_input(text: str) -> tuple:
     """Parse ``"1,3,224,224"`` or ``"1,16:int64"`` into (shape, dtype).
 
     >>> parse_input("1,16:int64")
     ((1, 16), torch.int64)
     """
+    import torch
     shape_text, _, dtype_text = text.partition(":")
     try:
         shape = tuple(int(part) for part in shape_text.replace("x", ",").split(",") if part.strip())
@@ -109,12 +135,13 @@ def parse_input(text: str) -> tuple[tuple[int, ...], torch.dtype]:
     return shape, dtype
 
 
-def make_inputs(specs: list[str], seed: int = 0) -> tuple[torch.Tensor, ...]:
+def make_inputs(specs: list[str], seed: int = 0) -> tuple:
     """Random inputs for the given ``--input`` specs, seeded.
 
     >>> [tuple(t.shape) for t in make_inputs(["2,3", "4:int64"])]
     [(2, 3), (4,)]
     """
+    import torch
     generator = torch.Generator().manual_seed(seed)
     tensors = []
     for spec in specs:

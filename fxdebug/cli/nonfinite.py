@@ -28,11 +28,17 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from ..analysis import find_nonfinite
-    model, inputs = model_and_inputs(args)
-    if args.train:
-        model.train()
-    ignore = [part.strip() for part in (args.ignore or "").split(",") if part.strip()]
-    report = find_nonfinite(model, *inputs, backward=not args.forward_only, ignore=ignore)
+    from ..runtime.progress import progress_bar
+    with progress_bar(total=2, desc="nonfinite", unit="step") as bar:
+        bar.set_postfix_str("building the model")
+        model, inputs = model_and_inputs(args)
+        if args.train:
+            model.train()
+        bar.update()
+        bar.set_postfix_str("forward and backward, node by node")
+        ignore = [part.strip() for part in (args.ignore or "").split(",") if part.strip()]
+        report = find_nonfinite(model, *inputs, backward=not args.forward_only, ignore=ignore)
+        bar.update()
     print(f"{args.model}:")
     print(report.table())
     return 0 if report.ok else 1

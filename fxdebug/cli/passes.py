@@ -30,7 +30,7 @@ def run(args) -> int:
           f"passes: {', '.join(p.name for p in passes)}")
     for stage in report.stages[1:]:
         print(f"\n== pass {stage.name}: {stage.diff.summary()}")
-        print(stage.diff.code_diff() if args.code else stage.diff.table())
+        print(stage.diff.code_diff() if args.code else stage.diff.table(wide=args.wide))
     print()
     print(report.table())
     return 0

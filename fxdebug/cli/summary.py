@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import warnings
 
-import torch
-
 from ..errors import FxdebugError
 from .model_spec import load_object
 from ._common import add_model_arguments, capture_argument, describe_inputs, model_and_inputs
@@ -36,7 +34,7 @@ def _loss_function(spec: str):
     return load_object(spec, "loss")
 
 
-def _reduce(output, how: str) -> torch.Tensor:
+def _reduce(output, how: str):
     from ..runtime import flatten_tensors
     tensors = [t for _, t in flatten_tensors(output, "out") if t.is_floating_point()]
     if not tensors:
@@ -46,12 +44,33 @@ def _reduce(output, how: str) -> torch.Tensor:
 
 
 def run(args) -> int:
-    from ..instrument import instrument, records
+    from ..instrument import records
     loss_fn = _loss_function(args.loss) if args.grads else None
     if args.plot:
         from ..reporting.plots import _pyplot
         _pyplot()  # fail before the run when matplotlib is missing
-    model, inputs = model_and_inputs(args)
+    from ..runtime.progress import progress_bar
+    bar = progress_bar(total=2, desc="summary", unit="step")
+    with bar as steps:
+        steps.set_postfix_str("building the model")
+        model, inputs = model_and_inputs(args)
+        steps.update()
+        steps.set_postfix_str("tracing and running")
+        gm, output, caught = _instrument_and_run(args, model, inputs)
+        steps.update()
+    for warning in caught:
+        print(f"note: {warning.message}")
+    if args.grads:
+        _backward(args, loss_fn, output)
+    rec = records(gm)
+    return _print(args, model, inputs, gm, rec)
+
+
+def _instrument_and_run(args, model, inputs):
+    import torch
+
+    from ..instrument import instrument
+    output = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         gm = instrument(model, capture=capture_argument(args.capture), depth=args.depth,
@@ -61,15 +80,19 @@ def run(args) -> int:
         else:
             with torch.no_grad():
                 gm(*inputs)
-    for warning in caught:
-        print(f"note: {warning.message}")
-    if args.grads:
-        loss = loss_fn(output)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            raise FxdebugError(f"--loss {args.loss!r} must return a scalar tensor, got "
-                               f"{type(loss).__name__} {tuple(getattr(loss, 'shape', ()))}.")
-        loss.backward()
-    rec = records(gm)
+    return gm, output, caught
+
+
+def _backward(args, loss_fn, output) -> None:
+    import torch
+    loss = loss_fn(output)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise FxdebugError(f"--loss {args.loss!r} must return a scalar tensor, got "
+                           f"{type(loss).__name__} {tuple(getattr(loss, 'shape', ()))}.")
+    loss.backward()
+
+
+def _print(args, model, inputs, gm, rec) -> int:
     from ..tracing.partial_report import REPORT_ATTR, is_partial
     report = getattr(gm, REPORT_ATTR) if is_partial(gm) else None
     if report is not None and not report.parts and len(rec) == 0:
@@ -79,7 +102,7 @@ def run(args) -> int:
     grads_text = f", grads of {args.loss}" if args.grads else ""
     print(f"{args.model}: {type(model).__name__}, input {describe_inputs(inputs)}, "
           f"capture={args.capture}, mode={args.mode}{grads_text}")
-    print(rec.table())
+    print(rec.table(wide=args.wide))
     if report is not None:  # what was traced, what ran eagerly and why
         print(report.summary())
     if args.plot:

@@ -45,7 +45,7 @@ from ..errors import SelectionError
 from ..tracing.graph_module import DebugGraphModule
 from ..tracing.keys import (META_KEY, META_PASS, META_RETURNS, META_SOURCE, ModuleReturn,
                             inherit_key, node_key, op_name)
-from ..tracing.locations import caller_stacklevel, format_location
+from ..tracing.locations import caller_stacklevel, format_location, short_list
 from ..runtime import emit_if_tracing
 from ..tracing.selection import key_depth, matches
 from .base import Pass
@@ -365,9 +365,9 @@ class Checkpoint(Pass):
             self._wrap(gm, segment)
             self.segments.append(segment.key)
         if self.skipped:
-            listed = "; ".join(str(item) for item in self.skipped)
+            listed = short_list([str(item) for item in self.skipped], limit=1)
             warnings.warn(f"Checkpoint left {len(self.skipped)} selected call(s) as they are: "
-                          f"{listed}", stacklevel=caller_stacklevel())
+                          f"{listed} (step.skipped lists them)", stacklevel=caller_stacklevel())
         return bool(ready)
 
     def _wrap(self, gm: fx.GraphModule, segment: _Segment) -> None:

@@ -8,15 +8,18 @@ Nothing here changes a graph or runs a pass::
       ├─ snapshot(gm)                   provenance (fxdebug.keys.inherit_key), and a
       └─ GraphDiff.table / code_diff    unified diff of the generated code
     plot_norms(records, "norms.png")    plots.py: activation and gradient norms per node
+    report(gm_or_reports, "r.html")     html.py: one self-contained HTML page (records,
+                                        norm charts, coloured diffs, first divergence)
 
 >>> import torch, fxdebug
 >>> print(fxdebug.reporting.diff(fxdebug.trace(torch.nn.ReLU()), fxdebug.trace(torch.nn.ReLU())).table())
 no change (3 nodes)
 """
 
-from . import plots
+from . import html, plots
+from .html import report
 from .diff import DiffRow, GraphDiff, GraphSnapshot, diff, snapshot
 from .tabular import NodeView, node_views, print_tabular, render_table, tabular
 
 __all__ = ["tabular", "print_tabular", "node_views", "NodeView", "render_table", "diff",
-           "GraphDiff", "DiffRow", "GraphSnapshot", "snapshot", "plots"]
+           "GraphDiff", "DiffRow", "GraphSnapshot", "snapshot", "plots", "html", "report"]

@@ -31,10 +31,15 @@ import re
 
 import torch.fx as fx
 
+from ..runtime.fit import fit_table, table_width
 from ..tracing.keys import META_PROVENANCE
+from .html import diff_html
 from .tabular import COLUMNS, NodeView, node_views, render_table
 
 __all__ = ["diff", "GraphDiff", "DiffRow", "GraphSnapshot", "snapshot"]
+
+# Columns of GraphDiff.table a narrow terminal gives up first.
+DIFF_DROP = ("kwargs", "name", "opcode", "pass", "args")
 
 _COMPARED = ("opcode", "target", "args", "kwargs")
 
@@ -104,15 +109,23 @@ class GraphDiff:
     def summary(self) -> str:
         return f"+{len(self.added)} -{len(self.removed)} ~{len(self.changed)}"
 
-    def table(self, unchanged: bool = False) -> str:
-        """The rows in the tabular format; ``~`` rows say what changed."""
+    def table(self, unchanged: bool = False, wide: bool | None = None) -> str:
+        """The rows in the tabular format; ``~`` rows say what changed.
+
+        Fitted to the terminal unless ``wide=True`` (see :mod:`fxdebug.runtime.fit`).
+        """
         rows = [[row.mark, row.view.key, row.view.opcode, row.view.name, row.view.target,
                  row.view.args, row.view.kwargs, row.view.pass_name, "; ".join(row.changes)]
                 for row in self.rows if unchanged or row.mark != " "]
         if not rows:
             return f"no change ({len(self.rows)} nodes)"
         headers = ["", "key", "opcode", "name", "target", "args", "kwargs", "pass", "changed"]
-        return render_table(rows, headers) + f"\n{self.summary()}"
+        return fit_table(rows, headers, width=table_width(wide), drop=DIFF_DROP,
+                         truncate=("key", "target", "args", "changed")) + f"\n{self.summary()}"
+
+    def _repr_html_(self) -> str:
+        """The diff as HTML for Jupyter: + / - / ~ rows coloured, and the code diff."""
+        return diff_html(self)
 
     def code_diff(self, context: int = 3) -> str:
         """Unified diff of the generated code (empty when the code is the same)."""

@@ -23,6 +23,7 @@ import torch.fx as fx
 from tabulate import tabulate
 
 from .. import runtime
+from ..runtime.fit import fit_table, table_width
 from ..tracing.keys import META_PASS, META_SOURCE, module_path, node_key, target_name
 from ..tracing.locations import format_location
 
@@ -30,6 +31,8 @@ __all__ = ["NodeView", "node_views", "tabular", "print_tabular", "render_table"]
 
 COLUMNS = ("key", "opcode", "name", "target", "args", "kwargs", "shape", "dtype", "module",
            "source", "pass")
+# Columns a narrow terminal gives up first.
+TABULAR_DROP = ("kwargs", "name", "pass", "module", "opcode", "dtype", "args", "source")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,8 +146,10 @@ def render_table(rows: list[list[str]], headers) -> str:
     return tabulate(rows, headers=list(headers), disable_numparse=True, tablefmt="simple")
 
 
-def tabular(gm: fx.GraphModule, *inputs) -> str:
+def tabular(gm: fx.GraphModule, *inputs, wide: bool | None = None) -> str:
     """The node table of ``gm`` as a string (see the module docstring for the columns).
+
+    Fitted to the terminal unless ``wide=True`` (see :mod:`fxdebug.runtime.fit`).
 
     Example::
 
@@ -156,10 +161,15 @@ def tabular(gm: fx.GraphModule, *inputs) -> str:
     if not isinstance(gm, fx.GraphModule):
         raise TypeError(f"tabular expects a torch.fx.GraphModule, got {type(gm).__name__}; "
                         f"use fxdebug.trace(model) first.")
-    return render_table([view.row() for view in node_views(gm, *inputs)], COLUMNS)
+    rows = [view.row() for view in node_views(gm, *inputs)]
+    width = table_width(wide)
+    if width is None:
+        return render_table(rows, COLUMNS)
+    return fit_table(rows, COLUMNS, width=width, drop=TABULAR_DROP,
+                     truncate=("key", "target", "args", "kwargs", "source"))
 
 
-def print_tabular(gm: fx.GraphModule, *inputs) -> None:
+def print_tabular(gm: fx.GraphModule, *inputs, wide: bool | None = None) -> None:
     """Print :func:`tabular` (``Graph.print_tabular`` without addresses, with shapes and sources).
 
     >>> import torch, fxdebug
@@ -167,4 +177,4 @@ def print_tabular(gm: fx.GraphModule, *inputs) -> None:
     key     opcode       name    target    args     kwargs    shape    dtype    module    source    pass
     ...
     """
-    print(tabular(gm, *inputs))
+    print(tabular(gm, *inputs, wide=wide))

@@ -21,9 +21,17 @@ import torch
 from tabulate import tabulate
 
 from ..errors import StaleCaptureError
+from .fit import fit_table, table_width
+from .records_html import records_table_html
 from .values import flatten_into
 
 __all__ = ["Records", "Record", "Stats", "tensor_stats"]
+
+
+# Columns of Records.table a narrow terminal gives up first, and short header names.
+RECORD_DROP = ("zeros %", "dtype", "std", "op", "min", "max", "grad non-finite", "mean")
+RECORD_SHORT = {"non-finite": "nonfin", "grad non-finite": "g nonfin", "grad norm": "g norm",
+                "zeros %": "0 %"}
 
 
 class Stats(NamedTuple):
@@ -110,6 +118,15 @@ class Record:
         """Whether the (viewed) tensor was written in place after it was captured."""
         return self.version is not None and self.value is not None \
             and _version_of(self.value) != self.version
+
+    def __repr__(self) -> str:
+        stats = self.stats
+        shape = _shape_text(self.shape)
+        dtype = str(self.dtype).replace("torch.", "")
+        copied = ", copied" if self.copied else ""
+        return (f"Record({self.key!r}, {self.op}, {shape} {dtype}{copied}, mean={stats.mean:.4g} "
+                f"std={stats.std:.4g} min={stats.min:.4g} max={stats.max:.4g} "
+                f"non-finite={stats.nonfinite})")
 
     @property
     def stats(self) -> Stats:
@@ -246,8 +263,12 @@ class Records:
         """Bytes of tensor data held (views of live activations and copies)."""
         return sum(record.nbytes for record in self._records.values())
 
-    def table(self, floatfmt: str = ".4g") -> str:
+    def table(self, floatfmt: str = ".4g", wide: bool | None = None) -> str:
         """A table of every capture: key, op, shape, dtype, statistics, then totals.
+
+        In a terminal (or with ``COLUMNS`` set) the table fits its width: the
+        least important columns are dropped and long keys end in ``…``;
+        ``wide=True`` always gives every column (see :mod:`fxdebug.runtime.fit`).
 
         With recorded gradients it adds ``grad norm`` and ``grad non-finite``
         columns and a table of parameter gradients (name, shape, grad norm).
@@ -276,8 +297,9 @@ class Records:
                    "non-finite"]
         if grads is not None:
             headers += ["grad norm", "grad non-finite"]
-        text = tabulate(rows, headers=headers, disable_numparse=True,
-                        colalign=("left",) * 4 + ("right",) * (len(headers) - 4))
+        text = fit_table(rows, headers, width=table_width(wide), drop=RECORD_DROP,
+                         truncate=("key", "op"), short=RECORD_SHORT,
+                         colalign=("left",) * 4 + ("right",) * (len(headers) - 4))
         copied = sum(r.nbytes for r in self._records.values() if r.copied)
         lines = [text, f"{len(self._records)} tensors captured, {_human_bytes(self.nbytes)} held "
                        f"({_human_bytes(copied)} in copies)"]
@@ -303,6 +325,11 @@ class Records:
 
     def __repr__(self) -> str:
         return f"Records({len(self._records)} tensors, {_human_bytes(self.nbytes)})"
+
+    def _repr_html_(self) -> str:
+        """The table as HTML, for Jupyter (non-finite rows marked)."""
+        return (f"<div><p>{len(self._records)} tensors captured, "
+                f"{_human_bytes(self.nbytes)} held</p>{records_table_html(self)}</div>")
 
 
 def _version_of(tensor: torch.Tensor) -> int | None:

@@ -41,7 +41,7 @@ from .fidelity import (NOT_CONSTANT, UNPATCHED_FROM_NUMPY, TracePatches, Unfaith
 from .graph_module import DebugGraphModule
 from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, ModuleReturn,
                    key_base)
-from .locations import caller_stacklevel, user_location
+from .locations import caller_stacklevel, short_list, user_location
 from .module_copy import shallow_module_copy
 
 __all__ = ["trace_fx"]
@@ -319,9 +319,9 @@ def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
     gm.meta["fxdebug_auto_leaves"] = list(auto_leaves)
     gm.meta["fxdebug_frontend"] = "fx"
     if auto_leaves:
-        listed = "; ".join(f"{path} ({reason})" for path, reason in auto_leaves)
-        warnings.warn(f"fxdebug traced {len(auto_leaves)} module(s) as leaves because tracing "
-                      f"through them failed: {listed}. They run eagerly: instrument() captures "
-                      f"their module calls (and, with capture='all', their ops) as they run, "
-                      f"but passes cannot edit their insides.", stacklevel=caller_stacklevel())
+        listed = short_list([f"{path} ({reason})" for path, reason in auto_leaves])
+        warnings.warn(f"fxdebug traced {len(auto_leaves)} module(s) as leaves (tracing through "
+                      f"them failed): {listed}; they run eagerly, captured as they run, and "
+                      f"passes cannot edit their insides. gm.meta['fxdebug_auto_leaves'] says why.",
+                      stacklevel=caller_stacklevel())
     return gm

@@ -15,6 +15,7 @@ import torch
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _FXDEBUG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
 # console scripts (``fxdebug``, ``torchrun``) are launchers, never where a model's code lives
 _SCRIPTS_DIR = os.path.abspath(sysconfig.get_path("scripts")) + os.sep
@@ -90,10 +91,31 @@ def _short_path(filename: str) -> str:
 
 
 def caller_stacklevel() -> int:
-    """``stacklevel`` for ``warnings.warn`` that points at the first frame outside fxdebug."""
+    """``stacklevel`` for ``warnings.warn`` that points at the user's line.
+
+    The first frame that is neither fxdebug's, nor torch's (``Module.__call__``
+    runs an instrumented module's forward), nor generated code.
+    """
     frame = sys._getframe(1)
     level = 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_FXDEBUG_DIR):
+    while frame is not None and _not_users(frame.f_code.co_filename):
         frame = frame.f_back
         level += 1
     return level
+
+
+def _not_users(filename: str) -> bool:
+    if filename.startswith("<") or "fxdebug-generated" in filename:
+        return True
+    path = os.path.abspath(filename)
+    return path.startswith(_FXDEBUG_DIR) or path.startswith(_TORCH_DIR)
+
+
+def short_list(items: list[str], limit: int = 2) -> str:
+    """``a; b`` or ``a; b; and 3 more``: a warning stays one short line.
+
+    >>> short_list(["a", "b", "c", "d"])
+    'a; b; and 2 more'
+    """
+    shown = "; ".join(items[:limit])
+    return shown if len(items) <= limit else f"{shown}; and {len(items) - limit} more"

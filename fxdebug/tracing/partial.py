@@ -52,6 +52,7 @@ import contextlib
 import dataclasses
 import functools
 import re
+import logging
 import warnings
 from typing import Callable
 
@@ -286,6 +287,7 @@ class _Context:
         if self.selection is not None:
             self.selection.check(list(self.seen_keys))
         if self.report.eager:
+            logging.getLogger("fxdebug").info("partial tracing:\n%s", self.report.summary())
             warnings.warn(self.report.warning_text(), stacklevel=caller_stacklevel())
 
 

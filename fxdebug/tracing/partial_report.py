@@ -12,6 +12,7 @@ import torch
 
 from ..errors import TraceFailure
 from .keys import join_path
+from .locations import short_list
 
 __all__ = ["PartialReport", "TracedPart", "EagerModule", "is_partial", "REPORT_ATTR"]
 
@@ -102,13 +103,12 @@ class PartialReport:
         return "\n".join(lines)
 
     def warning_text(self) -> str:
-        eager = "; ".join(f"{e.path or '(root)'} ({e.module_type}): {e.kind}"
-                          f"{' at ' + e.location if e.location else ''}" for e in self.eager)
-        parts = ", ".join(part.label or "(root)" for part in self.parts) or "none"
-        return (f"fxdebug could not trace {self.model_type} as a whole: it traced "
-                f"{len(self.parts)} part(s) ({parts}) and ran {len(self.eager)} module(s) "
-                f"eagerly, capturing their outputs: {eager}. "
-                f"print(model.{REPORT_ATTR}.summary()) gives each reason in full.")
+        """One line for the warning; :meth:`summary` has every part and reason in full."""
+        eager = short_list([f"{e.path or '(root)'} ({e.module_type}): {e.kind}"
+                            for e in self.eager])
+        return (f"fxdebug could not trace {self.model_type} as a whole: traced "
+                f"{len(self.parts)} part(s), ran {len(self.eager)} module(s) eagerly ({eager}); "
+                f"print(model.{REPORT_ATTR}.summary()) says why.")
 
 
 def is_partial(module: torch.nn.Module) -> bool:

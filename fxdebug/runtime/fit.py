@@ -1,0 +1,142 @@
+"""Tables that fit the terminal: how wide to draw, and what to give up first.
+
+A table is fitted only when there is a width to fit: ``COLUMNS`` when set,
+else the terminal's width when standard output is a terminal. Written to a
+file or a pipe (and with ``wide=True``) a table keeps every column and every
+character, so saved output and tests stay byte-identical.
+
+To fit, in this order: long header names get their short form, overlong cells
+in the truncatable columns end in ``…``, then the least important columns are
+dropped (a last line names them: ``wide=True`` in Python, ``--wide`` on the command
+line shows all), then truncatable cells shrink further::
+
+    fit_table(rows, headers, width=80, drop=("std", "min"), truncate=("key",))
+
+>>> rows = [["layer1.0.conv1", "Conv2d", "1.0", "2.0"]]
+>>> print(fit_table(rows, ["key", "op", "mean", "std"], width=22, drop=("std", "op")))
+key             mean
+--------------  ------
+layer1.0.conv1  1.0
+(hidden: std, op; --wide shows all)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from typing import Sequence
+
+from tabulate import tabulate
+
+__all__ = ["table_width", "fit_table", "ellipsize"]
+
+ELLIPSIS = "…"
+MIN_CELL = 12  # a truncated cell keeps at least this many characters
+FIRST_CAP = 40  # before dropping columns, truncatable cells are capped at this width
+SEPARATOR = 2  # tabulate's "simple" format puts two spaces between columns
+
+
+def table_width(wide: bool | None = None) -> int | None:
+    """Characters a table may use, or ``None`` for the full table.
+
+    ``wide=True`` is always the full table. Otherwise ``COLUMNS`` wins when set;
+    else the terminal's width when standard output is a terminal; else (a file,
+    a pipe, a notebook) ``None``.
+
+    >>> table_width(wide=True) is None
+    True
+    """
+    if wide:
+        return None
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    stream = sys.stdout
+    try:
+        if stream is None or not stream.isatty():
+            return None
+    except (AttributeError, ValueError):
+        return None
+    return shutil.get_terminal_size().columns
+
+
+def ellipsize(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, ending in ``…`` when cut.
+
+    >>> ellipsize("layer4.1.downsample.0", 10)
+    'layer4.1.…'
+    """
+    if len(text) <= width:
+        return text
+    return text[:max(width - 1, 0)] + ELLIPSIS
+
+
+def _widths(rows, headers) -> list[int]:
+    # tabulate's "simple" format pads each header by two (its MIN_PADDING)
+    return [max([len(h) + 2] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)]
+
+
+def _total(widths) -> int:
+    return sum(widths) + SEPARATOR * max(len(widths) - 1, 0)
+
+
+def fit_table(rows: Sequence[Sequence[str]], headers: Sequence[str], *, width: int | None,
+              drop: Sequence[str] = (), truncate: Sequence[str] = (),
+              short: dict[str, str] | None = None,
+              colalign: Sequence[str] | None = None) -> str:
+    """Render ``rows`` under ``headers`` with tabulate, fitted to ``width`` characters.
+
+    ``drop``: header names to drop, least important first. ``truncate``: header
+    names whose cells may end in ``…``. ``short``: short forms of long header
+    names. ``width=None`` renders the full table, unchanged.
+    """
+    rows = [[str(cell) for cell in row] for row in rows]
+    headers = list(headers)
+    align = list(colalign) if colalign is not None else None
+
+    def render() -> str:
+        kwargs = {"colalign": tuple(align)} if align is not None else {}
+        return tabulate(rows, headers=headers, disable_numparse=True, tablefmt="simple", **kwargs)
+
+    if width is None or _total(_widths(rows, headers)) <= width:
+        return render()
+    if short:
+        headers = [short.get(h, h) for h in headers]
+        truncate = [short.get(h, h) for h in truncate]
+        drop = [short.get(h, h) for h in drop]
+    cut = [i for i, h in enumerate(headers) if h in truncate]
+
+    def cap(limit: int) -> None:
+        for row in rows:
+            for i in cut:
+                row[i] = ellipsize(row[i], max(limit, len(headers[i])))
+
+    cap(FIRST_CAP)
+    hidden: list[str] = []
+    for name in drop:
+        if _total(_widths(rows, headers)) <= width:
+            break
+        if name in headers:
+            index = headers.index(name)
+            hidden.append(name)
+            del headers[index]
+            for row in rows:
+                del row[index]
+            if align is not None:
+                del align[index]
+            cut = [i for i, h in enumerate(headers) if h in truncate]
+    excess = _total(_widths(rows, headers)) - width
+    if excess > 0 and cut:  # shrink the widest truncatable column first, down to MIN_CELL
+        widths = _widths(rows, headers)
+        for i in sorted(cut, key=lambda i: -widths[i]):
+            target = max(MIN_CELL, widths[i] - excess)
+            for row in rows:
+                row[i] = ellipsize(row[i], target)
+            excess -= widths[i] - target
+            if excess <= 0:
+                break
+    text = render()
+    if hidden:
+        text += f"\n(hidden: {', '.join(hidden)}; --wide shows all)"
+    return text
