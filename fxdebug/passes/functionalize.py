@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from .aliasing import AliasAnalysis, _signature, inplace_requested, mutated_argument
 from ..tracing.keys import (INPLACE_OPERATORS, META_KEY, META_PASS, META_RETURNS, META_SOURCE, node_key,
                     op_name)
-from ..tracing.locations import caller_stacklevel, format_location, short_list
+from ..tracing.locations import caller_stacklevel, format_location
 from .base import Pass
 
 __all__ = ["Functionalize", "Unrewritten"]
