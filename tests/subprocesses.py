@@ -36,6 +36,24 @@ def run_python(script: str, *args: str, cwd: str = REPO, **env: str) -> subproce
                           capture_output=True, text=True, timeout=300)
 
 
+NOBODY = 65534
+
+
+def run_python_unprivileged(script: str, *args: str) -> subprocess.CompletedProcess:
+    """``run_python`` whose ``script`` calls ``become_unprivileged()`` once its imports are done.
+
+    In a root process that makes the child the user ``nobody`` (root writes into read-only
+    folders); otherwise it does nothing. A fresh interpreter, not a fork: forking a process
+    whose torch thread pools hold locks can deadlock the child."""
+    prologue = (f"import os\n"
+                f"def become_unprivileged():\n"
+                f"    if os.geteuid() == 0:\n"
+                f"        os.setgroups([])\n"
+                f"        os.setgid({NOBODY})\n"
+                f"        os.setuid({NOBODY})\n")
+    return run_python(prologue + script, *args)
+
+
 def outputs_under_hash_seeds(script: str, args: Callable[[str], Sequence[str]] = lambda seed: (),
                              cwd: str = REPO, seeds: Sequence[str] = HASH_SEEDS,
                              **env: str) -> list[str]:

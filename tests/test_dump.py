@@ -18,7 +18,8 @@ import torchvision
 import fxdebug
 from dump_models import DictInput, Gadgets, Opaque
 from models import LaterInplace, NestedOutputs, Reuse, SeedOneNet, ViewAugAssign
-from subprocesses import HASH_SEEDS, REPO, fxdebug_cli, outputs_under_hash_seeds, run_python
+from subprocesses import (HASH_SEEDS, REPO, fxdebug_cli, outputs_under_hash_seeds, run_python,
+                          run_python_unprivileged)
 
 
 # name -> (build the model, input shape, leaf modules, capture)
@@ -357,39 +358,31 @@ def test_locally_defined_function_call_names_the_node(tmp_path):
     assert _entries(tmp_path) == []
 
 
+_DUMP_AS_NOBODY = """
+import sys, tempfile, torch, fxdebug
+from models import SeedOneNet
+gm = fxdebug.instrument(SeedOneNet().eval())
+fxdebug.dump(gm, tempfile.mkdtemp() + "/warm", torch.randn(1, 3, 8, 8))  # imports done as root
+become_unprivileged()
+try:
+    fxdebug.dump(gm, sys.argv[1], torch.randn(1, 3, 8, 8), overwrite=sys.argv[2] == "overwrite")
+except fxdebug.FxdebugError as error:
+    print(error)
+    sys.exit(3)
+"""
+
+
 def test_read_only_parent():
-    """Root writes into read-only folders: a forked child becomes ``nobody`` first."""
+    """Root writes into read-only folders: the dump runs in a child process as ``nobody``."""
     base = tempfile.mkdtemp(prefix="fxdebug-ro-")  # not under pytest's 0700 folder: nobody can enter
     os.chmod(base, 0o755)
     parent = pathlib.Path(base) / "ro"
     parent.mkdir()
     parent.chmod(0o555)
-    gm = fxdebug.instrument(SeedOneNet().eval())
-    fxdebug.dump(gm, pathlib.Path(base) / "warm", torch.randn(1, 3, 8, 8))  # imports done as root
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns to pytest
-        code = 1
-        try:
-            os.close(read)
-            if os.geteuid() == 0:
-                os.setgid(65534)
-                os.setuid(65534)
-            try:
-                fxdebug.dump(gm, parent / "out", torch.randn(1, 3, 8, 8))
-            except fxdebug.FxdebugError as error:
-                os.write(write, str(error).encode())
-                code = 3
-            except BaseException as error:
-                os.write(write, repr(error).encode())
-        finally:
-            os._exit(code)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        message = pipe.read()
     try:
-        assert os.WEXITSTATUS(os.waitpid(pid, 0)[1]) == 3, message
-        assert "parent is writable" in message
+        proc = run_python_unprivileged(_DUMP_AS_NOBODY, str(parent / "out"), "new")
+        assert proc.returncode == 3, proc.stdout + proc.stderr[-3000:]
+        assert "parent is writable" in proc.stdout
         assert _entries(parent) == []
     finally:
         parent.chmod(0o755)

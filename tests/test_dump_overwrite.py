@@ -15,6 +15,8 @@ import torch
 
 import fxdebug
 from models import SeedOneNet
+from subprocesses import NOBODY, run_python_unprivileged
+from test_dump import _DUMP_AS_NOBODY
 
 
 def _tree(root) -> dict[str, str]:
@@ -173,43 +175,23 @@ def test_leftovers_holding_foreign_files_are_kept(tmp_path):
 
 # -- permissions ---------------------------------------------------------------------------
 def test_overwriting_a_read_only_dump_is_an_fxdebug_error():
-    """Root writes into read-only folders: a forked child hands the dump to ``nobody`` and becomes it."""
-    uid = 65534 if os.geteuid() == 0 else -1
+    """Root writes into read-only folders: the earlier dump is handed to ``nobody``, and the
+    overwrite runs in a child process as ``nobody``."""
+    uid = NOBODY if os.geteuid() == 0 else -1
     parent = tempfile.mkdtemp(prefix="fxdebug-ro-")
     folder = os.path.join(parent, "earlier")
-    gm = _gm()
-    fxdebug.dump(gm, folder, X)
+    fxdebug.dump(_gm(), folder, X)
     for path in [parent, folder] + [os.path.join(folder, name) for name in os.listdir(folder)]:
         if uid >= 0:
             os.chown(path, uid, uid)
     os.chmod(folder, 0o555)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns to pytest
-        code = 1
-        try:
-            os.close(read)
-            if uid >= 0:
-                os.setgid(uid)
-                os.setuid(uid)
-            try:
-                fxdebug.dump(gm, folder, X, overwrite=True)
-            except fxdebug.FxdebugError as error:
-                os.write(write, str(error).encode())
-                code = 3
-            except BaseException as error:
-                os.write(write, repr(error).encode())
-        finally:
-            os._exit(code)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        message = pipe.read()
-    status = os.waitpid(pid, 0)[1]
+    proc = run_python_unprivileged(_DUMP_AS_NOBODY, folder, "overwrite")
+    message = proc.stdout
     try:
-        assert os.WEXITSTATUS(status) == 3, message
+        assert proc.returncode == 3, message + proc.stderr[-3000:]
         assert f"cannot replace the earlier dump {folder!r}: Permission denied" in message
         assert "chmod -R u+w" in message
-        assert sorted(os.listdir(parent)) == ["earlier"]
+        assert sorted(os.listdir(parent)) == ["earlier"]  # nothing left beside it
         assert sorted(os.listdir(folder)) == sorted(fxdebug.dumping.FILES)
     finally:
         os.chmod(folder, 0o755)
