@@ -109,7 +109,7 @@ class PassManager:
         pass     modified    nodes +/-/~    equivalent
         -------  ----------  -------------  ------------
         capture  yes         +4 -0 ~0       ok
-        grads    yes         +2 -0 ~0       ok
+        grads    yes         +3 -0 ~1       ok
     """
 
     def __init__(self, passes: Sequence, check_inputs=None, rtol: float | None = None,

@@ -38,7 +38,6 @@ import sys
 import traceback
 
 from ..errors import FxdebugError
-from ..tracing.locations import format_location, is_user_file, user_location_in_traceback
 
 __all__ = ["main"]
 
@@ -79,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = open(os.devnull, "w")
         return 141
     except Exception as exc:  # a model error: one paragraph, then the user's frames
+        # imported here: --help and argument errors must not import torch (tracing does)
+        from ..tracing.locations import format_location, user_location_in_traceback
         location = user_location_in_traceback(exc.__traceback__)
         where = f" (raised at {format_location(location)})" if location else ""
         print(f"fxdebug: error: {type(exc).__name__}: {_one_paragraph(exc)}{where}",
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _print_user_frames(exc: BaseException) -> None:
     """The frames of the traceback that are the user's code (not torch, fxdebug, the stdlib)."""
+    from ..tracing.locations import is_user_file
     frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
               if is_user_file(frame.filename)]
     if frames:
