@@ -12,7 +12,7 @@ from .analysis import (EquivalenceReport, Hazard, Hazards, JacobianNorms, Nonfin
                        check_equivalence, find_nonfinite, jacobian_norms, lint_inplace, vjp)
 from .dumping import dump
 from .errors import FxdebugError, PassEquivalenceError, SelectionError, TraceFailure
-from .instrument import instrument, records
+from .instrument import accumulate_stats, instrument, records
 from .pass_manager import PassManager
 from .reporting import DiffRow, GraphDiff, diff, plots, print_tabular, tabular
 from .runtime import Record, Records, Stats
@@ -24,6 +24,7 @@ __all__ = [
     "trace",
     "instrument",
     "records",
+    "accumulate_stats",
     "Records",
     "Record",
     "Stats",

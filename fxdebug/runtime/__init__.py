@@ -29,10 +29,12 @@ from .debugger import stop, stops_disabled
 from .nodes import (RECORDER_ATTR, GradEdit, Recorder, begin_run, capture, capture_stats,
                     edit_grads, emit_if_tracing, record_grads)
 from .parts import PartRecorder, SharedRecorder, begin_part
-from .records import Record, Records, Stats, tensor_stats
+from .records import Record, Records
+from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
 from .values import children, clone_inputs, flatten_tensors, leaves
 
 __all__ = ["Recorder", "RECORDER_ATTR", "Records", "Record", "Stats", "tensor_stats",
+           "summarize", "combine", "stats_from_summary", "stats_from_summaries",
            "begin_run", "capture", "capture_stats", "record_grads", "GradEdit", "edit_grads",
            "stop", "stops_disabled", "begin_part", "SharedRecorder", "PartRecorder",
            "emit_if_tracing", "flatten_tensors", "clone_inputs", "children", "leaves"]

@@ -84,7 +84,10 @@ def begin_run(recorder: Recorder, inputs: tuple):
     emitted = emit_if_tracing(begin_run, (recorder, inputs), {})
     if emitted is not None:
         return emitted
-    recorder.latest = Records()
+    if recorder.latest.accumulating:
+        recorder.latest.start_run()  # statistics merge over runs (fxdebug.accumulate_stats)
+    else:
+        recorder.latest = Records()
     return None
 
 
