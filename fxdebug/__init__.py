@@ -9,7 +9,8 @@ torch.Size([1, 64, 16, 16])
 
 from . import analysis, passes, reporting, runtime, testing, tracing
 from .analysis import (EquivalenceReport, Hazard, Hazards, JacobianNorms, NonfiniteReport,
-                       check_equivalence, find_nonfinite, jacobian_norms, lint_inplace, vjp)
+                       check_equivalence, find_nonfinite, jacobian_norms, lint_inplace, vjp,
+                       watch_nonfinite)
 from .dumping import dump
 from .errors import FxdebugError, PassEquivalenceError, SelectionError, TraceFailure
 from .instrument import accumulate_stats, instrument, records
@@ -40,6 +41,7 @@ __all__ = [
     "EquivalenceReport",
     "find_nonfinite",
     "NonfiniteReport",
+    "watch_nonfinite",
     "testing",
     "lint_inplace",
     "Hazard",
