@@ -82,7 +82,7 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
     if is_partial(model):
         return instrument_parts(model, instrument_part, **arguments)
     if isinstance(model, fx.GraphModule):
-        gm = keyed_copy(model)
+        gm = keyed_copy(model, recompile=False)  # run_pipeline recompiles once
     else:
         try:
             gm = trace(model)
