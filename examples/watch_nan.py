@@ -38,4 +38,11 @@ for step in range(1, 101):
         break
     optimizer.step()
 else:
-    print("no NaN in 100 steps")
+    raise SystemExit("no NaN in 100 steps")
+
+# Check against eager: the log's input is finite and its output is not.
+with torch.no_grad():
+    inside = torch.relu(net.fc(x)) + 1.0 - 0.5 * net.fc.bias.abs().sum()
+assert torch.isfinite(inside).all() and not torch.isfinite(torch.log(inside)).all()
+assert report.forward.key == "log" and report.forward.created
+print(f"ok: step {step}: the NaN was created by {report.forward.key} at {report.forward.location}")
