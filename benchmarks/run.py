@@ -97,8 +97,9 @@ def main():
                          _pick(row, "median ms", "MiB"), _pick(row, "min ms", "spread ms"),
                          ratio, row.get("ratio to", _ratio_to(row))])
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    print(f"{when}, torch {torch.__version__}, {platform.machine()} {platform.processor() or ''}"
-          f" {os.cpu_count()} cores, CPU only, threads {args.threads or torch.get_num_threads()}, "
+    machine = " ".join(part for part in (platform.machine(), platform.processor()) if part)
+    print(f"{when}, torch {torch.__version__}, {machine}, {os.cpu_count()} cores, CPU only, "
+          f"threads {args.threads or torch.get_num_threads()}, "
           f"load avg {os.getloadavg()[0]:.2f}{', --quick' if args.quick else ''}")
     print(table(rows, ["benchmark", "model", "variant", "median ms (MiB)", "min / spread",
                        "ratio", "ratio to"]))
