@@ -91,8 +91,10 @@ def _summarize_finite_cpu(t: torch.Tensor, numel: int) -> torch.Tensor | None:
         return None
     total = float(t.sum())
     norm = float(torch.linalg.vector_norm(t))
-    if not (math.isfinite(total) and math.isfinite(norm)) and t.dtype != torch.float64:
-        return _summarize_finite_cpu(t.double(), numel)  # float32 overflowed; float64 does not
+    if not (math.isfinite(total) and math.isfinite(norm)):
+        if t.dtype != torch.float64:
+            return _summarize_finite_cpu(t.double(), numel)  # float32 overflowed; float64 not
+        return None  # float64 overflowed too: the masked path scales the deviations
     mean = total / numel
     m2 = norm * norm - numel * mean * mean
     if not m2 > numel * mean * mean:  # the mean dominates: E[x^2] - mean^2 would cancel
