@@ -77,6 +77,11 @@ class Records:
         self.runs = 1
         self.accumulating = False
 
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_summaries"] = {}  # weak references: this run's reuse cache, not data
+        return state
+
     def start_run(self) -> None:
         """Accumulating statistics: the next run's summaries merge into these (see ``add``)."""
         self._summaries.clear()
