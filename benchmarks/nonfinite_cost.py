@@ -14,7 +14,10 @@ round-robin; the table reports medians):
 4. ``fxdebug.find_nonfinite(model, x, backward=False)`` against a plain
    forward (``torch.no_grad``);
 5. ``fxdebug.trace(model)`` alone: the fixed cost both find_nonfinite rows
-   include (it does not grow with the input size).
+   include (it does not grow with the input size);
+6. a training step (forward + ``loss.backward()``) plain and through
+   ``fxdebug.watch_nonfinite`` with ``check()`` after the backward (the watch
+   meant to stay on: one finiteness flag per step).
 
 Ratios are to plain forward + backward (4: to plain forward). A last line per
 model says what each tool reports when ``log`` of a batch-norm output (NaN
@@ -52,6 +55,26 @@ def anomaly(model, params):
     def run(x):
         with torch.autograd.detect_anomaly():
             torch.autograd.grad(model(x).sum(), params, allow_unused=True)
+    return run
+
+
+def step(model):
+    """A training step's forward + ``loss.backward()`` (parameter ``.grad`` set to None first)."""
+    def run(x):
+        model.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+    return run
+
+
+def watched_step(model):
+    """The same step through ``fxdebug.watch_nonfinite``, ``check()`` after the backward."""
+    watch = fxdebug.watch_nonfinite(model)
+
+    def run(x):
+        model.zero_grad(set_to_none=True)
+        watch(x).sum().backward()
+        if watch.check() is not None:
+            raise AssertionError("watch_nonfinite reported a finite step")
     return run
 
 
@@ -101,9 +124,13 @@ def bench_model(name, shape, repeats, warmup):
         "forward (no_grad)": forward_only(model),
         "find_nonfinite(backward=False)": lambda x: fxdebug.find_nonfinite(model, x,
                                                                            backward=False),
+        "training step (loss.backward())": step(model),
+        "watch_nonfinite step (+ check())": watched_step(model),
     }
     baseline = {"forward (no_grad)": "forward (no_grad)",
-                "find_nonfinite(backward=False)": "forward (no_grad)"}
+                "find_nonfinite(backward=False)": "forward (no_grad)",
+                "training step (loss.backward())": "training step (loss.backward())",
+                "watch_nonfinite step (+ check())": "training step (loss.backward())"}
     times = interleaved({v: partial(fn, x) for v, fn in variants.items()},
                         repeats=repeats, warmup=warmup)
     medians = {label: median(t) for label, t in times.items()}

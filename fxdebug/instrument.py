@@ -33,7 +33,7 @@ from .runtime import RECORDER_ATTR, Recorder, Records
 from .tracing import instrument_parts, is_partial, keyed_copy, trace
 from .tracing.selection import candidates
 
-__all__ = ["instrument", "records", "build_pipeline", "run_pipeline"]
+__all__ = ["instrument", "records", "accumulate_stats", "build_pipeline", "run_pipeline"]
 
 
 def instrument(model: torch.nn.Module, capture="modules", depth: int | None = None,
@@ -85,7 +85,7 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
     if is_partial(model):
         return instrument_parts(model, instrument_part, **arguments)
     if isinstance(model, fx.GraphModule):
-        gm = keyed_copy(model)
+        gm = keyed_copy(model, recompile=False)  # run_pipeline recompiles once
     else:
         try:
             gm = trace(model)
@@ -197,3 +197,35 @@ def _nothing_selected(gm: fx.GraphModule, call: str) -> str:
     return (f"{call} selected no node, so no capture node was inserted and nothing is recorded: "
             f"{there}. Widen the selection (capture='all', a depth, include=[...]) or drop "
             f"the exclude patterns that removed everything.")
+
+
+def accumulate_stats(gm: torch.nn.Module, enabled: bool = True) -> Records:
+    """Make a ``mode="stats"`` module merge statistics over runs instead of keeping the last run's.
+
+    From the next forward on, ``records(gm)`` holds, per key, the running
+    count, mean, std, min, max, zeros and non-finite counts over every run
+    since this call (``records(gm).runs`` of them); no run's tensors are kept.
+    Calling it again starts a fresh accumulation; ``enabled=False`` goes back
+    to one run at a time.
+
+    Example::
+
+        >>> import torch, fxdebug
+        >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), mode="stats")
+        >>> _ = fxdebug.accumulate_stats(gm)
+        >>> _ = gm(torch.tensor([1.0, -1.0])); _ = gm(torch.tensor([3.0, 5.0]))
+        >>> s = fxdebug.records(gm)["0"]
+        >>> fxdebug.records(gm).runs, s.mean, s.max, s.zeros_pct
+        (2, 2.25, 5.0, 25.0)
+    """
+    recorder = getattr(gm, RECORDER_ATTR, None)
+    if not isinstance(recorder, Recorder) or isinstance(getattr(recorder, "shared", None), Recorder):
+        raise FxdebugError(
+            f"accumulate_stats: {type(gm).__name__} is not a module returned by "
+            f"fxdebug.instrument(model, mode='stats') (a partially instrumented model does not "
+            f"support accumulation yet). Instrument the model first.")
+    fresh = Records()
+    fresh.accumulating = enabled
+    fresh.runs = 0
+    recorder.latest = fresh
+    return fresh

@@ -14,6 +14,7 @@ names nodes by key and the user's ``file:line``::
            against fxdebug's eager captures            compiled_localise.py
     backend(inner="inductor")                           compiled_backend.py
     find_nonfinite(model, *inputs)                      nonfinite.py
+    watch_nonfinite(model): a flag per step, find_nonfinite on the first bad one  watch.py
     lint_inplace(model, *inputs)                        lint.py (passes/aliasing.py)
     vjp(model, inputs, of, wrt)                         vjp.py    } live.py: values with
     jacobian_norms(model, *inputs)                      jacobian.py } their autograd graph
@@ -31,8 +32,10 @@ from .jacobian import JacobianNorms, jacobian_norms
 from .lint import Hazard, Hazards, lint_inplace
 from .nonfinite import NonfiniteReport, find_nonfinite
 from .vjp import vjp
+from .watch import NonfiniteWatch, watch_nonfinite
 
 __all__ = ["check_equivalence", "EquivalenceReport", "NodeComparison", "find_nonfinite",
            "NonfiniteReport", "lint_inplace", "Hazard", "Hazards", "vjp", "jacobian_norms",
            "JacobianNorms", "check_compiled", "CompiledReport", "CompiledDivergence",
-           "GraphBreak", "backend", "InstrumentingBackend"]
+           "GraphBreak", "backend", "InstrumentingBackend",
+           "watch_nonfinite", "NonfiniteWatch"]

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
 
 import torch.fx as fx
 
 from ..runtime.fit import fit_table, table_width
 from ..tracing.keys import META_PROVENANCE
 from .html import diff_html
-from .tabular import COLUMNS, NodeView, node_views, render_table
+from .tabular import COLUMNS, NodeRef, NodeView, node_views, render_table
 
 __all__ = ["diff", "GraphDiff", "DiffRow", "GraphSnapshot", "snapshot"]
 
@@ -173,19 +172,27 @@ def diff(before, after) -> GraphDiff:
                 break
     renamed = {new_name: old_name for new_name, old_name in matched.items() if new_name != old_name}
 
-    def as_before(field: str, text: str) -> str:
-        """Argument text with replaced nodes called by their old names."""
+    def as_before(view: NodeView, field: str) -> str:
+        """The field's text with replaced nodes called by their old names (node names only,
+        never text inside a string: the arguments were rendered in pieces)."""
+        text = getattr(view, field)
         if field not in ("args", "kwargs") or not renamed:
             return text
-        return re.sub(r"[A-Za-z_]\w*", lambda m: renamed.get(m.group(0), m.group(0)), text)
+        parts = view.args_parts if field == "args" else view.kwargs_parts
+        if "".join(parts) != text:  # a view built by hand, without pieces: compare as is
+            return text
+        return "".join(renamed.get(part, part) if isinstance(part, NodeRef) else part
+                       for part in parts)
 
     rows: list[DiffRow] = []
     emitted: set[str] = set()
+    cursor = 0  # old views before it were all emitted or matched: each is looked at once
 
     def flush_removed(up_to: int) -> None:
-        for old_view in old.views:
-            if old_order[old_view.name] >= up_to:
-                break
+        nonlocal cursor
+        while cursor < up_to:
+            old_view = old.views[cursor]
+            cursor += 1
             if old_view.name not in taken and old_view.name not in emitted:
                 emitted.add(old_view.name)
                 rows.append(DiffRow("-", old_view, None))
@@ -199,7 +206,7 @@ def diff(before, after) -> GraphDiff:
         previous = old_by_name[old_name]
         changes = tuple(f"{field} {getattr(previous, field)} -> {getattr(view, field)}"
                         for field in _COMPARED
-                        if getattr(previous, field) != as_before(field, getattr(view, field)))
+                        if getattr(previous, field) != as_before(view, field))
         if old_name != view.name:
             changes = (f"replaces {old_name}",) + changes
         rows.append(DiffRow("~" if changes else " ", previous, view, changes))

@@ -27,7 +27,8 @@ from ..runtime.fit import fit_table, table_width
 from ..tracing.keys import META_PASS, META_SOURCE, module_path, node_key, target_name
 from ..tracing.locations import format_location
 
-__all__ = ["NodeView", "node_views", "tabular", "print_tabular", "render_table"]
+__all__ = ["NodeView", "NodeRef", "node_views", "render_parts", "tabular", "print_tabular",
+           "render_table"]
 
 COLUMNS = ("key", "opcode", "name", "target", "args", "kwargs", "shape", "dtype", "module",
            "source", "pass")
@@ -50,27 +51,82 @@ class NodeView:
     module: str
     source: str
     pass_name: str
+    # args / kwargs in pieces, node names as NodeRef (see render_parts); what diff renames
+    args_parts: tuple[str, ...] = dataclasses.field(default=(), compare=False, repr=False)
+    kwargs_parts: tuple[str, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     def row(self) -> list[str]:
         return [self.key, self.opcode, self.name, self.target, self.args, self.kwargs,
                 self.shape, self.dtype, self.module, self.source, self.pass_name]
 
 
+class NodeRef(str):
+    """A node's name inside rendered arguments (a ``str``; its type tells it from literal text)."""
+
+    __slots__ = ()
+
+
+def render_parts(value: Any) -> tuple[str, ...]:
+    """Address-free text of a node argument, in pieces: node names are :class:`NodeRef`.
+
+    ``"".join(render_parts(v))`` is the text; a rename replaces the ``NodeRef``
+    pieces only, never text inside a quoted string.
+
+    >>> gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+    >>> x = next(iter(gm.graph.nodes))
+    >>> [(p, type(p).__name__) for p in render_parts((x, "x"))]
+    [('(', 'str'), ('input_1', 'NodeRef'), (', ', 'str'), ("'x'", 'str'), (')', 'str')]
+    """
+    out: list[str] = []
+    _parts(value, out)
+    return tuple(out)
+
+
+def _joined(values, out: list[str]) -> None:
+    for index, item in enumerate(values):
+        if index:
+            out.append(", ")
+        _parts(item, out)
+
+
+def _parts(value: Any, out: list[str]) -> None:
+    if isinstance(value, fx.Node):
+        out.append(NodeRef(value.name))
+    elif isinstance(value, tuple) and hasattr(value, "_fields"):
+        out.append(f"{type(value).__name__}(")
+        _joined(value, out)
+        out.append(")")
+    elif isinstance(value, tuple):
+        out.append("(")
+        _joined(value, out)
+        out.append(",)" if len(value) == 1 else ")")
+    elif isinstance(value, list):
+        out.append("[")
+        _joined(value, out)
+        out.append("]")
+    elif isinstance(value, dict):
+        out.append("{")
+        for index, (key, item) in enumerate(value.items()):
+            if index:
+                out.append(", ")
+            _parts(key, out)
+            out.append(": ")
+            _parts(item, out)
+        out.append("}")
+    elif isinstance(value, slice):
+        out.append("slice(")
+        _joined((value.start, value.stop, value.step), out)
+        out.append(")")
+    else:
+        out.append(_render_leaf(value))
+
+
 def _render(value: Any) -> str:
     """Address-free text of a node argument."""
-    if isinstance(value, fx.Node):
-        return value.name
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return f"{type(value).__name__}({', '.join(_render(v) for v in value)})"
-    if isinstance(value, tuple):
-        inner = ", ".join(_render(v) for v in value)
-        return f"({inner},)" if len(value) == 1 else f"({inner})"
-    if isinstance(value, list):
-        return f"[{', '.join(_render(v) for v in value)}]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_render(k)}: {_render(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, slice):
-        return f"slice({_render(value.start)}, {_render(value.stop)}, {_render(value.step)})"
+    return "".join(render_parts(value))
+
+
+def _render_leaf(value: Any) -> str:
     if isinstance(value, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
         return str(value)
     if isinstance(value, torch.nn.Module):
@@ -132,18 +188,43 @@ def node_views(gm: fx.GraphModule, *inputs) -> list[NodeView]:
     for node in gm.graph.nodes:
         source = node.meta.get(META_SOURCE)
         shape, dtype = shapes.get(node, ("-", "-"))
+        args = render_parts(node.args)
+        kwargs = render_parts(node.kwargs) if node.kwargs else ()
         views.append(NodeView(
             key=node_key(node), opcode=node.op, name=node.name, target=_target(node),
-            args=_render(node.args), kwargs=_render(node.kwargs) if node.kwargs else "",
+            args="".join(args), kwargs="".join(kwargs),
             shape=shape, dtype=dtype, module=module_path(node) or "-",
             source=format_location(source) if source else "-",
-            pass_name=node.meta.get(META_PASS, "-")))
+            pass_name=node.meta.get(META_PASS, "-"), args_parts=args, kwargs_parts=kwargs))
     return views
 
 
 def render_table(rows: list[list[str]], headers) -> str:
-    """tabulate in the one format every fxdebug graph table uses."""
-    return tabulate(rows, headers=list(headers), disable_numparse=True, tablefmt="simple")
+    """The one format every fxdebug graph table uses: tabulate's ``simple``, text columns.
+
+    Written here because tabulate guesses a type for every cell, which costs
+    most of the time of a table of a large graph; the text is the same.
+
+    >>> print(render_table([["a", "bb"]], ["x", "y"]))
+    x    y
+    ---  ---
+    a    bb
+    """
+    headers = [str(h) for h in headers]
+    cells = [[str(c).strip() for c in row] for row in rows]
+    if any(len(row) != len(headers) or not all(c.isascii() and "\n" not in c for c in row)
+           for row in cells) or not all(h.isascii() and "\n" not in h for h in headers):
+        # multi-line or wide characters, ragged rows: tabulate's own layout
+        return tabulate(rows, headers=headers, disable_numparse=True, tablefmt="simple")
+    widths = [len(h) + 2 for h in headers]  # tabulate pads header columns by 2 (MIN_PADDING)
+    for row in cells:
+        for index, cell in enumerate(row):
+            if len(cell) > widths[index]:
+                widths[index] = len(cell)
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    lines.extend("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
+    return "\n".join(lines)
 
 
 def tabular(gm: fx.GraphModule, *inputs, wide: bool | None = None) -> str:

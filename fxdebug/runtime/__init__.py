@@ -38,10 +38,12 @@ from .gradients import (PASSES_THROUGH, GradEdit, call_with_parameters, edit_gra
 from .nodes import RECORDER_ATTR, Recorder, begin_run, capture, capture_stats, emit_if_tracing
 from .eager_ops import EAGER_MODULE, EAGER_OP, EagerKeys, EagerScope, RegionForward
 from .parts import PartRecorder, SharedRecorder, begin_part
-from .records import Record, Records, Stats, tensor_stats
+from .records import Record, Records
+from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
 from .values import children, clone_inputs, flatten_tensors, leaves
 
 __all__ = ["Recorder", "RECORDER_ATTR", "Records", "Record", "Stats", "tensor_stats",
+           "summarize", "combine", "stats_from_summary", "stats_from_summaries",
            "begin_run", "capture", "capture_stats", "record_grads", "GradEdit", "edit_grads",
            "own_value", "edited_parameter", "call_with_parameters", "PASSES_THROUGH",
            "traced_message", "TracedMessage", "PROXY_IN_TEXT",

@@ -112,8 +112,11 @@ def begin_run(recorder: Recorder, inputs: tuple):
     emitted = emit_if_tracing(begin_run, (recorder, inputs), {})
     if emitted is not None:
         return emitted
-    recorder.latest = Records(grads_recorded=getattr(recorder, "records_grads", None))
-    recorder.latest.notes.extend(getattr(recorder, "notes", ()))
+    if recorder.latest.accumulating:
+        recorder.latest.start_run()  # statistics merge over runs (fxdebug.accumulate_stats)
+    else:
+        recorder.latest = Records(grads_recorded=getattr(recorder, "records_grads", None))
+        recorder.latest.notes.extend(getattr(recorder, "notes", ()))
     return None
 
 

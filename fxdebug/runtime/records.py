@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
-from typing import Any, Iterator, NamedTuple
+import weakref
+from typing import Any, Iterator
 
 import torch
 from tabulate import tabulate
@@ -23,6 +23,7 @@ from tabulate import tabulate
 from ..errors import StaleCaptureError
 from .fit import fit_table, table_width
 from .records_html import records_table_html
+from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
 from .values import flatten_into
 
 __all__ = ["Records", "Record", "Stats", "tensor_stats"]
@@ -34,66 +35,13 @@ RECORD_SHORT = {"non-finite": "nonfin", "grad non-finite": "g nonfin", "grad nor
                 "zeros %": "0 %"}
 
 
-class Stats(NamedTuple):
-    """Summary of one tensor: statistics over its finite values, plus counts."""
-
-    mean: float
-    std: float
-    min: float
-    max: float
-    zeros_pct: float
-    nonfinite: int
-    numel: int
-    norm: float = float("nan")
-
-
-_NAN = float("nan")
-
-
-def tensor_stats(tensor: torch.Tensor) -> Stats:
-    """Mean, std (population), min, max over the finite values; % zeros; non-finite count.
-
-    >>> s = tensor_stats(torch.tensor([1.0, 3.0, float("inf"), 0.0]))
-    >>> round(s.mean, 4), round(s.std, 4), s.min, s.max, s.zeros_pct, s.nonfinite
-    (1.3333, 1.2472, 0.0, 3.0, 25.0, 1)
-    """
-    t = tensor.detach()
-    if t.is_complex():
-        t = t.abs()
-    if t.layout != torch.strided or t.is_quantized or t.device.type == "meta":
-        return Stats(_NAN, _NAN, _NAN, _NAN, _NAN, 0, t.numel())
-    numel = t.numel()
-    if numel == 0:
-        return Stats(_NAN, _NAN, _NAN, _NAN, _NAN, 0, 0)
-    if not t.is_floating_point():
-        t = t.to(torch.float64)
-    elif t.dtype in (torch.float16, torch.bfloat16) or t.element_size() < 2:
-        t = t.float()
-    zeros = numel - int(torch.count_nonzero(t))
-    # Fast path, three passes: a non-finite value shows up in min/max (inf) or both (nan).
-    std, mean = torch.std_mean(t, correction=0)
-    low, high = torch.aminmax(t)
-    if math.isfinite(float(low)) and math.isfinite(float(high)):
-        mean_f, std_f = float(mean), float(std)
-        norm = math.sqrt(numel * (std_f * std_f + mean_f * mean_f))
-        return Stats(mean_f, std_f, float(low), float(high), 100.0 * zeros / numel, 0, numel, norm)
-    finite_mask = torch.isfinite(t)
-    finite = int(finite_mask.sum())
-    nonfinite = numel - finite
-    t = t[finite_mask]
-    if t.numel() == 0:
-        return Stats(_NAN, _NAN, _NAN, _NAN, 100.0 * zeros / numel, nonfinite, numel)
-    std, mean = torch.std_mean(t, correction=0)
-    low, high = torch.aminmax(t)
-    return Stats(float(mean), float(std), float(low), float(high), 100.0 * zeros / numel,
-                 nonfinite, numel, float(torch.linalg.vector_norm(t)))
-
-
 @dataclasses.dataclass
 class Record:
     """One captured tensor.
 
-    ``value`` is the tensor in tensor mode (``None`` in stats mode);
+    ``value`` is the tensor in tensor mode (``None`` in stats mode, where
+    ``summary`` holds its statistics on the tensor's device, see
+    :mod:`fxdebug.runtime.stats`);
     ``copied`` says whether it is a copy (taken because a later in-place op
     writes to it) or a view of the model's own activation. A view whose
     tensor was written in place after the capture (``stale``) is never shown
@@ -111,6 +59,7 @@ class Record:
     copied: bool
     _stats: Stats | None = None
     via: str = "graph"
+    summary: torch.Tensor | None = None
     version: int | None = None
 
     @property
@@ -131,7 +80,8 @@ class Record:
     @property
     def stats(self) -> Stats:
         if self._stats is None:
-            self._stats = tensor_stats(self.value)
+            self._stats = (stats_from_summary(self.summary) if self.summary is not None
+                           else tensor_stats(self.value))
         return self._stats
 
     @property
@@ -155,6 +105,23 @@ class Records:
         # whether the run records gradients (None: unknown); _of: the Records these are the grads of
         self._grads_recorded = grads_recorded
         self._of = _of
+        # Summaries taken this run, by tensor identity: a container module's output is
+        # usually its last child's, and its statistics are not computed twice.
+        self._summaries: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+        self.runs = 1
+        self.accumulating = False
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_summaries"] = {}  # weak references: this run's reuse cache, not data
+        return state
+
+    def start_run(self) -> None:
+        """Accumulating statistics: the next run's summaries merge into these (see ``add``)."""
+        self._summaries.clear()
+        self.runs += 1
+        if self._grads is not None:
+            self._grads.start_run()
 
     @property
     def grads(self) -> "Records":
@@ -184,14 +151,36 @@ class Records:
         flatten_into(value, key, tensors, self.notes)
         for name, tensor in tensors:
             if stats_only:
+                summary = self._summary(tensor)
+                old = self._records.get(name) if self.accumulating else None
+                if old is not None and old.summary is not None:
+                    summary = combine(old.summary, summary)
                 record = Record(name, op, tuple(tensor.shape), tensor.dtype, None, False,
-                                tensor_stats(tensor), via)
+                                summary=summary, via=via)
             else:
                 kept = tensor.detach().clone() if clone else tensor.detach()
                 record = Record(name, op, tuple(tensor.shape), tensor.dtype, kept, clone,
                                 version=None if clone else _version_of(tensor), via=via)
             self._records.pop(name, None)
             self._records[name] = record
+
+    def _summary(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``summarize(tensor)``, reused when this very tensor, unchanged, was summarized this run."""
+        seen = self._summaries.get(id(tensor))
+        if seen is not None and seen[0]() is tensor and seen[1] == tensor._version:
+            return seen[2]
+        summary = summarize(tensor)
+        try:
+            self._summaries[id(tensor)] = (weakref.ref(tensor), tensor._version, summary)
+        except TypeError:  # a tensor subclass without weak references: no reuse
+            pass
+        return summary
+
+    def _read_stats(self) -> None:
+        """Read every pending summary at once (one host read per device), after the run."""
+        pending = [r for r in self._records.values() if r._stats is None and r.summary is not None]
+        for record, stats in zip(pending, stats_from_summaries([r.summary for r in pending])):
+            record._stats = stats
 
     # -- reading -----------------------------------------------------------------------
     def __getitem__(self, key: str):
@@ -275,6 +264,9 @@ class Records:
         Byte-identical for identical inputs and weights, in any process.
         """
         grads = self._grads if self._grads is not None and len(self._grads) else None
+        self._read_stats()
+        if grads is not None:
+            grads._read_stats()
         rows = []
         stale = []
         for record in self._records.values():

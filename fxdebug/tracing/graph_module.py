@@ -67,7 +67,13 @@ class DebugGraphModule(fx.GraphModule):
         fxdebug: failed at node '0'
     """
 
+    # keyed_copy(..., recompile=False) builds a module whose caller recompiles it once,
+    # after its passes: GraphModule.__init__'s own recompile is skipped then.
+    _defer_recompile = False
+
     def recompile(self):
+        if type(self)._defer_recompile:
+            return None
         python_code = super().recompile()
         cls = type(self)  # torch makes one class per instance, named after the model
         filename = generated_filename(cls.__name__, self._code)
@@ -77,6 +83,8 @@ class DebugGraphModule(fx.GraphModule):
         return python_code
 
     def __call__(self, *args, **kwargs):
+        if "forward" not in type(self).__dict__:  # built without its recompile, never done
+            self.recompile()
         filename = type(self).forward.__code__.co_filename
         if filename not in linecache.cache:  # linecache.clearcache() was called
             _register_source(filename, self._code)
@@ -177,11 +185,13 @@ def _annotate(gm: fx.GraphModule, exc: BaseException, args: tuple = (), kwargs=N
         f"print(gm.code) shows the generated forward.")
 
 
-def keyed_copy(gm: fx.GraphModule) -> DebugGraphModule:
+def keyed_copy(gm: fx.GraphModule, recompile: bool = True) -> DebugGraphModule:
     """A DebugGraphModule sharing ``gm``'s parameters, with its own graph and a key on every node.
 
     Passes edit the copy's graph; ``gm`` (perhaps the user's own GraphModule,
-    or one traced by plain ``torch.fx``) is never changed.
+    or one traced by plain ``torch.fx``) is never changed. ``recompile=False``
+    leaves the code to the caller's one ``recompile()`` after its passes (the
+    copy recompiles itself on its first call if nobody did).
 
     >>> import torch
     >>> plain = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU()))
@@ -190,8 +200,12 @@ def keyed_copy(gm: fx.GraphModule) -> DebugGraphModule:
     (False, ['input', '0', 'output'])
     """
     graph = copy.deepcopy(gm.graph)
-    new = DebugGraphModule(gm, graph, class_name=type(gm).__name__.replace("GraphModuleImpl", "")
-                           or "GraphModule")
+    DebugGraphModule._defer_recompile = not recompile  # (recompile=False: the caller will)
+    try:
+        new = DebugGraphModule(gm, graph, class_name=type(gm).__name__.replace(
+            "GraphModuleImpl", "") or "GraphModule")
+    finally:
+        DebugGraphModule._defer_recompile = False
     new.meta.update(getattr(gm, "meta", {}))
     assign_missing_keys(new.graph)
     return new

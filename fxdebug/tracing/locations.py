@@ -72,7 +72,21 @@ def format_location(location: tuple[str, int] | None) -> str:
     return f"{_short_path(filename)}:{lineno}"
 
 
+_SHORT_PATHS: dict[tuple, str] = {}
+
+
 def _short_path(filename: str) -> str:
+    """Cached: a 10k-node table asks for the same few files thousands of times."""
+    key = (filename, os.getcwd(), tuple(sys.path))
+    short = _SHORT_PATHS.get(key)
+    if short is None:
+        if len(_SHORT_PATHS) > 4096:
+            _SHORT_PATHS.clear()
+        short = _SHORT_PATHS[key] = _compute_short_path(filename)
+    return short
+
+
+def _compute_short_path(filename: str) -> str:
     path = os.path.abspath(filename)
     best = ""  # installed packages first: a virtualenv may sit inside the working directory
     for entry in sys.path:

@@ -1,0 +1,116 @@
+"""Every benchmark, one table: fxdebug's ratios and the alternatives', median of interleaved repeats.
+
+Runs, each in its own interpreter (so no benchmark warms another's caches)::
+
+    capture      capture_overhead.py   resnet50, batch 4 at 224x224: tensor and stats
+                                       mode vs eager, forward hooks, feature extractor
+    gradient     grad_overhead.py      gradient capture vs plain backward, retain_grad
+    non-finite   nonfinite_cost.py     find_nonfinite, watch_nonfinite vs detect_anomaly
+    checkpoint   checkpoint_memory.py  memory of the checkpoint pass vs eager
+    scaling      scaling.py            10k-node graph vs symbolic_trace, dump vs to_folder
+
+and prints one GitHub table: benchmark, model, variant, median, the benchmark's
+spread column (min, or max - min of the repeats) and the ratio with what it is a
+ratio to. Each benchmark's own output (with its correctness lines) is written
+above the table. ``--quick`` runs every benchmark's smoke-test size. The header
+names the date, torch version, machine and load average: timings on a shared
+machine are noisy, compare ratios within one run only.
+
+Run (from the repository root)::
+
+    python benchmarks/run.py --quick
+    python benchmarks/run.py --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+
+import torch
+from _common import table
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# name, script, full-size arguments, quick arguments
+BENCHMARKS = [
+    ("capture", "capture_overhead.py", ["--models", "resnet50", "--input", "4,3,224,224",
+                                        "--repeats", "10"], ["--quick", "--models", "resnet50"]),
+    ("gradient", "grad_overhead.py", [], ["--quick"]),
+    ("non-finite", "nonfinite_cost.py", ["--models", "resnet18"], ["--quick", "--models", "resnet18"]),
+    ("checkpoint", "checkpoint_memory.py", [], ["--quick"]),
+    ("scaling", "scaling.py", [], ["--quick"]),
+]
+
+
+def parse_tables(text: str):
+    """``(section, {header: cell})`` for every row of every markdown table in ``text``."""
+    section, headers = "", None
+    for line in text.splitlines():
+        if line.startswith("### "):
+            section, headers = line[4:].strip(), None
+        elif line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if headers is None:
+                headers = cells
+            elif not all(set(c) <= set("-:") for c in cells):
+                yield section, dict(zip(headers, cells))
+        else:
+            headers = None
+
+
+def _pick(row: dict, *words: str) -> str:
+    for header, cell in row.items():
+        if any(word in header for word in words):
+            return cell
+    return ""
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="every benchmark's smoke test")
+    parser.add_argument("--threads", type=int, default=0, help="passed to every benchmark")
+    parser.add_argument("--only", default="", help="comma-separated benchmark names")
+    args = parser.parse_args()
+    only = [name for name in args.only.split(",") if name]
+    rows = []
+    for name, script, full, quick in BENCHMARKS:
+        if only and name not in only:
+            continue
+        command = [sys.executable, os.path.join(HERE, script), *(quick if args.quick else full)]
+        if args.threads:
+            command += ["--threads", str(args.threads)]
+        print(f"$ {' '.join(command[1:])}", flush=True)
+        done = subprocess.run(command, capture_output=True, text=True)
+        print(done.stdout, flush=True)
+        if done.returncode:
+            print(done.stderr[-3000:], flush=True)
+            rows.append([name, "", f"FAILED (exit {done.returncode})", "", "", "", ""])
+            continue
+        for section, row in parse_tables(done.stdout):
+            ratio = _pick(row, "ratio", "vs ")
+            rows.append([name, section, row.get("variant", ""),
+                         _pick(row, "median ms", "MiB"), _pick(row, "min ms", "spread ms"),
+                         ratio, row.get("ratio to", _ratio_to(row))])
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    machine = " ".join(part for part in (platform.machine(), platform.processor()) if part)
+    print(f"{when}, torch {torch.__version__}, {machine}, {os.cpu_count()} cores, CPU only, "
+          f"threads {args.threads or torch.get_num_threads()}, "
+          f"load avg {os.getloadavg()[0]:.2f}{', --quick' if args.quick else ''}")
+    print(table(rows, ["benchmark", "model", "variant", "median ms (MiB)", "min / spread",
+                       "ratio", "ratio to"]))
+
+
+def _ratio_to(row: dict) -> str:
+    for header in row:
+        if header.startswith("vs ") or header.endswith(" vs eager"):
+            return header.replace("vs ", "").replace(" (median)", "").replace("peak ", "")
+    return ""
+
+
+if __name__ == "__main__":
+    main()

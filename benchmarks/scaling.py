@@ -1,0 +1,116 @@
+"""Scaling: a 10k-node graph through fxdebug's front end, and dumps against ``to_folder``.
+
+Two measurements, each in one process with interleaved repeats (medians):
+
+1. A chain of ``--pairs`` ``Linear(8, 8)`` + ``ReLU`` modules (5000 pairs: 10k
+   nodes). ``fxdebug.trace`` + ``fxdebug.instrument`` + ``fxdebug.diff`` (traced
+   against instrumented) + ``fxdebug.tabular`` of the result, against
+   ``torch.fx.symbolic_trace`` of the same model; then each stage alone.
+2. ``fxdebug.dump`` (annotated code, weights, example inputs and outputs,
+   run.py) against ``torch.fx.GraphModule.to_folder`` (code and weights), on
+   resnet50 and on the chain, both writing to a fresh temporary folder.
+
+Run (from the repository root)::
+
+    python benchmarks/scaling.py            # 5000 pairs, resnet50, 3 repeats
+    python benchmarks/scaling.py --quick    # 1000 pairs, resnet18, 1 repeat
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import torch
+import torchvision
+from _common import header, interleaved, median, parse_args, table
+
+import fxdebug
+
+
+def chain(pairs: int) -> torch.nn.Sequential:
+    layers = []
+    for _ in range(pairs):
+        layers += [torch.nn.Linear(8, 8), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers)
+
+
+def front_end(model):
+    def run():
+        gm = fxdebug.trace(model)
+        instrumented = fxdebug.instrument(gm)
+        fxdebug.diff(gm, instrumented)
+        fxdebug.tabular(instrumented)
+    return run
+
+
+def stages(model):
+    gm = fxdebug.trace(model)
+    instrumented = fxdebug.instrument(gm)
+    return {
+        "  fxdebug.trace": lambda: fxdebug.trace(model),
+        "  fxdebug.instrument (traced input)": lambda: fxdebug.instrument(gm),
+        "  fxdebug.diff": lambda: fxdebug.diff(gm, instrumented),
+        "  fxdebug.tabular": lambda: fxdebug.tabular(instrumented),
+    }
+
+
+def dumps(label, model, x, root):
+    gm = fxdebug.trace(model)
+    plain = torch.fx.symbolic_trace(model)
+    def fresh(name):
+        return os.path.join(tempfile.mkdtemp(dir=root), name)
+
+    def to_folder():
+        plain.to_folder(fresh("tofolder"), "Model")
+
+    def dump():
+        fxdebug.dump(gm, fresh("dump"), x)
+    return {f"torch to_folder, {label}": to_folder, f"fxdebug.dump, {label}": dump}
+
+
+def run(args) -> list[list[str]]:
+    """The rows of the table (also used by benchmarks/run.py)."""
+    pairs = 1000 if args.quick else args.pairs
+    model = chain(pairs).eval()
+    rows = []
+    with torch.no_grad():
+        variants = {"torch.fx.symbolic_trace": lambda: torch.fx.symbolic_trace(model),
+                    "fxdebug trace+instrument+diff+tabular": front_end(model), **stages(model)}
+        times = interleaved(variants, repeats=args.repeats, warmup=args.warmup)
+        base = median(times["torch.fx.symbolic_trace"])
+        for label, t in times.items():
+            rows.append([f"{label} ({2 * pairs} nodes)" if not label.startswith(" ") else label,
+                         f"{median(t) * 1e3:.0f}", f"{(max(t) - min(t)) * 1e3:.0f}",
+                         f"{median(t) / base:.2f}x", "symbolic_trace"])
+        vision = "resnet18" if args.quick else "resnet50"
+        root = tempfile.mkdtemp(prefix="fxdebug-scaling-")
+        try:
+            for label, model_, x in (
+                    (vision, torchvision.models.get_model(vision, weights=None).eval(),
+                     torch.randn(1, 3, 64, 64)),
+                    (f"chain {2 * pairs} nodes", model, torch.randn(1, 8))):
+                variants = dumps(label, model_, x, root)
+                times = interleaved(variants, repeats=args.repeats, warmup=args.warmup)
+                base = median(times[f"torch to_folder, {label}"])
+                for name, t in times.items():
+                    rows.append([name, f"{median(t) * 1e3:.0f}", f"{(max(t) - min(t)) * 1e3:.0f}",
+                                 f"{median(t) / base:.2f}x", "to_folder"])
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+HEADERS = ["variant", "median ms", "spread ms", "ratio", "ratio to"]
+
+
+def main():
+    args = parse_args(__doc__, input="1,8", repeats=3, warmup=1, quick=("1,8", 1),
+                      extra=lambda p: p.add_argument("--pairs", type=int, default=5000))
+    print(header(args))
+    print(table(run(args), HEADERS))
+
+
+if __name__ == "__main__":
+    main()

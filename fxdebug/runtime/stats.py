@@ -1,0 +1,191 @@
+"""Statistics of a tensor, computed on its device and read once: what stats mode keeps.
+
+A :func:`summarize` call turns a tensor into a *summary*: eight float64 numbers
+on the tensor's device, ``(finite count, mean, M2, min, max, zeros, non-finite,
+numel)``, where ``M2`` is the sum of squared deviations from the mean over the
+finite values. Summaries of several runs merge exactly (:func:`combine`, Chan's
+parallel formula), and :func:`stats_from_summary` reads one into :class:`Stats`.
+
+On the CPU, reading a number costs nothing, so the common case takes four
+passes over the tensor (``aminmax``, ``sum``, ``vector_norm``, ``count_nonzero``)
+and takes a slower path only where it must: non-finite values (statistics over
+the finite ones), a mean large against the spread (a second pass around the
+mean, so the variance does not cancel) or float32 overflow (float64). On other
+devices nothing is read during the run: the masked path runs on the device and
+the table reads every summary at once, after the run.
+
+>>> s = stats_from_summary(summarize(torch.tensor([1.0, 3.0, float("inf"), 0.0])))
+>>> round(s.mean, 4), round(s.std, 4), s.min, s.max, s.zeros_pct, s.nonfinite
+(1.3333, 1.2472, 0.0, 3.0, 25.0, 1)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["Stats", "tensor_stats", "summarize", "combine", "stats_from_summary",
+           "stats_from_summaries"]
+
+
+class Stats(NamedTuple):
+    """Summary of one tensor: statistics over its finite values, plus counts."""
+
+    mean: float
+    std: float
+    min: float
+    max: float
+    zeros_pct: float
+    nonfinite: int
+    numel: int
+    norm: float = float("nan")
+
+
+_NAN = float("nan")
+_INF = float("inf")
+
+
+def _comparable(tensor: torch.Tensor) -> torch.Tensor | None:
+    """``tensor`` as a floating tensor statistics can be taken of; None where none can."""
+    t = tensor.detach()
+    if t.is_complex():
+        t = t.abs()
+    if t.layout != torch.strided or t.is_quantized or t.device.type == "meta":
+        return None
+    if not t.is_floating_point():
+        return t.to(torch.float64)  # integers and bools: exact in float64
+    if t.dtype in (torch.float16, torch.bfloat16) or t.element_size() < 2:
+        return t.float()
+    return t
+
+
+def summarize(tensor: torch.Tensor, sync_free: bool | None = None) -> torch.Tensor:
+    """The summary of ``tensor``: a float64 tensor of 8 on its device (see the module docstring).
+
+    ``sync_free`` (default: on every device but the CPU) computes it without
+    reading any number back to the host.
+
+    >>> [round(v, 4) for v in summarize(torch.tensor([0.0, 2.0])).tolist()]
+    [2.0, 1.0, 2.0, 0.0, 2.0, 1.0, 0.0, 2.0]
+    """
+    numel = tensor.numel()
+    t = _comparable(tensor) if numel else None
+    if t is None:  # empty, sparse, quantized, meta: only the size is known
+        return torch.tensor([0.0, _NAN, _NAN, _INF, -_INF, _NAN, 0.0, float(numel)],
+                            dtype=torch.float64)
+    if sync_free is None:
+        sync_free = t.device.type != "cpu"
+    if not sync_free:
+        fast = _summarize_finite_cpu(t, numel)
+        if fast is not None:
+            return fast
+    return _summarize_masked(t, numel)
+
+
+def _summarize_finite_cpu(t: torch.Tensor, numel: int) -> torch.Tensor | None:
+    """Four passes, when every value is finite (None otherwise); reads numbers as it goes."""
+    low, high = (float(v) for v in torch.aminmax(t))
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return None
+    total = float(t.sum())
+    norm = float(torch.linalg.vector_norm(t))
+    if not (math.isfinite(total) and math.isfinite(norm)):
+        if t.dtype != torch.float64:
+            return _summarize_finite_cpu(t.double(), numel)  # float32 overflowed; float64 not
+        return None  # float64 overflowed too: the masked path scales the deviations
+    mean = total / numel
+    m2 = norm * norm - numel * mean * mean
+    if not m2 > numel * mean * mean:  # the mean dominates: E[x^2] - mean^2 would cancel
+        shift = torch.tensor(mean, dtype=t.dtype)
+        deviation = float(torch.linalg.vector_norm(t - shift))
+        m2 = deviation * deviation - numel * (mean - float(shift)) ** 2
+    zeros = numel - int(torch.count_nonzero(t))
+    return torch.tensor([float(numel), mean, max(m2, 0.0), low, high, float(zeros), 0.0,
+                         float(numel)], dtype=torch.float64)
+
+
+def _summarize_masked(t: torch.Tensor, numel: int) -> torch.Tensor:
+    """Statistics over the finite values, entirely on the device (nothing read back)."""
+    finite = torch.isfinite(t)
+    count = finite.sum().to(torch.float64)
+    zero = torch.zeros((), dtype=t.dtype, device=t.device)
+    mean = torch.where(finite, t, zero).sum(dtype=torch.float64) / count.clamp(min=1)
+    low = torch.where(finite, t, torch.full_like(zero, _INF)).amin().to(torch.float64)
+    high = torch.where(finite, t, torch.full_like(zero, -_INF)).amax().to(torch.float64)
+    # Deviations scaled by the largest magnitude, so their squares cannot overflow.
+    scale = torch.maximum(low.abs(), high.abs())
+    scale = torch.where(torch.isfinite(scale) & (scale > 0), scale, torch.ones_like(scale))
+    deviation = torch.where(finite, (t.double() - mean) / scale, 0.0)
+    m2 = torch.linalg.vector_norm(deviation).square() * scale.square()
+    zeros = numel - torch.count_nonzero(t).to(torch.float64)
+    nonfinite = numel - count
+    return torch.stack([count, mean, m2, low, high, zeros, nonfinite,
+                        torch.full_like(count, float(numel))])
+
+
+def combine(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """The summary of two tensors' values together (Chan et al.'s parallel formula).
+
+    >>> a, b = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 0.0, 4.0])
+    >>> both = stats_from_summary(combine(summarize(a), summarize(b)))
+    >>> whole = stats_from_summary(summarize(torch.cat([a, b])))
+    >>> [round(x, 6) for x in both] == [round(x, 6) for x in whole]
+    True
+    """
+    second = second.to(first.device)
+    n_a, n_b = first[0], second[0]
+    count = n_a + n_b
+    safe = count.clamp(min=1)
+    mean_a = torch.where(n_a > 0, first[1], 0.0)
+    mean_b = torch.where(n_b > 0, second[1], 0.0)
+    delta = mean_b - mean_a
+    mean = mean_a + delta * n_b / safe
+    m2 = (torch.where(n_a > 0, first[2], 0.0) + torch.where(n_b > 0, second[2], 0.0)
+          + delta * delta * n_a * n_b / safe)
+    return torch.stack([count, mean, m2, torch.minimum(first[3], second[3]),
+                        torch.maximum(first[4], second[4]), first[5] + second[5],
+                        first[6] + second[6], first[7] + second[7]])
+
+
+def _stats(values: list[float]) -> Stats:
+    count, mean, m2, low, high, zeros, nonfinite, numel = values
+    zeros_pct = 100.0 * zeros / numel if numel else _NAN
+    if count == 0:
+        return Stats(_NAN, _NAN, _NAN, _NAN, zeros_pct, int(nonfinite), int(numel))
+    m2 = max(m2, 0.0)
+    return Stats(mean, math.sqrt(m2 / count), low, high, zeros_pct, int(nonfinite), int(numel),
+                 math.sqrt(max(m2 + count * mean * mean, 0.0)))
+
+
+def stats_from_summary(summary: torch.Tensor) -> Stats:
+    """Read a summary (one host read) into :class:`Stats`."""
+    return _stats(summary.tolist())
+
+
+def stats_from_summaries(summaries: list[torch.Tensor]) -> list[Stats]:
+    """Read many summaries with one host read per device.
+
+    >>> [s.max for s in stats_from_summaries([summarize(torch.ones(2)), summarize(torch.zeros(1))])]
+    [1.0, 0.0]
+    """
+    by_device: dict[str, list[int]] = {}
+    for index, summary in enumerate(summaries):
+        by_device.setdefault(str(summary.device), []).append(index)
+    out: list[Stats | None] = [None] * len(summaries)
+    for indices in by_device.values():
+        rows = torch.stack([summaries[i] for i in indices]).tolist()
+        for index, row in zip(indices, rows):
+            out[index] = _stats(row)
+    return out  # type: ignore[return-value]
+
+
+def tensor_stats(tensor: torch.Tensor) -> Stats:
+    """Mean, std (population), min, max over the finite values; % zeros; non-finite count.
+
+    >>> s = tensor_stats(torch.tensor([1.0, 3.0, float("inf"), 0.0]))
+    >>> round(s.mean, 4), round(s.std, 4), s.min, s.max, s.zeros_pct, s.nonfinite
+    (1.3333, 1.2472, 0.0, 3.0, 25.0, 1)
+    """
+    return stats_from_summary(summarize(tensor))

@@ -1,0 +1,129 @@
+"""Stats mode: every statistic equals the one computed directly, in every dtype, with NaN and Inf.
+
+Ground truth is computed another way: ``torch.mean / std / amin / amax`` over the
+finite values in float64, ``(t == 0).sum()`` and ``(~torch.isfinite(t)).sum()``.
+"""
+
+import math
+
+import pytest
+import torch
+
+import fxdebug
+from fxdebug.runtime import stats_from_summary, summarize
+
+
+class Copy(torch.nn.Module):
+    def forward(self, x):
+        return x.clone()
+
+
+class AddOneInPlace(torch.nn.Module):
+    def forward(self, x):
+        return x.add_(1)
+
+
+def truth(t: torch.Tensor) -> dict:
+    finite = t[torch.isfinite(t)].double()
+    return dict(mean=torch.mean(finite).item(), std=torch.std(finite, correction=0).item(),
+                min=torch.amin(finite).item(), max=torch.amax(finite).item(),
+                zeros_pct=100.0 * int((t == 0).sum()) / t.numel(),
+                nonfinite=int((~torch.isfinite(t)).sum()), numel=t.numel())
+
+
+def assert_stats_equal(stats, expected, dtype):
+    rtol = 1e-5
+    scale = max(abs(expected["mean"]), expected["std"], 1e-30)
+    assert math.isclose(stats.mean, expected["mean"], rel_tol=rtol, abs_tol=rtol * scale), stats
+    assert math.isclose(stats.std, expected["std"], rel_tol=1e-4), stats
+    assert stats.min == expected["min"] and stats.max == expected["max"], stats
+    assert stats.zeros_pct == expected["zeros_pct"], stats
+    assert stats.nonfinite == expected["nonfinite"] and stats.numel == expected["numel"], stats
+
+
+def sample(dtype, shape=(4, 8, 16, 16), mean=0.5, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    t = (torch.randn(shape, generator=generator) * 3 + mean).to(dtype)
+    flat = t.view(-1)
+    flat[::17] = 0
+    flat[5], flat[100], flat[200] = float("nan"), float("inf"), float("-inf")
+    return t
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_stats_mode_matches_direct_computation(dtype):
+    x = sample(dtype)
+    gm = fxdebug.instrument(torch.nn.Sequential(Copy()), mode="stats")
+    gm(x)
+    stats = fxdebug.records(gm)["0"]
+    assert_stats_equal(stats, truth(x), dtype)
+    assert stats.nonfinite == 3
+
+
+@pytest.mark.parametrize("sync_free", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("nonfinite", [False, True])
+def test_both_paths_match(dtype, sync_free, nonfinite):
+    x = sample(dtype, mean=2.0)
+    if not nonfinite:
+        x = torch.nan_to_num(x, nan=1.0, posinf=2.0, neginf=-2.0)
+    assert_stats_equal(stats_from_summary(summarize(x, sync_free=sync_free)), truth(x), dtype)
+
+
+@pytest.mark.parametrize("sync_free", [False, True])
+def test_large_mean_small_spread_does_not_cancel(sync_free):
+    x = 1000.0 + 1e-3 * torch.randn(10_000, generator=torch.Generator().manual_seed(1))
+    stats = stats_from_summary(summarize(x, sync_free=sync_free))
+    assert math.isclose(stats.std, torch.std(x.double(), correction=0).item(), rel_tol=1e-3)
+
+
+def test_huge_finite_values_do_not_overflow():
+    x = torch.tensor([3e38, -3e38, 1e38], dtype=torch.float32)
+    for sync_free in (False, True):
+        stats = stats_from_summary(summarize(x, sync_free=sync_free))
+        assert math.isclose(stats.std, torch.std(x.double(), correction=0).item(), rel_tol=1e-5)
+        assert stats.nonfinite == 0
+
+
+def test_all_nonfinite_and_integer_tensors():
+    stats = stats_from_summary(summarize(torch.full((3,), float("nan"))))
+    assert stats.nonfinite == 3 and math.isnan(stats.mean)
+    ints = torch.tensor([0, 2, 4, 0])
+    assert_stats_equal(stats_from_summary(summarize(ints)), truth(ints.double()), torch.int64)
+
+
+def test_same_tensor_rewritten_in_place_is_summarized_again(hooks):
+    # "1" returns the very tensor "0" returned, after an in-place write: its version differs,
+    # so its statistics must not be reused from "0".
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), AddOneInPlace())
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        expected = hooks(model, x)
+        gm = fxdebug.instrument(model, mode="stats")
+        gm(x)
+    rec = fxdebug.records(gm)
+    for key in ("0", "1"):
+        assert_stats_equal(rec[key], truth(expected[key]), torch.float32)
+    assert rec["0"].mean != rec["1"].mean
+
+
+def test_container_output_equals_last_child():
+    model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
+    gm = fxdebug.instrument(model, mode="stats")
+    x = torch.randn(5, 4)
+    gm(x)
+    rec = fxdebug.records(gm)
+    assert rec["0"] == rec["0.1"]
+    assert_stats_equal(rec["0"], truth(model(x).detach()), torch.float32)
+
+
+def test_accumulated_statistics_equal_those_of_all_runs_together():
+    gm = fxdebug.instrument(torch.nn.Sequential(Copy()), mode="stats")
+    fxdebug.accumulate_stats(gm)
+    runs = [sample(torch.float32, shape=(3, 80), mean=m, seed=m) for m in (0, 5, -2)]
+    for x in runs:
+        gm(x)
+    rec = fxdebug.records(gm)
+    assert rec.runs == 3
+    assert_stats_equal(rec["0"], truth(torch.cat(runs)), torch.float32)
+    assert rec.table().splitlines()[2].startswith("0 ")
