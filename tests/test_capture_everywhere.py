@@ -185,3 +185,63 @@ def test_transformer_encoder_internals_are_captured():
     ops = [r.key for r in fxdebug.records(everything).records() if r.via == "eager op"]
     assert ops[:3] == ["1.layers.0.self_attn.multi_head_attention_forward/0",
                        "1.layers.0.add", "1.layers.0.relu"]
+
+
+class _Counting(torch.nn.Module):
+    """A leaf module whose forward writes to itself, with a child and a dropout inside."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Linear(4, 4)
+        self.drop = torch.nn.Dropout(0.5)
+        self.calls = 0
+
+    def forward(self, x):
+        out = self.drop(torch.relu(self.inner(x)))
+        self.calls += 1
+        self.last = out
+        return out
+
+
+class _HoldsCounting(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre = torch.nn.Linear(4, 4)
+        self.counting = _Counting()
+
+    def forward(self, x):
+        return self.counting(self.pre(x))
+
+
+def _no_instance_forward(model):
+    return [name for name, module in model.named_modules() if "forward" in module.__dict__]
+
+
+def test_region_writes_land_on_the_users_module_and_nothing_stays_attached():
+    import copy
+    torch.manual_seed(0)
+    model = _HoldsCounting().eval()
+    twin = copy.deepcopy(model)  # ground truth: the same model run eagerly
+    x = torch.randn(2, 4)
+    gm = fxdebug.instrument(fxdebug.trace(model, leaf_modules=[_Counting]))
+    assert _no_instance_forward(model) == []
+    out = gm(x)
+    expected = twin(x)
+    assert torch.equal(out, expected)
+    assert model.counting.calls == 1 and torch.equal(model.counting.last, twin.counting.last)
+    assert torch.equal(fxdebug.records(gm)["counting.inner"], hook_captures(twin, x)["counting.inner"])
+    assert _no_instance_forward(model) == []  # nothing of fxdebug's is left on the user's modules
+    model(x)  # the user's own call records nothing new
+    assert model.counting.calls == 2 and fxdebug.records(gm).keys().count("counting.inner") == 1
+
+
+def test_region_follows_the_users_train_and_eval_and_cleans_up_after_an_error():
+    torch.manual_seed(0)
+    model = _HoldsCounting().train()
+    gm = fxdebug.instrument(fxdebug.trace(model, leaf_modules=[_Counting]))
+    x = torch.randn(2, 4)
+    model.eval()  # on the user's model: the leaf module inside gm is the same object
+    assert torch.equal(gm(x), model(x))  # no dropout: eval outputs equal
+    with pytest.raises(RuntimeError):
+        gm(torch.randn(2, 5))  # a wrong shape fails inside the region
+    assert _no_instance_forward(model) == []

@@ -3,10 +3,12 @@
 A traced graph calls some modules as a single ``call_module`` node and never
 looks inside: an auto-leaf (fx could not trace it), a user's leaf module, a
 ``torch.nn`` module with children (``TransformerEncoder``, ``MultiheadAttention``).
-This pass gives each such module (in the GraphModule only; the user's model
-keeps its own) a copy of its subtree whose ``forward`` methods capture while
-they run::
+This pass lists the modules of each such subtree on the GraphModule
+(``runtime.RegionForwards``); while the GraphModule runs, and only then, those
+modules (the user's own, never copies) get a ``forward`` that captures::
 
+    gm(x)                                    DebugGraphModule.__call__
+      with RegionForwards.installed(gm):     forwards put in, removed after
     block = self.block(x)                    the graph is unchanged
       └─ RegionForward(entry) of block       EagerScope.region("block")
            ├─ self.conv(x) -> RegionForward  captured as "block.conv" (per call:
@@ -15,7 +17,9 @@ they run::
 
 so ``capture="modules"`` sees every module call and ``capture="all"`` every
 op, whichever way a part ran. The records say ``via="eager module"`` /
-``"eager op"``. A graph without such modules is not touched.
+``"eager op"``. What such a forward writes to its module (``self.cache = x``)
+lands on the user's module, as in eager. A graph without such modules is not
+touched.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ import torch.fx as fx
 
 from .. import runtime
 from ..tracing.call_plan import is_container, is_fx_leaf
-from ..tracing.module_copy import shallow_module_copy
 from ..tracing.partial import _Selection
 from ._placement import ensure_recorder
 from .base import Pass
@@ -79,27 +82,25 @@ class EagerRegions(Pass):
         scope = runtime.EagerScope(recorder, self.selection,
                                    functools.partial(runtime.EagerKeys, tuple(paths)),
                                    record_ops=self.selection.records_ops)
+        entries: list[tuple[str, bool, bool]] = []
+        seen: set[int] = set()
         for path in leaves:
-            parent, _, name = path.rpartition(".")
-            owner = gm.get_submodule(parent) if parent else gm
-            owner._modules[name] = _region_copy(gm.get_submodule(path), path, scope)
+            entries.extend(_region_entries(gm.get_submodule(path), path, seen))
+        setattr(gm, runtime.REGIONS_ATTR, runtime.RegionForwards(scope, entries))
         return True
 
 
-def _region_copy(module: torch.nn.Module, path: str, scope) -> torch.nn.Module:
-    """A copy of the subtree (parameters and buffers shared) whose forwards capture."""
-    memo: dict[int, torch.nn.Module] = {}
-
-    def copy(original: torch.nn.Module, at: str, entry: bool) -> torch.nn.Module:
-        if id(original) in memo:
-            return memo[id(original)]
-        new = memo[id(original)] = shallow_module_copy(original)
-        for name, child in original._modules.items():
-            if child is not None:
-                new._modules[name] = copy(child, f"{at}.{name}", False)
+def _region_entries(module: torch.nn.Module, path: str, seen: set[int]):
+    """``(path, entry, ops)`` of every module of the subtree that captures while a region runs."""
+    def walk(original: torch.nn.Module, at: str, entry: bool):
+        if id(original) in seen:
+            return
+        seen.add(id(original))
         if not is_container(original) and "forward" not in original.__dict__:
             ops = not is_fx_leaf(original) or next(original.children(), None) is not None
-            new.__dict__["forward"] = runtime.RegionForward(scope, new, at, entry, ops)
-        return new
+            yield at, entry, ops
+        for name, child in original._modules.items():
+            if child is not None:
+                yield from walk(child, f"{at}.{name}", False)
 
-    return copy(module, path, True)
+    return list(walk(module, path, True))

@@ -36,7 +36,8 @@ from .debugger import stop, stops_disabled
 from .gradients import (PASSES_THROUGH, GradEdit, call_with_parameters, edit_grads, edited_parameter,
                         own_value, record_grads)
 from .nodes import RECORDER_ATTR, Recorder, begin_run, capture, capture_stats, emit_if_tracing
-from .eager_ops import EAGER_MODULE, EAGER_OP, EagerKeys, EagerScope, RegionForward
+from .eager_ops import (EAGER_MODULE, EAGER_OP, REGIONS_ATTR, EagerKeys, RegionForwards, EagerScope,
+                        RegionForward)
 from .parts import PartRecorder, SharedRecorder, begin_part
 from .records import Record, Records
 from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
@@ -49,7 +50,8 @@ __all__ = ["Recorder", "RECORDER_ATTR", "Records", "Record", "Stats", "tensor_st
            "traced_message", "TracedMessage", "PROXY_IN_TEXT",
            "stop", "stops_disabled", "begin_part", "SharedRecorder", "PartRecorder",
            "emit_if_tracing", "flatten_tensors", "clone_inputs", "children", "leaves",
-           "EagerScope", "EagerKeys", "RegionForward", "EAGER_OP", "EAGER_MODULE"]
+           "EagerScope", "EagerKeys", "RegionForward", "RegionForwards", "REGIONS_ATTR", "EAGER_OP",
+           "EAGER_MODULE"]
 
 # Generated code names a function after its module: publish the node functions here, so
 # code, pickles and dumped folders say fxdebug.runtime.capture wherever they are defined.

@@ -34,6 +34,7 @@ enters this module.
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Any, Callable
 
 import torch
@@ -42,7 +43,8 @@ from torch.overrides import TorchFunctionMode
 from .gradients import record_grads
 from .parts import _PartRecords
 
-__all__ = ["EagerScope", "EagerKeys", "RegionForward", "OpRecorder", "op_key_name", "EAGER_OP", "EAGER_MODULE"]
+__all__ = ["EagerScope", "EagerKeys", "RegionForward", "RegionForwards", "REGIONS_ATTR", "OpRecorder",
+           "op_key_name", "EAGER_OP", "EAGER_MODULE"]
 
 EAGER_OP = "eager op"
 EAGER_MODULE = "eager module"
@@ -303,3 +305,61 @@ class RegionForward:
     def __setstate__(self, state):
         for name, value in state.items():
             setattr(self, name, value)
+
+
+# The attribute of an instrumented GraphModule holding its RegionForwards.
+REGIONS_ATTR = "fxdebug_eager_regions"
+
+# id(module) -> [how many runs have it installed, the module]: two threads running one
+# GraphModule share the installed forwards; the last to finish removes them.
+_INSTALLED: dict[int, list] = {}
+_INSTALLED_LOCK = threading.Lock()
+
+
+class RegionForwards:
+    """The modules a GraphModule calls as one node, and how to capture inside them while it runs.
+
+    ``entries`` are ``(path, entry, ops)`` of every module in those subtrees that
+    gets a :class:`RegionForward`. The user's modules are never copied: the
+    forwards are put into the modules' ``__dict__`` only while the GraphModule
+    runs (:meth:`installed`) and removed after, so what a ``forward`` writes to
+    its module (``self.cache = ...``) lands on the user's module, and the
+    user's own calls of the model record nothing::
+
+        gm(x)                                   DebugGraphModule.__call__
+          └─ with regions.installed(gm):        forward -> RegionForward, per module
+               block(x) -> RegionForward        captures inside, as before
+          (removed here, even when gm raises)
+    """
+
+    def __init__(self, scope: EagerScope, entries) -> None:
+        self.scope = scope
+        self.entries = tuple(entries)
+
+    @contextlib.contextmanager
+    def installed(self, root: torch.nn.Module):
+        """Install the region forwards on ``root``'s modules for the duration of the block."""
+        modules = []
+        with _INSTALLED_LOCK:
+            for path, entry, ops in self.entries:
+                module = root.get_submodule(path)
+                state = _INSTALLED.get(id(module))
+                if state is not None:
+                    state[0] += 1
+                elif "forward" in module.__dict__:  # someone else's instance forward: leave it
+                    continue
+                else:
+                    module.__dict__["forward"] = RegionForward(self.scope, module, path, entry, ops)
+                    _INSTALLED[id(module)] = [1, module]
+                modules.append(module)
+        try:
+            yield
+        finally:
+            with _INSTALLED_LOCK:
+                for module in modules:
+                    state = _INSTALLED[id(module)]
+                    state[0] -= 1
+                    if state[0] == 0:
+                        del _INSTALLED[id(module)]
+                        if isinstance(module.__dict__.get("forward"), RegionForward):
+                            del module.__dict__["forward"]

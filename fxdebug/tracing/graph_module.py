@@ -16,6 +16,7 @@ It differs from a GraphModule in three ways only:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import linecache
@@ -25,6 +26,7 @@ import torch
 import torch.fx as fx
 from torch.fx.graph_module import _forward_from_src
 
+from .. import runtime
 from .keys import META_KEY, META_SOURCE, assign_missing_keys, op_name
 from .locations import format_location
 
@@ -89,8 +91,10 @@ class DebugGraphModule(fx.GraphModule):
         if filename not in linecache.cache:  # linecache.clearcache() was called
             _register_source(filename, self._code)
         grad_mode = torch.is_grad_enabled()
+        regions = self.__dict__.get(runtime.REGIONS_ATTR)  # captures inside leaf modules
         try:
-            return super().__call__(*args, **kwargs)
+            with regions.installed(self) if regions is not None else contextlib.nullcontext():
+                return super().__call__(*args, **kwargs)
         except Exception as exc:
             torch.set_grad_enabled(grad_mode)  # a grad-mode node's block may not have ended
             _annotate(self, exc, args, kwargs)
