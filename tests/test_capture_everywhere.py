@@ -233,6 +233,17 @@ def test_region_writes_land_on_the_users_module_and_nothing_stays_attached():
     assert _no_instance_forward(model) == []  # nothing of fxdebug's is left on the user's modules
     model(x)  # the user's own call records nothing new
     assert model.counting.calls == 2 and fxdebug.records(gm).keys().count("counting.inner") == 1
+    for other in (copy.deepcopy(gm), _pickled(gm)):  # copies capture inside their own leaves
+        other(x)
+        assert "counting.inner" in fxdebug.records(other).keys() and model.counting.calls == 2
+
+
+def _pickled(gm):
+    import io
+    buffer = io.BytesIO()
+    torch.save(gm, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
 
 
 def test_region_follows_the_users_train_and_eval_and_cleans_up_after_an_error():

@@ -3,8 +3,8 @@
 A traced graph calls some modules as a single ``call_module`` node and never
 looks inside: an auto-leaf (fx could not trace it), a user's leaf module, a
 ``torch.nn`` module with children (``TransformerEncoder``, ``MultiheadAttention``).
-This pass lists the modules of each such subtree on the GraphModule
-(``runtime.RegionForwards``); while the GraphModule runs, and only then, those
+This pass lists the modules of each such subtree in the GraphModule's
+``meta`` (``runtime.RegionForwards``); while the GraphModule runs, and only then, those
 modules (the user's own, never copies) get a ``forward`` that captures::
 
     gm(x)                                    DebugGraphModule.__call__
@@ -86,7 +86,8 @@ class EagerRegions(Pass):
         seen: set[int] = set()
         for path in leaves:
             entries.extend(_region_entries(gm.get_submodule(path), path, seen))
-        setattr(gm, runtime.REGIONS_ATTR, runtime.RegionForwards(scope, entries))
+        # in meta: GraphModule's deepcopy and fxdebug's pickling keep it, with the recorder
+        gm.meta[runtime.REGIONS_ATTR] = runtime.RegionForwards(scope, entries)
         return True
 
 

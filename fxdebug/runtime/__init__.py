@@ -36,8 +36,8 @@ from .debugger import stop, stops_disabled
 from .gradients import (PASSES_THROUGH, GradEdit, call_with_parameters, edit_grads, edited_parameter,
                         own_value, record_grads)
 from .nodes import RECORDER_ATTR, Recorder, begin_run, capture, capture_stats, emit_if_tracing
-from .eager_ops import (EAGER_MODULE, EAGER_OP, REGIONS_ATTR, EagerKeys, RegionForwards, EagerScope,
-                        RegionForward)
+from .eager_ops import (EAGER_MODULE, EAGER_OP, REGIONS_ATTR, EagerKeys, EagerScope, RegionForward,
+                        RegionForwards)
 from .parts import PartRecorder, SharedRecorder, begin_part
 from .records import Record, Records
 from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats

@@ -307,7 +307,7 @@ class RegionForward:
             setattr(self, name, value)
 
 
-# The attribute of an instrumented GraphModule holding its RegionForwards.
+# The key of an instrumented GraphModule's ``meta`` holding its RegionForwards.
 REGIONS_ATTR = "fxdebug_eager_regions"
 
 # id(module) -> [how many runs have it installed, the module]: two threads running one

@@ -91,7 +91,7 @@ class DebugGraphModule(fx.GraphModule):
         if filename not in linecache.cache:  # linecache.clearcache() was called
             _register_source(filename, self._code)
         grad_mode = torch.is_grad_enabled()
-        regions = self.__dict__.get(runtime.REGIONS_ATTR)  # captures inside leaf modules
+        regions = self.meta.get(runtime.REGIONS_ATTR)  # captures inside leaf modules
         try:
             with regions.installed(self) if regions is not None else contextlib.nullcontext():
                 return super().__call__(*args, **kwargs)
