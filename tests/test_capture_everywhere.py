@@ -225,6 +225,7 @@ def test_region_writes_land_on_the_users_module_and_nothing_stays_attached():
     x = torch.randn(2, 4)
     gm = fxdebug.instrument(fxdebug.trace(model, leaf_modules=[_Counting]))
     assert _no_instance_forward(model) == []
+    copies = (copy.deepcopy(gm), _pickled(gm))  # before the run stores a non-leaf tensor
     out = gm(x)
     expected = twin(x)
     assert torch.equal(out, expected)
@@ -233,7 +234,7 @@ def test_region_writes_land_on_the_users_module_and_nothing_stays_attached():
     assert _no_instance_forward(model) == []  # nothing of fxdebug's is left on the user's modules
     model(x)  # the user's own call records nothing new
     assert model.counting.calls == 2 and fxdebug.records(gm).keys().count("counting.inner") == 1
-    for other in (copy.deepcopy(gm), _pickled(gm)):  # copies capture inside their own leaves
+    for other in copies:  # copies capture inside their own leaves
         other(x)
         assert "counting.inner" in fxdebug.records(other).keys() and model.counting.calls == 2
 
