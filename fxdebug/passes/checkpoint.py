@@ -47,7 +47,7 @@ from ..tracing.keys import (META_KEY, META_PASS, META_RETURNS, META_SOURCE, Modu
                             inherit_key, node_key, op_name)
 from ..tracing.locations import caller_stacklevel, format_location, short_list
 from ..runtime import emit_if_tracing
-from ..tracing.selection import key_depth, matches
+from ..tracing.selection import close_keys_hint, key_depth, matches
 from .base import Pass
 
 __all__ = ["Checkpoint", "CheckpointSegment", "checkpointed"]
@@ -280,9 +280,7 @@ class Checkpoint(Pass):
         for kind, patterns in (("include", self.include), ("exclude", self.exclude)):
             for pattern in patterns:
                 if not any(matches(key, pattern) for key in keys):
-                    import difflib
-                    close = difflib.get_close_matches(pattern, keys, n=3, cutoff=0.5)
-                    hint = f" Close keys: {', '.join(map(repr, close))}." if close else ""
+                    hint = close_keys_hint(pattern, keys)
                     raise SelectionError(
                         f"Checkpoint {kind} pattern {pattern!r} matches no module call.{hint} "
                         f"fxdebug.print_tabular(fxdebug.trace(model)) lists the keys; module "

@@ -22,8 +22,8 @@ from ..errors import SelectionError
 from ..runtime import leaves
 from .keys import META_PASS, META_RETURNS, META_SOURCE, node_key, op_name
 
-__all__ = ["Target", "select", "matches", "key_depth", "candidates", "check_patterns", "as_patterns",
-           "root_output"]
+__all__ = ["Target", "select", "matches", "key_depth", "candidates", "check_patterns",
+           "close_keys_hint", "as_patterns", "root_output"]
 
 _CAPTURABLE_OPS = ("placeholder", "call_function", "call_method", "call_module")
 
@@ -101,16 +101,24 @@ def root_output(gm: fx.GraphModule) -> list[Target]:
                    output.prev, True, output.meta.get(META_SOURCE))]
 
 
+def close_keys_hint(pattern: str, keys: Sequence[str]) -> str:
+    """" Close keys: ...", the keys most like a pattern that matched nothing ("" if none is close).
+
+    >>> close_keys_hint("layer1.0.cnv1", ["layer1.0.conv1", "fc"])
+    " Close keys: 'layer1.0.conv1'."
+    """
+    close = difflib.get_close_matches(pattern, keys, n=3, cutoff=0.5)
+    return f" Close keys: {', '.join(map(repr, close))}." if close else ""
+
+
 def check_patterns(kind: str, patterns: Sequence[str], pool: Sequence[Target]) -> None:
     keys = [target.key for target in pool]
     for pattern in patterns:
         if not isinstance(pattern, str):
             raise SelectionError(f"{kind} entries must be keys or globs (str), got {pattern!r}.")
         if not any(matches(key, pattern) for key in keys):
-            close = difflib.get_close_matches(pattern, keys, n=3, cutoff=0.5)
-            hint = f" Close keys: {', '.join(map(repr, close))}." if close else ""
             raise SelectionError(
-                f"{kind} pattern {pattern!r} matches no node key.{hint} "
+                f"{kind} pattern {pattern!r} matches no node key.{close_keys_hint(pattern, keys)} "
                 f"fxdebug.print_tabular(fxdebug.trace(model)) lists every key; globs like "
                 f"'*.conv1' and module paths like 'layer1' work too.")
 
