@@ -11,6 +11,7 @@ import torch
 
 import fxdebug
 from fxdebug.runtime import stats_from_summary, summarize
+from fxdebug.runtime.stats_kernel import MIN_NUMEL, one_pass_sums
 
 
 class Copy(torch.nn.Module):
@@ -51,8 +52,9 @@ def sample(dtype, shape=(4, 8, 16, 16), mean=0.5, seed=0):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_stats_mode_matches_direct_computation(dtype):
-    x = sample(dtype)
+@pytest.mark.parametrize("shape", [(4, 8, 16, 16), (4, 8, 64, 64)], ids=["small", "one-pass"])
+def test_stats_mode_matches_direct_computation(dtype, shape):
+    x = sample(dtype, shape)
     gm = fxdebug.instrument(torch.nn.Sequential(Copy()), mode="stats")
     gm(x)
     stats = fxdebug.records(gm)["0"]
@@ -70,15 +72,30 @@ def test_both_paths_match(dtype, sync_free, nonfinite):
     assert_stats_equal(stats_from_summary(summarize(x, sync_free=sync_free)), truth(x), dtype)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "transposed"])
 @pytest.mark.parametrize("sync_free", [False, True])
-def test_large_mean_small_spread_does_not_cancel(sync_free):
-    x = 1000.0 + 1e-3 * torch.randn(10_000, generator=torch.Generator().manual_seed(1))
+def test_one_pass_kernel_matches_direct_computation(sync_free, layout):
+    """Tensors of MIN_NUMEL values and more take the compiled one-pass kernel."""
+    x = sample(torch.float32, (4, 8, 64, 64), mean=2.0)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    elif layout == "transposed":
+        x = x.transpose(1, 3)
+    assert x.numel() >= MIN_NUMEL and one_pass_sums(x) is not None  # the kernel builds here
+    assert_stats_equal(stats_from_summary(summarize(x, sync_free=sync_free)), truth(x), x.dtype)
+
+
+@pytest.mark.parametrize("size", [10_000, 2 * MIN_NUMEL])
+@pytest.mark.parametrize("sync_free", [False, True])
+def test_large_mean_small_spread_does_not_cancel(sync_free, size):
+    x = 1000.0 + 1e-3 * torch.randn(size, generator=torch.Generator().manual_seed(1))
     stats = stats_from_summary(summarize(x, sync_free=sync_free))
     assert math.isclose(stats.std, torch.std(x.double(), correction=0).item(), rel_tol=1e-3)
 
 
-def test_huge_finite_values_do_not_overflow():
-    x = torch.tensor([3e38, -3e38, 1e38], dtype=torch.float32)
+@pytest.mark.parametrize("repeat", [1, MIN_NUMEL])
+def test_huge_finite_values_do_not_overflow(repeat):
+    x = torch.tensor([3e38, -3e38, 1e38], dtype=torch.float32).repeat(repeat)
     for sync_free in (False, True):
         stats = stats_from_summary(summarize(x, sync_free=sync_free))
         assert math.isclose(stats.std, torch.std(x.double(), correction=0).item(), rel_tol=1e-5)
@@ -127,3 +144,14 @@ def test_accumulated_statistics_equal_those_of_all_runs_together():
     assert rec.runs == 3
     assert_stats_equal(rec["0"], truth(torch.cat(runs)), torch.float32)
     assert rec.table().splitlines()[2].startswith("0 ")
+
+
+@pytest.mark.parametrize("sync_free", [False, True])
+def test_one_pass_kernel_in_chunks(monkeypatch, sync_free):
+    """Tensors longer than a chunk (2**24 values: float32 counts stay exact) are summed per chunk."""
+    from fxdebug.runtime import stats_kernel
+    monkeypatch.setattr(stats_kernel, "_CHUNK", MIN_NUMEL)
+    x = sample(torch.float32, (5, 8, 64, 64), mean=2.0)
+    if not sync_free:
+        x = torch.nan_to_num(x, nan=1.0, posinf=2.0, neginf=-2.0)
+    assert_stats_equal(stats_from_summary(summarize(x, sync_free=sync_free)), truth(x), x.dtype)

@@ -6,13 +6,16 @@ numel)``, where ``M2`` is the sum of squared deviations from the mean over the
 finite values. Summaries of several runs merge exactly (:func:`combine`, Chan's
 parallel formula), and :func:`stats_from_summary` reads one into :class:`Stats`.
 
-On the CPU, reading a number costs nothing, so the common case takes four
-passes over the tensor (``aminmax``, ``sum``, ``vector_norm``, ``count_nonzero``)
-and takes a slower path only where it must: non-finite values (statistics over
-the finite ones), a mean large against the spread (a second pass around the
-mean, so the variance does not cancel) or float32 overflow (float64). On other
-devices nothing is read during the run: the masked path runs on the device and
-the table reads every summary at once, after the run.
+A float tensor of at least ``MIN_NUMEL`` values takes one pass: a compiled
+kernel returns its finite count, sum, sum of squares, min, max and zero count
+together (:mod:`.stats_kernel`). On the CPU, where reading a number costs
+nothing, the summary is checked as it is made, and an exact slower path runs
+only where it must: a mean large against the spread (a second pass around the
+mean, so the variance does not cancel) or float32 overflow (float64). Smaller
+tensors, integers, float64, and machines where the kernel cannot be compiled
+take torch's own reductions (four passes; masked where values are not finite).
+On other devices nothing is read during the run: sums accumulate in float64
+on the device and the table reads every summary at once, after the run.
 
 >>> s = stats_from_summary(summarize(torch.tensor([1.0, 3.0, float("inf"), 0.0])))
 >>> round(s.mean, 4), round(s.std, 4), s.min, s.max, s.zeros_pct, s.nonfinite
@@ -25,6 +28,8 @@ import math
 from typing import NamedTuple
 
 import torch
+
+from .stats_kernel import MIN_NUMEL, one_pass_sums
 
 __all__ = ["Stats", "tensor_stats", "summarize", "combine", "stats_from_summary",
            "stats_from_summaries"]
@@ -71,6 +76,15 @@ def summarize(tensor: torch.Tensor, sync_free: bool | None = None) -> torch.Tens
     [2.0, 1.0, 2.0, 0.0, 2.0, 1.0, 0.0, 2.0]
     """
     numel = tensor.numel()
+    if numel >= MIN_NUMEL and tensor.dtype in _KERNEL_DTYPES and tensor.layout == torch.strided \
+            and tensor.device.type in ("cpu", "cuda"):
+        if sync_free is None:
+            sync_free = tensor.device.type != "cpu"
+        sums = one_pass_sums(tensor, wide=sync_free)
+        if sums is not None:
+            summary = _from_sums_on_device(sums, numel) if sync_free else _from_sums(sums, numel)
+            if summary is not None:
+                return summary
     t = _comparable(tensor) if numel else None
     if t is None:  # empty, sparse, quantized, meta: only the size is known
         return torch.tensor([0.0, _NAN, _NAN, _INF, -_INF, _NAN, 0.0, float(numel)],
@@ -82,6 +96,34 @@ def summarize(tensor: torch.Tensor, sync_free: bool | None = None) -> torch.Tens
         if fast is not None:
             return fast
     return _summarize_masked(t, numel)
+
+
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _from_sums(sums: torch.Tensor, numel: int) -> torch.Tensor | None:
+    """The summary from float32 one-pass sums; None where they are not exact enough."""
+    total, squares, low, high, zeros = sums.tolist()
+    count = float(numel)
+    mean = total / count
+    m2 = squares - count * mean * mean
+    # Recompute where the float32 sums could be off by more than about 1e-5 of the variance:
+    # a NaN or Inf in the tensor, float32 overflow, or a mean large against the spread.
+    if not (math.isfinite(total) and math.isfinite(squares) and math.isfinite(low)
+            and math.isfinite(high) and 64 * m2 > count * mean * mean):
+        return None
+    return torch.tensor([count, mean, m2, low, high, zeros, numel - count, float(numel)],
+                        dtype=torch.float64)
+
+
+def _from_sums_on_device(sums: torch.Tensor, numel: int) -> torch.Tensor:
+    """The summary from float64 one-pass sums, without reading anything back."""
+    count, total, squares, low, high, zeros = sums.unbind()
+    mean = total / count.clamp(min=1)
+    mean = torch.where(count > 0, mean, _NAN)
+    m2 = (squares - count * mean * mean).clamp(min=0)
+    return torch.stack([count, mean, m2, low, high, zeros, numel - count,
+                        torch.full_like(count, float(numel))])
 
 
 def _summarize_finite_cpu(t: torch.Tensor, numel: int) -> torch.Tensor | None:
