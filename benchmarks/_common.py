@@ -27,7 +27,7 @@ import torch
 import torchvision
 from tabulate import tabulate
 
-__all__ = ["parse_args", "header", "interleaved", "median", "table"]
+__all__ = ["parse_args", "header", "interleaved", "median", "table", "host_syncs"]
 
 
 def parse_args(doc: str, *, input: str, repeats: int, warmup: int = 2,
@@ -35,7 +35,8 @@ def parse_args(doc: str, *, input: str, repeats: int, warmup: int = 2,
                extra: Callable[[argparse.ArgumentParser], None] | None = None
                ) -> argparse.Namespace:
     """The shared command line: ``--models`` (when given), ``--input``, ``--repeats``,
-    ``--warmup``, ``--threads``, ``--quick``; ``args.shape`` is ``--input`` as a tuple.
+    ``--warmup``, ``--threads``, ``--quick``, ``--device``; ``args.shape`` is ``--input``
+    as a tuple.
 
     ``--threads N`` calls ``torch.set_num_threads(N)``; ``--quick`` (a smoke test)
     sets the input and repeats to ``quick`` and the warm-up to 1. ``extra`` adds a
@@ -52,6 +53,9 @@ def parse_args(doc: str, *, input: str, repeats: int, warmup: int = 2,
                              "on a machine shared with other jobs")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke test: input {quick[0]}, {quick[1]} repeats, 1 warm-up")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu (default) or cuda: models and inputs live there, and every "
+                             "timed call ends with torch.cuda.synchronize()")
     if extra is not None:
         extra(parser)
     args = parser.parse_args()
@@ -59,6 +63,8 @@ def parse_args(doc: str, *, input: str, repeats: int, warmup: int = 2,
         args.input, args.repeats, args.warmup = quick[0], quick[1], 1
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device on this machine")
     try:
         args.shape = tuple(int(s) for s in args.input.split(","))
     except ValueError:
@@ -73,9 +79,39 @@ def header(args: argparse.Namespace, *notes: str) -> str:
     """One line: versions, threads, input, repeats, warm-up, load average, and ``notes``."""
     parts = [f"torch {torch.__version__}", f"torchvision {torchvision.__version__}",
              f"threads {torch.get_num_threads()}", f"input {args.shape}",
-             f"repeats {args.repeats} (interleaved, median)", f"warmup {args.warmup}", "CPU",
+             f"repeats {args.repeats} (interleaved, median)", f"warmup {args.warmup}",
+             _device_name(getattr(args, "device", "cpu")),
              f"load avg {os.getloadavg()[0]:.2f}", *notes]
     return ", ".join(parts)
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return f"GPU {torch.cuda.get_device_name(torch.device(device))}"
+    return "CPU"
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def host_syncs(fn: Callable[[], object]) -> int:
+    """How many times one call of ``fn`` makes the host wait for the GPU.
+
+    Counted with ``torch.cuda.set_sync_debug_mode("warn")``, which warns at every
+    synchronising CUDA call (``.item()``, ``.tolist()``, ``nonzero``, copies to the host).
+    """
+    import warnings
+    _synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def interleaved(variants: dict[str, Callable[[], object]], *, repeats: int, warmup: int,
@@ -97,8 +133,10 @@ def interleaved(variants: dict[str, Callable[[], object]], *, repeats: int, warm
         for name in names[shift:] + names[:shift]:
             if before is not None:
                 before()
+            _synchronize()
             start = time.perf_counter()
             variants[name]()
+            _synchronize()  # a GPU's queued work counts
             times[name].append(time.perf_counter() - start)
     return times
 

@@ -37,7 +37,7 @@ from functools import partial
 
 import torch
 import torchvision
-from _common import header, interleaved, median, parse_args, table
+from _common import header, host_syncs, interleaved, median, parse_args, table
 from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 import fxdebug
@@ -62,9 +62,9 @@ def hooked(model, store, clone):
     return run
 
 
-def bench_model(name, shape, repeats, warmup):
-    model = torchvision.models.get_model(name, weights=None).eval()
-    x = torch.randn(shape)
+def bench_model(name, shape, repeats, warmup, device="cpu"):
+    model = torchvision.models.get_model(name, weights=None).eval().to(device)
+    x = torch.randn(shape, device=device)
     detach_store, clone_store = {}, {}
     # Every variant gets its own deep copy: hooks must not fire inside the others (which
     # would share submodules), and all variants' weights are allocated the same way.
@@ -93,10 +93,15 @@ def bench_model(name, shape, repeats, warmup):
         ok_fx = torch.equal(fxdebug.records(gm)["bn1"], truth["bn1"])
         ok_tv = torch.equal(variants["create_feature_extractor"](x)["bn1"], truth["bn1"])
 
+        syncs = ({v: host_syncs(partial(fn, x)) for v, fn in variants.items()}
+                 if x.is_cuda else {})
+
     eager = median(times["eager"])
     rows = [[v, f"{median(t) * 1e3:.2f}", f"{min(t) * 1e3:.2f}",
              f"{median(t) / eager:.2f}x", counts.get(v, "")] for v, t in times.items()]
     print(f"\n### {name}\n")
+    if syncs:
+        print("host syncs per forward: " + ", ".join(f"{v} {n}" for v, n in syncs.items()) + "\n")
     print(table(rows, ["variant", "median ms", "min ms", "vs eager (median)",
                        "captured tensors"]))
     print(f"\nbn1 correctness: hooks output.detach() == true bn1: {ok_hooks}; "
@@ -111,7 +116,7 @@ def main():
     print("'hooks detach (seed code)' is what hand-written seed code does; it is wrong where a "
           "later in-place op overwrites the stored output (see the bn1 line).")
     for name in args.models:
-        bench_model(name, args.shape, args.repeats, args.warmup)
+        bench_model(name, args.shape, args.repeats, args.warmup, args.device)
 
 
 if __name__ == "__main__":

@@ -77,9 +77,9 @@ def fwd_bwd(fn, x):
     fn(x).sum().backward()
 
 
-def bench_model(name, shape, repeats, warmup):
-    model = torchvision.models.get_model(name, weights=None).eval()
-    x = torch.randn(shape)
+def bench_model(name, shape, repeats, warmup, device="cpu"):
+    model = torchvision.models.get_model(name, weights=None).eval().to(device)
+    x = torch.randn(shape, device=device)
     store: dict[str, torch.Tensor] = {}
     gms = {
         "fxdebug grads (capture=[])": fxdebug.instrument(model, capture=[], grads=True),
@@ -122,7 +122,7 @@ def main():
                       warmup=3)
     print(header(args, "eval mode with autograd on"))
     for name in args.models:
-        bench_model(name, args.shape, args.repeats, args.warmup)
+        bench_model(name, args.shape, args.repeats, args.warmup, args.device)
     print(f"\nload avg at the end {os.getloadavg()[0]:.2f}")
 
 

@@ -110,10 +110,10 @@ def what_each_finds(model, x, key) -> str:
     return f"log inserted after {key}: {found}; detect_anomaly: {said}"
 
 
-def bench_model(name, shape, repeats, warmup):
-    model = torchvision.models.get_model(name, weights=None).eval()
+def bench_model(name, shape, repeats, warmup, device="cpu"):
+    model = torchvision.models.get_model(name, weights=None).eval().to(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    x = torch.randn(shape)
+    x = torch.randn(shape, device=device)
     traced = fxdebug.trace(model)
     variants = {
         "forward + backward": plain(model, params),
@@ -150,7 +150,7 @@ def main():
     warnings.filterwarnings("ignore", message=".*([Aa]nomaly|Error detected in).*")
     print(header(args))
     for name in args.models:
-        bench_model(name, args.shape, args.repeats, args.warmup)
+        bench_model(name, args.shape, args.repeats, args.warmup, args.device)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ Run (from the repository root)::
 
     python benchmarks/run.py --quick
     python benchmarks/run.py --threads 2
+    python benchmarks/run.py --device cuda      # capture, gradient, non-finite on the GPU
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ BENCHMARKS = [
     ("checkpoint", "checkpoint_memory.py", [], ["--quick"]),
     ("scaling", "scaling.py", [], ["--quick"]),
 ]
+
+
+ON_DEVICE = ("capture", "gradient", "non-finite")  # the benchmarks with --device
 
 
 def parse_tables(text: str):
@@ -75,6 +79,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="every benchmark's smoke test")
     parser.add_argument("--threads", type=int, default=0, help="passed to every benchmark")
     parser.add_argument("--only", default="", help="comma-separated benchmark names")
+    parser.add_argument("--device", default="cpu",
+                        help="cuda: capture, gradient and non-finite run on the GPU")
     args = parser.parse_args()
     only = [name for name in args.only.split(",") if name]
     rows = []
@@ -84,6 +90,10 @@ def main():
         command = [sys.executable, os.path.join(HERE, script), *(quick if args.quick else full)]
         if args.threads:
             command += ["--threads", str(args.threads)]
+        if args.device != "cpu":
+            if name not in ON_DEVICE:
+                continue
+            command += ["--device", args.device]
         print(f"$ {' '.join(command[1:])}", flush=True)
         done = subprocess.run(command, capture_output=True, text=True)
         print(done.stdout, flush=True)
@@ -92,17 +102,35 @@ def main():
             rows.append([name, "", f"FAILED (exit {done.returncode})", "", "", "", ""])
             continue
         for section, row in parse_tables(done.stdout):
-            ratio = _pick(row, "ratio", "vs ")
-            rows.append([name, section, row.get("variant", ""),
-                         _pick(row, "median ms", "MiB"), _pick(row, "min ms", "spread ms"),
-                         ratio, row.get("ratio to", _ratio_to(row))])
+            rows.extend(summary_rows(name, section, row))
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     machine = " ".join(part for part in (platform.machine(), platform.processor()) if part)
-    print(f"{when}, torch {torch.__version__}, {machine}, {os.cpu_count()} cores, CPU only, "
+    where = (f"GPU {torch.cuda.get_device_name()}" if args.device != "cpu" else "CPU only")
+    print(f"{when}, torch {torch.__version__}, {machine}, {os.cpu_count()} cores, {where}, "
           f"threads {args.threads or torch.get_num_threads()}, "
           f"load avg {os.getloadavg()[0]:.2f}{', --quick' if args.quick else ''}")
     print(table(rows, ["benchmark", "model", "variant", "median ms (MiB)", "min / spread",
                        "ratio", "ratio to"]))
+
+
+def summary_rows(name: str, section: str, row: dict) -> list[list[str]]:
+    """The combined table's rows for one row of a benchmark's own table.
+
+    >>> summary_rows("checkpoint", "", {"variant": "eager", "held after forward MiB": "651.1",
+    ...     "peak fwd+bwd MiB": "659.0", "peak vs eager": "1.00x", "median s": "10.60",
+    ...     "time vs eager": "1.00x"})[0]
+    ['checkpoint', '', 'eager: peak memory fwd+bwd', '659.0 MiB', 'held 651.1 MiB', '1.00x', 'eager peak']
+    """
+    variant = row.get("variant", "")
+    if "peak fwd+bwd MiB" in row:  # memory and time: a row each, each with its own ratio
+        return [[name, section, f"{variant}: peak memory fwd+bwd", f"{row['peak fwd+bwd MiB']} MiB",
+                 f"held {row.get('held after forward MiB', '')} MiB", row.get("peak vs eager", ""),
+                 "eager peak"],
+                [name, section, f"{variant}: time fwd+bwd", f"{row.get('median s', '')} s", "",
+                 row.get("time vs eager", ""), "eager"]]
+    return [[name, section, variant, _pick(row, "median ms", "MiB"),
+             _pick(row, "min ms", "spread ms"), _pick(row, "ratio", "vs "),
+             row.get("ratio to", _ratio_to(row))]]
 
 
 def _ratio_to(row: dict) -> str:

@@ -32,6 +32,7 @@ from .passes import Capture, EagerRegions, GradHooks, as_pass
 from .runtime import RECORDER_ATTR, Recorder, Records
 from .tracing import instrument_parts, is_partial, keyed_copy, trace
 from .tracing.selection import candidates
+from .tracing.graph_module import DebugGraphModule
 
 __all__ = ["instrument", "records", "accumulate_stats", "build_pipeline", "run_pipeline"]
 
@@ -138,7 +139,10 @@ def build_pipeline(capture="modules", depth=None, include=None, exclude=None, gr
 
 
 def run_pipeline(gm: fx.GraphModule, pipeline, recompile: bool = True) -> fx.GraphModule:
-    """Run ``pipeline`` on ``gm`` (in place where the passes allow), lint, recompile once."""
+    """Run ``pipeline`` on ``gm`` (in place where the passes allow), lint, recompile once.
+
+    The code is generated on first use (a call, ``gm.code``): see ``defer_recompile``.
+    """
     for step in pipeline:
         try:
             gm = step.apply(gm).graph_module
@@ -149,7 +153,10 @@ def run_pipeline(gm: fx.GraphModule, pipeline, recompile: bool = True) -> fx.Gra
             raise
     gm.graph.lint()
     if recompile:
-        gm.recompile()
+        if isinstance(gm, DebugGraphModule):
+            gm.defer_recompile()
+        else:
+            gm.recompile()
     return gm
 
 

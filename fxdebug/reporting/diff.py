@@ -27,15 +27,17 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import weakref
 
 import torch.fx as fx
 
+from ..errors import FxdebugError
 from ..runtime.fit import fit_table, table_width
 from ..tracing.keys import META_PROVENANCE
 from .html import diff_html
 from .tabular import COLUMNS, NodeRef, NodeView, node_views, render_table
 
-__all__ = ["diff", "GraphDiff", "DiffRow", "GraphSnapshot", "snapshot"]
+__all__ = ["diff", "GraphDiff", "DiffRow", "GraphSnapshot", "GraphChangedError", "snapshot"]
 
 # Columns of GraphDiff.table a narrow terminal gives up first.
 DIFF_DROP = ("kwargs", "name", "opcode", "pass", "args")
@@ -45,23 +47,64 @@ _COMPARED = ("opcode", "target", "args", "kwargs")
 
 @dataclasses.dataclass(frozen=True)
 class GraphSnapshot:
-    """A graph frozen as text: its generated code and node views, plus provenance by name."""
+    """A graph frozen as text: its node views, provenance by name, and its generated code.
+
+    The code of a snapshot that :func:`diff` takes of a GraphModule is generated
+    when first read (``code_diff()``), from the module, after checking that its
+    graph still shows the same nodes (generating the code of a large graph takes
+    longer than comparing it). :func:`snapshot` freezes the code at once.
+    """
 
     name: str
-    code: str
+    frozen_code: str | None
     views: tuple[NodeView, ...]
     provenance: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    source: weakref.ref | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def code(self) -> str:
+        """The generated code of the graph as it was when the snapshot was taken."""
+        if self.frozen_code is None:
+            gm = self.source() if self.source is not None else None
+            if gm is None or tuple(node_views(gm)) != self.views:
+                raise GraphChangedError(
+                    f"the code of {self.name or 'the graph'} cannot be shown: its GraphModule "
+                    f"{'was deleted' if gm is None else 'changed'} after fxdebug.diff() compared "
+                    f"it. Call diff() again, or pass fxdebug.reporting.snapshot(gm) to diff() "
+                    f"to freeze the code before the module changes.")
+            object.__setattr__(self, "frozen_code", _generated_code(gm))
+        return self.frozen_code
 
     def table(self) -> str:
         return render_table([view.row() for view in self.views], COLUMNS)
 
 
-def snapshot(gm: fx.GraphModule, name: str = "", *inputs) -> GraphSnapshot:
-    """Freeze ``gm`` now (later edits to it do not change the snapshot)."""
+class GraphChangedError(FxdebugError, RuntimeError):
+    """A diff's code was asked for after its GraphModule changed."""
+
+
+def _generated_code(gm: fx.GraphModule) -> str:
+    return gm.graph.python_code(root_module="self").src  # what gm.code is once recompiled
+
+
+def snapshot(gm: fx.GraphModule, name: str = "", *inputs, lazy_code: bool = False
+             ) -> GraphSnapshot:
+    """Freeze ``gm`` now (later edits to it do not change the snapshot).
+
+    ``lazy_code=True`` generates the code when first read (see :class:`GraphSnapshot`).
+
+    >>> import torch
+    >>> gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+    >>> shot = snapshot(gm, "relu")
+    >>> [view.key for view in shot.views], "functional.relu" in shot.code
+    (['input_1', 'relu', 'output'], True)
+    """
     provenance = tuple((node.name, tuple(old for old, _ in node.meta.get(META_PROVENANCE, ())))
                        for node in gm.graph.nodes if node.meta.get(META_PROVENANCE))
-    code = gm.graph.python_code(root_module="self").src  # what gm.code is once recompiled
-    return GraphSnapshot(name, code, tuple(node_views(gm, *inputs)), provenance)
+    views = tuple(node_views(gm, *inputs))
+    if lazy_code and not inputs:
+        return GraphSnapshot(name, None, views, provenance, weakref.ref(gm))
+    return GraphSnapshot(name, _generated_code(gm), views, provenance)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,11 +127,19 @@ class DiffRow:
 
 @dataclasses.dataclass(frozen=True)
 class GraphDiff:
-    """Rows in graph order (removed nodes where they stood) and both codes."""
+    """Rows in graph order (removed nodes where they stood) and both graphs' snapshots."""
 
     rows: tuple[DiffRow, ...]
-    before_code: str
-    after_code: str
+    before: GraphSnapshot
+    after: GraphSnapshot
+
+    @property
+    def before_code(self) -> str:
+        return self.before.code
+
+    @property
+    def after_code(self) -> str:
+        return self.after.code
 
     @property
     def added(self) -> list[DiffRow]:
@@ -137,7 +188,7 @@ def _as_snapshot(graph_or_snapshot, role: str) -> GraphSnapshot:
     if isinstance(graph_or_snapshot, GraphSnapshot):
         return graph_or_snapshot
     if isinstance(graph_or_snapshot, fx.GraphModule):
-        return snapshot(graph_or_snapshot, role)
+        return snapshot(graph_or_snapshot, role, lazy_code=True)
     raise TypeError(f"diff: {role} must be a torch.fx.GraphModule or a GraphSnapshot, got "
                     f"{type(graph_or_snapshot).__name__}.")
 
@@ -211,4 +262,4 @@ def diff(before, after) -> GraphDiff:
             changes = (f"replaces {old_name}",) + changes
         rows.append(DiffRow("~" if changes else " ", previous, view, changes))
     flush_removed(len(old.views))
-    return GraphDiff(tuple(rows), old.code, new.code)
+    return GraphDiff(tuple(rows), old, new)

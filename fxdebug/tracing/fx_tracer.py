@@ -13,7 +13,7 @@ Call tree::
            ├─ take_leftover_proxies: a Proxy kept in module state -> that module is refused
            └─ on failure: explain_failure() -> TraceFailure
                  └─ auto_leaf and the failure is inside a submodule: retry with it as a leaf
-      └─ DebugGraphModule(root, graph)
+      └─ DebugGraphModule(root, graph)      code generated on first use
 
 Plain ``torch.fx.symbolic_trace`` rewrites ``v += 1`` on a traced tensor into
 ``v = v + 1``: a view of the input is no longer written through, so the traced
@@ -38,7 +38,7 @@ from ..runtime import PROXY_IN_TEXT, Recorder, leaves, traced_message
 from .failure import explain_failure
 from .fidelity import (NOT_CONSTANT, UNPATCHED_FROM_NUMPY, TracePatches, UnfaithfulTrace,
                        constant_value, static_forward, take_leftover_proxies)
-from .graph_module import DebugGraphModule
+from .graph_module import lazy_graph_module
 from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, ModuleReturn,
                    key_base)
 from .locations import caller_stacklevel, short_list, user_location
@@ -315,7 +315,7 @@ def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
             reason = f"{failure.kind} at {failure.location}"
             log.info("auto-leaf: %s (%s): %s", failure.module_path, failure.module_type, reason)
             auto_leaves.append((failure.module_path, reason))
-    gm = DebugGraphModule(root, graph, class_name=type(model).__name__)
+    gm = lazy_graph_module(root, graph, type(model).__name__)  # code generated on first use
     gm.meta["fxdebug_auto_leaves"] = list(auto_leaves)
     gm.meta["fxdebug_frontend"] = "fx"
     if auto_leaves:

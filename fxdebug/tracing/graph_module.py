@@ -1,6 +1,6 @@
 """DebugGraphModule: a torch.fx.GraphModule that names the node where a run failed.
 
-It differs from a GraphModule in three ways only:
+It differs from a GraphModule in four ways only:
 
 * an exception raised while running the generated ``forward`` gets a note
   (PEP 678, printed under the traceback) naming the node key, what the node
@@ -11,7 +11,10 @@ It differs from a GraphModule in three ways only:
   its code (``/fxdebug-generated/ResNet_1f0c2a9b7d3e.py``), registered with
   ``linecache``: tracebacks keep their frames and show the generated line, and
   ``pdb`` can ``break`` in it (torch's ``<eval_with_key>.N`` names change with a
-  global counter and make torch drop the traceback of errors raised there).
+  global counter and make torch drop the traceback of errors raised there);
+* ``defer_recompile()`` generates and compiles the code on first use (a call,
+  ``gm.code``, pickling), as torch.fx's lazy recompile does: compiling the
+  code of a 10k-node graph takes longer than tracing it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import copy
 import hashlib
 import linecache
 import os
+import weakref
 
 import torch
 import torch.fx as fx
@@ -30,7 +34,7 @@ from .. import runtime
 from .keys import META_KEY, META_SOURCE, assign_missing_keys, op_name
 from .locations import format_location
 
-__all__ = ["DebugGraphModule", "keyed_copy"]
+__all__ = ["DebugGraphModule", "keyed_copy", "lazy_graph_module"]
 
 _NOTE_MARK = "fxdebug: "
 
@@ -70,12 +74,14 @@ class DebugGraphModule(fx.GraphModule):
     """
 
     # keyed_copy(..., recompile=False) builds a module whose caller recompiles it once,
-    # after its passes: GraphModule.__init__'s own recompile is skipped then.
+    # after its passes: GraphModule.__init__'s own recompile is deferred then.
     _defer_recompile = False
 
     def recompile(self):
         if type(self)._defer_recompile:
+            self.defer_recompile()
             return None
+        self.__dict__.pop("_fxdebug_pending", None)
         python_code = super().recompile()
         cls = type(self)  # torch makes one class per instance, named after the model
         filename = generated_filename(cls.__name__, self._code)
@@ -84,9 +90,36 @@ class DebugGraphModule(fx.GraphModule):
                                         {"co_filename": filename})
         return python_code
 
-    def __call__(self, *args, **kwargs):
-        if "forward" not in type(self).__dict__:  # built without its recompile, never done
+    def defer_recompile(self) -> None:
+        """Generate the code on first use: a call, ``gm.code``, ``print(gm)``, pickling.
+
+        >>> import torch, fxdebug
+        >>> gm = fxdebug.trace(torch.nn.Sequential(torch.nn.ReLU()))
+        >>> gm.defer_recompile()
+        >>> "relu" in gm.code, gm(torch.tensor([-1.0])).tolist()
+        (True, [0.0])
+        """
+        self.__dict__["_fxdebug_pending"] = True
+        type(self).forward = _PendingForward(self)
+
+    def _realize(self) -> None:
+        if self.__dict__.get("_fxdebug_pending"):
             self.recompile()
+
+    @property
+    def _code(self) -> str:  # torch reads self._code for gm.code, print(gm), to_folder
+        self._realize()
+        try:
+            return self.__dict__["_code"]
+        except KeyError:
+            raise AttributeError("_code") from None
+
+    @_code.setter
+    def _code(self, value: str) -> None:
+        self.__dict__["_code"] = value
+
+    def __call__(self, *args, **kwargs):
+        self._realize()
         filename = type(self).forward.__code__.co_filename
         if filename not in linecache.cache:  # linecache.clearcache() was called
             _register_source(filename, self._code)
@@ -101,11 +134,32 @@ class DebugGraphModule(fx.GraphModule):
             raise
 
     def __reduce__(self):
+        self._realize()  # torch copies __dict__ (with the code) before it recompiles
         rebuild, rebuild_args = super().__reduce__()
         meta = tuple((node.name, node.op, _target_id(node.target),
                       {k: v for k, v in node.meta.items() if k.startswith("fxdebug_")})
                      for node in self.graph.nodes)
         return (_rebuild, (rebuild, rebuild_args, meta, dict(self.meta)))
+
+
+class _PendingForward:
+    """``forward`` of a module whose code is not generated yet: generates it when looked up.
+
+    Each GraphModule has a class of its own, so the class attribute knows its module:
+    ``gm.forward(x)``, ``type(gm).forward.__code__`` and ``inspect`` see the real code.
+    """
+
+    def __init__(self, gm: DebugGraphModule) -> None:
+        self._gm = weakref.ref(gm)
+
+    def __get__(self, instance, owner):
+        gm = self._gm()
+        if gm is not None:
+            gm._realize()
+        forward = owner.__dict__.get("forward")
+        if forward is self:  # the module is gone: nothing can be generated for it
+            raise AttributeError("forward: the GraphModule this code belonged to was deleted")
+        return forward.__get__(instance, owner)
 
 
 def _target_id(target) -> str:
@@ -189,13 +243,22 @@ def _annotate(gm: fx.GraphModule, exc: BaseException, args: tuple = (), kwargs=N
         f"print(gm.code) shows the generated forward.")
 
 
+def lazy_graph_module(root, graph: fx.Graph, class_name: str, lazy: bool = True
+                      ) -> DebugGraphModule:
+    """``DebugGraphModule(root, graph, class_name)``, its code generated on first use if ``lazy``."""
+    DebugGraphModule._defer_recompile = lazy
+    try:
+        return DebugGraphModule(root, graph, class_name=class_name)
+    finally:
+        DebugGraphModule._defer_recompile = False
+
+
 def keyed_copy(gm: fx.GraphModule, recompile: bool = True) -> DebugGraphModule:
     """A DebugGraphModule sharing ``gm``'s parameters, with its own graph and a key on every node.
 
     Passes edit the copy's graph; ``gm`` (perhaps the user's own GraphModule,
     or one traced by plain ``torch.fx``) is never changed. ``recompile=False``
-    leaves the code to the caller's one ``recompile()`` after its passes (the
-    copy recompiles itself on its first call if nobody did).
+    defers the code to its first use (see ``DebugGraphModule.defer_recompile``).
 
     >>> import torch
     >>> plain = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU()))
@@ -204,12 +267,8 @@ def keyed_copy(gm: fx.GraphModule, recompile: bool = True) -> DebugGraphModule:
     (False, ['input', '0', 'output'])
     """
     graph = copy.deepcopy(gm.graph)
-    DebugGraphModule._defer_recompile = not recompile  # (recompile=False: the caller will)
-    try:
-        new = DebugGraphModule(gm, graph, class_name=type(gm).__name__.replace(
-            "GraphModuleImpl", "") or "GraphModule")
-    finally:
-        DebugGraphModule._defer_recompile = False
+    new = lazy_graph_module(gm, graph, type(gm).__name__.replace("GraphModuleImpl", "")
+                            or "GraphModule", lazy=not recompile)
     new.meta.update(getattr(gm, "meta", {}))
     assign_missing_keys(new.graph)
     return new
