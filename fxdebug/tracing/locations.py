@@ -6,6 +6,7 @@ count as user code: they are where a model's statements live).
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -25,9 +26,20 @@ _GENERATED_DIR = os.path.join(os.sep, "fxdebug-generated") + os.sep
 
 def is_user_file(filename: str) -> bool:
     """Return whether ``filename`` holds user code (not torch, fxdebug, the stdlib, console
-    scripts or generated code)."""
+    scripts or generated code).
+
+    >>> is_user_file(torch.__file__), is_user_file("/home/me/model.py"), is_user_file("<stdin>")
+    (False, True, False)
+    """
     if not filename or filename.startswith("<"):
         return False
+    if os.path.isabs(filename):  # code objects' usual form; the answer cannot change
+        return _is_user_path(filename)
+    return _is_user_path.__wrapped__(filename)  # relative: depends on the working directory
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_user_path(filename: str) -> bool:
     path = os.path.abspath(filename)
     if path.startswith((_TORCH_DIR, _FXDEBUG_DIR, _SCRIPTS_DIR, _GENERATED_DIR)):
         return False
