@@ -131,6 +131,25 @@ def test_resnet18_lowered_equals_eager_bitwise_in_training():
         assert torch.equal(p.grad, q.grad), name
 
 
+def test_mobilenet_v3_residuals_lower_through_squeeze_excitation_and_equal_eager():
+    """`result += input` after a squeeze-excitation block (a broadcast multiply) lowers too."""
+    model = torchvision.models.mobilenet_v3_small(num_classes=10).train()
+    reference = copy.deepcopy(model)
+    gm = fxdebug.trace(model)
+    residuals = _targets(gm)
+    assert len(residuals) == 6 and set(residuals.values()) == {(operator.add, "operator.iadd")}
+    x = torch.randn(2, 3, 64, 64)
+    torch.manual_seed(1)  # the classifier's dropout draws the same mask for both
+    out = gm(x)
+    torch.manual_seed(1)
+    ref = reference(x)
+    assert torch.equal(out, ref)
+    out.sum().backward()
+    ref.sum().backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        assert torch.equal(p.grad, q.grad), name
+
+
 # -- writes that stay in place ---------------------------------------------------------------
 class ReluOutput(nn.Module):
     def __init__(self):

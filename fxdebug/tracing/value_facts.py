@@ -41,24 +41,25 @@ import torch.nn.functional as F
 
 __all__ = ["ValueFacts", "Shape", "is_plain_torch_module", "is_autocast_node"]
 
-_LOWP_MODULES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
-                 nn.ConvTranspose3d, nn.Linear)
+# In the lower-precision list of every autocast device (CPU, CUDA): all cast alike.
+_LOWP_MODULES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 _NORM_MODULES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
 # Output dtype == input dtype under every autocast list of torch (CPU and CUDA).
-_DTYPE_KEEPING_MODULES = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.Hardtanh, nn.GELU, nn.SiLU,
-                          nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.MaxPool1d,
-                          nn.MaxPool2d, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d,
-                          nn.Identity, nn.Flatten)
 _SHAPE_KEEPING_MODULES = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.Hardtanh, nn.GELU, nn.SiLU,
+                          nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.Mish,
                           nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.Dropout,
                           nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Identity)
+_DTYPE_KEEPING_MODULES = _SHAPE_KEEPING_MODULES + (nn.MaxPool1d, nn.MaxPool2d, nn.Flatten,
+                                                   nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)
 
 _LOWP_FUNCTIONS = (operator.matmul, torch.matmul, torch.mm, torch.bmm, F.linear, F.conv1d,
                    F.conv2d, F.conv3d)
-_DTYPE_KEEPING_FUNCTIONS = (torch.relu, F.relu, torch.flatten, torch.clone, torch.detach,
-                            F.dropout, torch.transpose, torch.permute, torch.squeeze,
-                            torch.unsqueeze, torch.reshape)
-_SHAPE_KEEPING_FUNCTIONS = (torch.relu, F.relu, torch.clone, torch.detach, F.dropout)
+_SHAPE_KEEPING_FUNCTIONS = (torch.relu, F.relu, torch.clone, torch.detach, F.dropout,
+                            torch.sigmoid, torch.tanh, F.hardsigmoid, F.hardswish, F.silu,
+                            F.gelu)
+_DTYPE_KEEPING_FUNCTIONS = _SHAPE_KEEPING_FUNCTIONS + (torch.flatten, torch.transpose,
+                                                       torch.permute, torch.squeeze,
+                                                       torch.unsqueeze, torch.reshape)
 _DTYPE_KEEPING_METHODS = ("view", "reshape", "flatten", "permute", "transpose", "contiguous",
                           "squeeze", "unsqueeze", "expand", "expand_as", "view_as",
                           "reshape_as", "clone", "detach", "t", "relu")
@@ -186,12 +187,15 @@ class ValueFacts:
 
     def same_shape(self, a, b) -> bool:
         sa, sb = self.shape(a), self.shape(b)
+        return sa is not None and sb is not None and self._equal(sa, sb)
+
+    def broadcasts_into(self, a, b) -> bool:
+        """Whether broadcasting ``a`` with ``b`` gives ``a``'s shape (``a += b`` keeps it)."""
+        sa, sb = self.shape(a), self.shape(b)
         if sa is None or sb is None:
             return False
-        width = max(len(sa.dims), len(sb.dims))
-        sa, sb = self._expand(sa, width), self._expand(sb, width)
-        return sa.lead == sb.lead and all(self._resolve(p) == self._resolve(q)
-                                          for p, q in zip(sa.dims, sb.dims))
+        both = self._broadcast(sa, sb)
+        return both is not None and self._equal(both, sa)
 
     # -- shapes ----------------------------------------------------------------------------
     def _expand(self, shape: Shape, width: int) -> Shape:
@@ -202,6 +206,31 @@ class ValueFacts:
         _, base, spelled = shape.lead
         new = tuple(("dim", base, -index) for index in range(spelled + missing, spelled, -1))
         return Shape(("lead", base, spelled + missing), new + shape.dims)
+
+    def _equal(self, sa: Shape, sb: Shape) -> bool:
+        width = max(len(sa.dims), len(sb.dims))
+        sa, sb = self._expand(sa, width), self._expand(sb, width)
+        return sa.lead == sb.lead and all(self._resolve(p) == self._resolve(q)
+                                          for p, q in zip(sa.dims, sb.dims))
+
+    def _broadcast(self, sa: Shape | None, sb: Shape | None) -> Shape | None:
+        """The shape of ``a + b`` where provable (same leading dims, each dim equal or 1)."""
+        if sa is None or sb is None:
+            return None
+        width = max(len(sa.dims), len(sb.dims))
+        sa, sb = self._expand(sa, width), self._expand(sb, width)
+        if sa.lead != sb.lead:
+            return None
+        dims = []
+        for p, q in zip(sa.dims, sb.dims):
+            p, q = self._resolve(p), self._resolve(q)
+            if p == q or q == 1:
+                dims.append(p)
+            elif p == 1:
+                dims.append(q)
+            else:
+                return None
+        return Shape(sa.lead, tuple(dims))
 
     def _resolve(self, dim):
         if isinstance(dim, int):
@@ -225,7 +254,7 @@ class ValueFacts:
         return True
 
     def _conv_shape(self, module, source: Shape | None) -> Shape | None:
-        if source is None or isinstance(module, nn.modules.conv._ConvTransposeNd):
+        if source is None:
             return None
         spatial = len(module.kernel_size)
         shape = self._expand(source, spatial + 1)
@@ -240,6 +269,18 @@ class ValueFacts:
             sizes.append(_conv_size(dim, module.kernel_size[index], module.stride[index],
                                     padding, module.dilation[index]))
         return Shape(shape.lead, shape.dims[:-spatial - 1] + (module.out_channels, *sizes))
+
+    def _pooled_shape(self, module, source: Shape | None) -> Shape | None:
+        """AdaptiveAvgPool1d/2d: the last dims become ``output_size`` (None: kept)."""
+        if source is None:
+            return None
+        spatial = 1 if isinstance(module, nn.AdaptiveAvgPool1d) else 2
+        sizes = module.output_size
+        sizes = (sizes,) * spatial if isinstance(sizes, int) or sizes is None else tuple(sizes)
+        shape = self._expand(source, spatial)
+        kept = shape.dims[-spatial:]
+        new = tuple(dim if size is None else size for dim, size in zip(kept, sizes))
+        return Shape(shape.lead, shape.dims[:-spatial] + new)
 
     def _linear_shape(self, module: nn.Linear, source: Shape | None) -> Shape | None:
         if source is None:
@@ -301,6 +342,8 @@ class ValueFacts:
             dtype, floating = self.dtype(first), floating or self.floating(first)
         if kind in _SHAPE_KEEPING_MODULES:
             shape = self.shape(first)
+        if kind in (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d):
+            shape = self._pooled_shape(module, self.shape(first))
         return dtype, shape, floating
 
     def _function_facts(self, node, first, dtype, opaque):
@@ -316,10 +359,19 @@ class ValueFacts:
         if target in _INPLACE_ARITHMETIC:  # left in place: the result is the left operand
             return self.dtype(first), self.shape(first), self.floating(first)
         if target in ARITHMETIC and len(node.args) == 2:
-            kept = self.binary_keeps_left(target, first, node.args[1])
-            if kept:
-                return self.dtype(first), self.shape(first), self.floating(first)
+            return self._arithmetic_facts(target, first, node.args[1], dtype, opaque)
         return dtype, shape, floating
+
+    def _arithmetic_facts(self, target, left, right, dtype, opaque):
+        if _is_number(right):  # a Python number never widens a floating tensor's dtype
+            kept = self.floating(left)
+            return (self.dtype(left) if kept else dtype), self.shape(left), kept
+        if target in _TRUE_DIVISIONS and not self.floating(left):
+            return dtype, self._broadcast(self.shape(left), self.shape(right)) or opaque, False
+        if self.same_dtype(left, right):
+            dtype = self.dtype(left)
+        floating = self.floating(left) and self.floating(right)
+        return dtype, self._broadcast(self.shape(left), self.shape(right)) or opaque, floating
 
     def binary_keeps_left(self, target, left, right) -> bool:
         """Whether ``target(left, right)`` has ``left``'s dtype and shape (proven)."""
@@ -327,4 +379,4 @@ class ValueFacts:
             return False
         if _is_number(right):  # a Python number never widens a floating tensor's dtype
             return self.floating(left)
-        return self.same_dtype(left, right) and self.same_shape(left, right)
+        return self.same_dtype(left, right) and self.broadcasts_into(left, right)
