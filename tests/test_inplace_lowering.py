@@ -302,6 +302,29 @@ def test_writes_that_matter_stay_in_place_and_equal_eager(case):
         assert torch.equal(model.seen[-1], reference.seen[-1])
 
 
+class LinearPlusNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.norm = nn.Linear(4, 4), nn.LayerNorm(4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        y += self.norm(x)            # float32 + float32, but under autocast bfloat16 + float32
+        return y
+
+
+def test_under_the_callers_autocast_lowered_and_kept_writes_equal_eager():
+    torch.manual_seed(0)
+    for model, x in ((torchvision.models.resnet18(num_classes=10).eval(), torch.randn(1, 3, 64, 64)),
+                     (LinearPlusNorm(), torch.randn(3, 4))):
+        gm = fxdebug.trace(model)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            out, ref = gm(x), model(x)
+        assert out.dtype == ref.dtype and torch.equal(out, ref)
+    assert set(_targets(gm).values()) == {(operator.iadd, None)}  # LinearPlusNorm stays
+    assert ref.dtype == torch.bfloat16
+
+
 def test_relu_output_write_still_fails_backward_as_in_eager():
     model = ReluOutput()
     gm = fxdebug.trace(model)
