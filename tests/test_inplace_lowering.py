@@ -333,6 +333,28 @@ def test_relu_output_write_still_fails_backward_as_in_eager():
             module(torch.randn(2, 4)).sum().backward()
 
 
+def test_a_backward_hook_makes_the_output_a_view_the_write_fails_as_in_eager():
+    model = ReadBefore()  # any Linear output written in place
+    model.lin.register_full_backward_hook(lambda module, grad_in, grad_out: None)
+
+    class Written(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = model.lin
+
+        def forward(self, x):
+            y = self.lin(x)
+            y += 1
+            return y
+
+    gm = fxdebug.trace(Written())
+    assert set(_targets(gm).values()) == {(operator.iadd, None)}
+    x = torch.randn(2, 4, requires_grad=True)
+    for module in (Written(), gm):
+        with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
+            module(x)
+
+
 def test_a_broadcast_that_would_grow_the_tensor_stays_in_place_and_fails_as_eager():
     class Grows(nn.Module):
         def __init__(self):

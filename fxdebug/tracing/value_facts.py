@@ -82,11 +82,15 @@ class Shape(NamedTuple):
 
 
 def is_plain_torch_module(module) -> bool:
-    """A module of torch.nn's own code, without forward hooks (its body is what torch says)."""
-    return (isinstance(module, nn.Module) and type(module).__module__.startswith("torch.nn.modules")
-            and not (module._forward_pre_hooks or module._forward_hooks
-                     or nn.modules.module._global_forward_pre_hooks
-                     or nn.modules.module._global_forward_hooks))
+    """A module of torch.nn's own code, without hooks (its call does what torch's code says)."""
+    if not isinstance(module, nn.Module) or "forward" in vars(module):
+        return False
+    hooks = nn.modules.module
+    return type(module).__module__.startswith("torch.nn.modules") and not (
+        module._forward_pre_hooks or module._forward_hooks or module._backward_hooks
+        or module._backward_pre_hooks or hooks._global_forward_pre_hooks
+        or hooks._global_forward_hooks or hooks._global_backward_hooks
+        or hooks._global_backward_pre_hooks)
 
 
 def is_autocast_node(node: fx.Node) -> bool:
