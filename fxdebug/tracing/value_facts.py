@@ -313,7 +313,7 @@ class ValueFacts:
         elif node.op == "call_function":
             dtype, shape, floating = self._function_facts(node, first, dtype, opaque)
         elif node.op == "call_method":
-            name = str(node.target)
+            name, shape = str(node.target), opaque
             if name in _DTYPE_KEEPING_METHODS and not any(
                     isinstance(a, torch.dtype) for a in (*node.args, *node.kwargs.values())):
                 dtype, floating = self.dtype(first), self.floating(first)
