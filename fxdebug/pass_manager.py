@@ -15,7 +15,8 @@ Call tree::
     -> (gm, PassReport): one Stage per snapshot (the input, then one per pass)
 
 A pass that changes nothing gives a warning (a pass written for plain torch.fx
-may look for ``operator.add`` where fxdebug keeps ``+=`` as ``operator.iadd``).
+may look for ``operator.add`` where fxdebug keeps a ``+=`` whose write can matter
+as ``operator.iadd``).
 A pass that raises stops the run with its own exception, plus a note naming
 the pass and the passes before it (and the node key where the message names
 a node); a pass that changes what the module computes stops it with

@@ -84,17 +84,18 @@ def test_find_nonfinite_lists_every_creator():
 
 def test_passes_accepts_user_pass_files(tmp_path):
     (tmp_path / "my_passes.py").write_text(
-        "import operator\n"
-        "def out_of_place(gm):\n"
+        "import operator, torch\n"
+        "def torch_add(gm):  # written for torch.fx.symbolic_trace\n"
         "    for node in gm.graph.nodes:\n"
-        "        if node.target is operator.iadd:\n"
-        "            node.target = operator.add\n"
+        "        if node.target is operator.add:\n"
+        "            node.target = torch.add\n"
         "    return gm\n")
-    for spec in ("my_passes.py:out_of_place", "my_passes:out_of_place"):
+    for spec in ("my_passes.py:torch_add", "my_passes:torch_add"):
         result = fxdebug_cli("passes", "torchvision.models:resnet18", "--input", "1,3,32,32",
                              "--pass", spec, "--check", cwd=str(tmp_path))
         assert result.returncode == 0, result.stderr
         assert "layer1.0.iadd" in result.stdout and "ok" in result.stdout
+        assert "changed nothing" not in result.stderr  # resnet's `out += identity` is an add
 
 
 def test_loss_from_current_directory_and_errors_about_the_loss(tmp_path):

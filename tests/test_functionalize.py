@@ -193,7 +193,7 @@ def test_resnet18_becomes_free_of_inplace_ops_with_equal_gradients():
     reference = copy.deepcopy(model)
     x = torch.randn(2, 3, 64, 64)
     gm, step = _functionalized(model)
-    assert len(step.rewritten) == 25
+    assert len(step.rewritten) == 17  # the ReLUs; tracing made `out += identity` out of place
     assert all(m.inplace for m in model.modules() if isinstance(m, torch.nn.ReLU)), \
         "the user's ReLU modules must stay as they were"
     assert list(gm.state_dict()) == list(model.state_dict())

@@ -42,9 +42,11 @@ def graph_source(gm: fx.GraphModule) -> str:
 def unchanged_message(pass_name: str, gm: fx.GraphModule) -> str:
     """Why a pass that changed nothing may have missed what it looks for (for a warning).
 
-    fxdebug traces ``x += y`` as ``operator.iadd`` (in place, as eager runs it)
-    where ``torch.fx.symbolic_trace`` gives ``operator.add``: a pass written
-    against plain fx that matches ``operator.add`` finds nothing there.
+    Where writing in place can matter, fxdebug traces ``x += y`` as
+    ``operator.iadd`` (as eager runs it) where ``torch.fx.symbolic_trace``
+    gives ``operator.add``: a pass written against plain fx that matches
+    ``operator.add`` finds nothing there. (A ``+=`` nothing can observe is
+    traced as ``operator.add``, see :mod:`fxdebug.tracing.inplace_lowering`.)
 
     >>> import torch, fxdebug
     >>> class Residual(torch.nn.Module):
@@ -63,7 +65,8 @@ def unchanged_message(pass_name: str, gm: fx.GraphModule) -> str:
         names = sorted(dict.fromkeys(node.target.__name__ for node in inplace))
         message += (f" Note: fxdebug keeps augmented assignments in place ({len(inplace)} "
                     f"node(s): operator.{', operator.'.join(names)}; first {node_key(first)!r} "
-                    f"at {format_location(first.meta.get(META_SOURCE))}) where "
+                    f"at {format_location(first.meta.get(META_SOURCE))}) where the write can "
+                    f"matter, where "
                     f"torch.fx.symbolic_trace gives operator.add and friends. A pass that "
                     f"matches operator.add should match operator.iadd too, or run after "
                     f"fxdebug.passes.Functionalize(), which rewrites them out of place where "

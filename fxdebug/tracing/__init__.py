@@ -10,6 +10,8 @@ structure of what the module returned::
       │              │  faithful in-place ops; random ops, constructors, grad-mode and
       │              │  autocast blocks as nodes, inference_mode and attribute writes
       │              │  refused (fidelity.py)
+      │              ├─ ``x += y`` nothing can observe -> ``operator.add``
+      │              │  (inplace_lowering.py, value_facts.py)
       │              └─ failure: explain_failure -> TraceFailure (failure.py),
       │                 or the failing submodule becomes an auto-leaf
       ├─ "export"  export_trace(model, *inputs)           export.py

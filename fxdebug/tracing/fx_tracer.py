@@ -11,6 +11,7 @@ Call tree::
            │    └─ TracePatches  -> random ops / constructors / grad modes / autocast as
            │                        nodes; inference_mode, ``self.x = proxy`` refused (fidelity.py)
            ├─ take_leftover_proxies: a Proxy kept in module state -> that module is refused
+           ├─ lower_inplace_operators: ``x += y`` that nothing can observe -> ``x + y``
            └─ on failure: explain_failure() -> TraceFailure
                  └─ auto_leaf and the failure is inside a submodule: retry with it as a leaf
       └─ DebugGraphModule(root, graph)      code generated on first use
@@ -18,7 +19,10 @@ Call tree::
 Plain ``torch.fx.symbolic_trace`` rewrites ``v += 1`` on a traced tensor into
 ``v = v + 1``: a view of the input is no longer written through, so the traced
 model computes different numbers than eager. fxdebug's proxies keep augmented
-assignments in place (``operator.iadd``; fx prints it as ``v += 1``).
+assignments in place (``operator.iadd``; fx prints it as ``v += 1``), then
+lowers those nobody can tell from ``v = v + 1`` to ``operator.add`` (resnet's
+``out += identity``; see inplace_lowering.py), so passes written for plain fx
+find the ``operator.add`` they look for.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from .failure import explain_failure
 from .fidelity import (NOT_CONSTANT, UNPATCHED_FROM_NUMPY, TracePatches, UnfaithfulTrace,
                        constant_value, static_forward, take_leftover_proxies)
 from .graph_module import lazy_graph_module
+from .inplace_lowering import lower_inplace_operators
 from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, ModuleReturn,
                    key_base)
 from .locations import caller_stacklevel, short_list, user_location
@@ -315,6 +320,7 @@ def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
             reason = f"{failure.kind} at {failure.location}"
             log.info("auto-leaf: %s (%s): %s", failure.module_path, failure.module_type, reason)
             auto_leaves.append((failure.module_path, reason))
+    lower_inplace_operators(graph, root)
     gm = lazy_graph_module(root, graph, type(model).__name__)  # code generated on first use
     gm.meta["fxdebug_auto_leaves"] = list(auto_leaves)
     gm.meta["fxdebug_frontend"] = "fx"

@@ -14,6 +14,9 @@ Node meta written by fxdebug (all keys start with ``fxdebug_``):
     fxdebug_pass     name of the pass that inserted the node
     fxdebug_provenance  [(node name, key), ...] of the nodes this node replaced
                      (written by :func:`inherit_key`)
+    fxdebug_lowered_from  "operator.iadd" (isub, imul, itruediv) on a ``+=`` traced
+                     out of place because nothing can observe the write
+                     (see inplace_lowering.py)
 """
 
 from __future__ import annotations
