@@ -6,7 +6,6 @@ count as user code: they are where a model's statements live).
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import sysconfig
@@ -31,14 +30,20 @@ def is_user_file(filename: str) -> bool:
     >>> is_user_file(torch.__file__), is_user_file("/home/me/model.py"), is_user_file("<stdin>")
     (False, True, False)
     """
+    known = _USER_FILES.get(filename)
+    if known is not None:
+        return known
     if not filename or filename.startswith("<"):
         return False
-    if os.path.isabs(filename):  # code objects' usual form; the answer cannot change
-        return _is_user_path(filename)
-    return _is_user_path.__wrapped__(filename)  # relative: depends on the working directory
+    answer = _is_user_path(filename)
+    if os.path.isabs(filename):  # code objects' usual form: the answer cannot change
+        _USER_FILES[filename] = answer
+    return answer  # a relative name depends on the working directory: asked again next time
 
 
-@functools.lru_cache(maxsize=4096)
+_USER_FILES: dict[str, bool] = {}
+
+
 def _is_user_path(filename: str) -> bool:
     path = os.path.abspath(filename)
     if path.startswith((_TORCH_DIR, _FXDEBUG_DIR, _SCRIPTS_DIR, _GENERATED_DIR)):
