@@ -72,7 +72,7 @@ def _module_calls(node: fx.Node) -> list[tuple[str, str, str]]:
             for call_id, (path, type_name) in stack.items() if path]
 
 
-def _output_structures(model: torch.nn.Module, inputs: tuple) -> dict:
+def _output_structures(model: torch.nn.Module, inputs: tuple, kwargs: dict) -> dict:
     """``{(path, call index): [(subpath, shape), ...]}``: each module call's tensor outputs, eagerly.
 
     The exported graph shows which nodes leave a module, not how the module
@@ -95,7 +95,7 @@ def _output_structures(model: torch.nn.Module, inputs: tuple) -> dict:
         handles.append(module.register_forward_hook(hook))
     try:
         with torch.no_grad():
-            model(*inputs)
+            model(*inputs, **kwargs)
     finally:
         for handle in handles:
             handle.remove()
@@ -185,13 +185,13 @@ def _with_visible_identities(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _export(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
+def _export(model: torch.nn.Module, inputs: tuple, kwargs: dict) -> fx.GraphModule:
     """torch.export, functionalized, as a GraphModule; without the partial graph torch.export
     prints to stderr when it fails (the TraceFailure says what went wrong)."""
     printed = io.StringIO()
     try:
         with contextlib.redirect_stderr(printed):
-            exported = torch.export.export(model, inputs)
+            exported = torch.export.export(model, inputs, kwargs)
     except Exception as exc:
         text = printed.getvalue()
         partial_graph = getattr(exc, "partial_fx_graph", None)
@@ -217,11 +217,15 @@ def _export(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
         return exported.module()
 
 
-def export_trace(model: torch.nn.Module, *example_inputs) -> fx.GraphModule:
+def export_trace(model: torch.nn.Module, *example_inputs,
+                 example_kwargs: dict | None = None) -> fx.GraphModule:
     """Build an fxdebug GraphModule of ``model`` with ``torch.export`` on ``example_inputs``.
 
     Use it through ``fxdebug.trace(model, *example_inputs, frontend="export")``
     (or ``frontend="auto"``, which tries symbolic tracing first).
+    ``example_kwargs`` are keyword arguments of the call (``output_attentions=True``);
+    the graph then takes them as ``gm(*example_inputs, **example_kwargs)``
+    does, and is specialised to their non-tensor values.
 
     Returns:
         A GraphModule of ATen operators whose keys are module paths, with
@@ -250,14 +254,16 @@ def export_trace(model: torch.nn.Module, *example_inputs) -> fx.GraphModule:
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fxdebug.trace expects an nn.Module, got {type(model).__name__}.")
     name = type(model).__name__
-    if not example_inputs:
+    example_kwargs = dict(example_kwargs or {})
+    if not example_inputs and not example_kwargs:
         raise TraceFailure(
             f"fxdebug could not export {name}: frontend='export' needs example inputs. "
             f"Fix: call fxdebug.trace(model, *example_inputs, frontend='export').",
             module_path="", module_type=name, location=None, kind="no example inputs",
             fix="pass example inputs")
     try:
-        plain = _export(_with_visible_identities(module_tree_copy(model)), tuple(example_inputs))
+        plain = _export(_with_visible_identities(module_tree_copy(model)), tuple(example_inputs),
+                        example_kwargs)
     except Exception as exc:  # any failure of user code under export is explained
         where = user_location_in_traceback(exc.__traceback__)
         location = format_location(where) if where else None
@@ -273,7 +279,7 @@ def export_trace(model: torch.nn.Module, *example_inputs) -> fx.GraphModule:
         if node.op == "call_module" and str(node.target).startswith("_guards"):
             plain.graph.erase_node(node)  # a shape guard call older torch inserts
     _assign_keys(plain, [path for path, _ in model.named_modules() if path],
-                 _output_structures(module_tree_copy(model), tuple(example_inputs)))
+                 _output_structures(module_tree_copy(model), tuple(example_inputs), example_kwargs))
     gm = DebugGraphModule(plain, plain.graph, class_name=name)
     for attr in ("_in_spec", "_out_spec"):
         if hasattr(plain, attr):

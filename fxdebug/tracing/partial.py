@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import io
 import re
 import logging
 import warnings
@@ -62,8 +63,9 @@ import torch.fx as fx
 from .. import runtime
 from ..errors import SelectionError, TraceFailure
 from ..runtime import RECORDER_ATTR, PartRecorder, SharedRecorder, begin_part, clone_inputs
-from .call_plan import (CallPlan, call_forward, call_plan, clean_tree, is_container, is_fx_leaf,
-                        note_part_output, set_submodule, strip_guards)
+from .call_plan import (CallPlan, ExportPlan, call_forward, call_plan, clean_tree, export_plan,
+                        is_container, is_fx_leaf, note_part_output, set_submodule, strip_guards)
+from .export import export_trace
 from .fx_tracer import trace_fx
 from .keys import META_KEY, META_MODULE, join_path, key_base, prefix_keys
 from .locations import caller_stacklevel
@@ -85,7 +87,11 @@ class _Dispatch:
     def __init__(self, context: "_Context", module: torch.nn.Module, path: str,
                  traceable: bool) -> None:
         self.context, self.module, self.path, self.traceable = context, module, path, traceable
-        self.variants: list[tuple[tuple, fx.GraphModule | None]] = []  # None: eager
+        # fx parts by call_plan signature (an EagerModule where fx failed), export parts by
+        # export_plan signature (None where export failed too: eager)
+        self.variants: list[tuple[tuple, fx.GraphModule | EagerModule]] = []
+        self.exported: list[tuple[tuple, fx.GraphModule | None]] = []
+        self.export_failure = ""
 
     def __call__(self, *args, **kwargs):
         context = self.context
@@ -112,18 +118,55 @@ class _Dispatch:
         return output
 
     def _choose(self, args, kwargs):
+        """The part to run for this call and its positional arguments, or (None, None): eager.
+
+        Symbolic tracing first (one part per :func:`call_plan` signature), then
+        ``torch.export`` of this call (one part per :func:`export_plan` signature:
+        shapes and every value fixed), then eager with both reasons.
+        """
         if not self.traceable:
             return None, None
         plan = call_plan(self.module, args, kwargs)
-        if plan.reason:
-            self.context.eager(self, None, plan.reason)
+        fx_failure: EagerModule | None = None
+        if not plan.reason:
+            found = next((part for signature, part in self.variants
+                          if signature == plan.signature), _MISSING)
+            if found is _MISSING:
+                found = self.context.specialise(self, plan)
+                if isinstance(found, TraceFailure):  # kept as the report line (deepcopy, pickle)
+                    found = EagerModule.from_failure(self.path, self.module, found)
+                self.variants.append((plan.signature, found))
+            if isinstance(found, fx.GraphModule):
+                return found, plan.positional
+            fx_failure = found
+        exported = export_plan(self.module, args, kwargs)
+        if fx_failure is not None and fx_failure.kind.startswith(_EAGER_ONLY):
+            exported.reason = (f"fx found {fx_failure.kind.split(' (')[0].split(',')[0]}, which "
+                               f"an exported graph would not do at run time either")
+        if not exported.reason and len(self.exported) >= _EXPORT_LIMIT:
+            exported.reason = (f"it was called with more than {_EXPORT_LIMIT} different "
+                               f"shapes or values, each needing an export of its own")
+        if exported.reason:
+            self.context.eager(self, fx_failure, plan.reason, f"not tried: {exported.reason}")
             return None, None
-        for signature, part in self.variants:
-            if signature == plan.signature:
-                return part, plan.positional
-        part = self.context.specialise(self, plan)
-        self.variants.append((plan.signature, part))
-        return part, plan.positional
+        found = next((part for signature, part in self.exported
+                      if signature == exported.signature), _MISSING)
+        if found is _MISSING and self.export_failure:
+            self.context.eager(self, fx_failure, plan.reason, f"not tried again: "
+                               f"{self.export_failure}")
+            return None, None
+        if found is _MISSING:
+            found = self.context.export(self, exported, args, kwargs, fx_failure, plan.reason)
+            self.exported.append((exported.signature, found))
+            if found is None:  # exporting other shapes would most likely fail the same way
+                self.export_failure = self.context.report.eager[-1].export_reason
+        return (found, exported.positional) if found is not None else (None, None)
+
+
+_MISSING = object()
+_EXPORT_LIMIT = 8  # export parts of one module (each a few seconds to make)
+# what fx found that a graph cannot be faithful to, whichever front end makes it
+_EAGER_ONLY = ("a traced value stored on the module", "torch.inference_mode()")
 
 
 class _Context:
@@ -142,7 +185,7 @@ class _Context:
         self.leaf_types = tuple(leaf for leaf in leaf_modules if isinstance(leaf, type))
         self.parts: dict[str, fx.GraphModule] = {}
         self.seen_keys: dict[str, None] = {}
-        self._eager_seen: dict[tuple[str, str], None] = {}
+        self._eager_seen: dict[tuple[str, str, str], None] = {}
         self.recording: dict[str, tuple] | None = None
         self.runs = 0
         self.scope: runtime.EagerScope | None = None
@@ -193,7 +236,7 @@ class _Context:
         return root
 
     # -- tracing a part --------------------------------------------------------------------
-    def specialise(self, dispatch: _Dispatch, plan: CallPlan) -> fx.GraphModule | None:
+    def specialise(self, dispatch: _Dispatch, plan: CallPlan) -> fx.GraphModule | TraceFailure:
         path, module = dispatch.path, dispatch.module
         inside = [leaf[len(path) + 1:] if path else leaf for leaf in self.leaf_paths
                   if not path or leaf.startswith(path + ".")]
@@ -203,8 +246,7 @@ class _Context:
                 gm = trace_fx(clean_tree(module), leaf_modules=[*inside, *self.leaf_types],
                               concrete_args=plan.concrete_args)
         except TraceFailure as failure:
-            self.eager(dispatch, failure, "")
-            return None
+            return failure
         strip_guards(gm)
         prefix_keys(gm.graph, path)
         if path:
@@ -214,13 +256,42 @@ class _Context:
                                           gm.meta.get("fxdebug_auto_leaves", ())]
         for _, rel in auto:
             set_submodule(gm, rel, module.get_submodule(rel))  # calls its own dispatcher
+        return self._add_part(gm, dispatch, TracedPart(
+            "", path, type(module).__name__, plan.description, tuple(full for full, _ in auto)))
+
+    def export(self, dispatch: _Dispatch, plan: ExportPlan, args: tuple, kwargs: dict,
+               fx_failure: EagerModule | None, fx_reason: str) -> fx.GraphModule | None:
+        """The part ``torch.export`` makes of this call, or None (eager, both reasons noted)."""
+        path, module = dispatch.path, dispatch.module
+        printed = io.StringIO()  # what torch.export prints on failure: the report says why
+        try:
+            with warnings.catch_warnings(), contextlib.redirect_stderr(printed):
+                warnings.simplefilter("ignore")
+                gm = export_trace(clean_tree(module), *args, example_kwargs=kwargs)
+        except TraceFailure as failure:
+            cause = failure.__cause__ or failure
+            text = " ".join(str(cause).split()[:60])
+            at = f" at {failure.location}" if failure.location else ""
+            self.eager(dispatch, fx_failure, fx_reason,
+                       f"torch.export failed{at}: {type(cause).__name__}: {text}")
+            return None
+        prefix_keys(gm.graph, path)
+        if path:
+            note_part_output(gm, path, type(module).__name__)
+        why = (f"{fx_failure.kind} at {fx_failure.location}" if fx_failure is not None
+               else fx_reason)
+        return self._add_part(gm, dispatch, TracedPart(
+            "", path, type(module).__name__, plan.description, (), "export", why))
+
+    def _add_part(self, gm: fx.GraphModule, dispatch: _Dispatch,
+                  part: TracedPart) -> fx.GraphModule:
+        path = dispatch.path
         label = path if path not in self.parts else \
             f"{path}@{sum(p.path == path for p in self.report.parts)}"
-        gm.meta.update(fxdebug_part=label, fxdebug_frontend="fx")
+        gm.meta.update(fxdebug_part=label, fxdebug_frontend=part.frontend)
         gm = self._instrument(gm, label)
         self.parts[label] = gm
-        self.report.parts.append(TracedPart(label, path, type(module).__name__,
-                                            plan.description, tuple(full for full, _ in auto)))
+        self.report.parts.append(dataclasses.replace(part, label=label))
         return gm
 
     def _instrument(self, gm: fx.GraphModule, label: str) -> fx.GraphModule:
@@ -244,16 +315,20 @@ class _Context:
         return gm
 
     # -- running ---------------------------------------------------------------------------
-    def eager(self, dispatch: _Dispatch, failure: TraceFailure | None, reason: str) -> None:
+    def eager(self, dispatch: _Dispatch, failure: EagerModule | None, reason: str,
+              export_reason: str = "") -> None:
+        """Note that ``dispatch``'s module runs eagerly: why fx (``failure`` or ``reason``)
+        and why export (``export_reason``) did not make a graph of it."""
         module, path = dispatch.module, dispatch.path
         if failure is not None:
-            entry = EagerModule.from_failure(path, module, failure)
+            entry = failure
         else:
             entry = EagerModule(path, type(module).__name__, reason.split(",")[0], None,
                                 f"module {path or '(root)'!r} ({type(module).__name__}) runs "
                                 f"eagerly: {reason}.")
-        if (path, entry.reason) not in self._eager_seen:
-            self._eager_seen[(path, entry.reason)] = None
+        entry = dataclasses.replace(entry, export_reason=export_reason)
+        if (path, entry.reason, export_reason) not in self._eager_seen:
+            self._eager_seen[(path, entry.reason, export_reason)] = None
             self.report.eager.append(entry)
 
     def capture_eager(self, dispatch: _Dispatch, output) -> None:
