@@ -152,13 +152,12 @@ class _Dispatch:
         found = next((part for signature, part in self.exported
                       if signature == exported.signature), _MISSING)
         if found is _MISSING and self.export_failure:
-            self.context.eager(self, fx_failure, plan.reason, f"not tried again: "
-                               f"{self.export_failure}")
+            self.context.eager(self, fx_failure, plan.reason, self.export_failure)
             return None, None
         if found is _MISSING:
             found = self.context.export(self, exported, args, kwargs, fx_failure, plan.reason)
             self.exported.append((exported.signature, found))
-            if found is None:  # exporting other shapes would most likely fail the same way
+            if found is None:  # other shapes would fail the same way: not tried (seconds each)
                 self.export_failure = self.context.report.eager[-1].export_reason
         return (found, exported.positional) if found is not None else (None, None)
 
@@ -270,7 +269,8 @@ class _Context:
                 gm = export_trace(clean_tree(module), *args, example_kwargs=kwargs)
         except TraceFailure as failure:
             cause = failure.__cause__ or failure
-            text = " ".join(str(cause).split()[:60])
+            text = (str(cause).strip().splitlines() or [""])[0]
+            text = text if len(text) <= 160 else text[:157] + "..."
             at = f" at {failure.location}" if failure.location else ""
             self.eager(dispatch, fx_failure, fx_reason,
                        f"torch.export failed{at}: {type(cause).__name__}: {text}")
