@@ -7,6 +7,7 @@ transformers returns with ``output_attentions=True``, ``retain_grad`` on them).
 from __future__ import annotations
 
 import copy
+import pickle
 import warnings
 
 import pytest
@@ -156,3 +157,20 @@ def test_export_is_specialised_to_every_argument_and_failures_run_eagerly():
     assert "  (root) (Gate) [eager]: fxdebug could not trace the root module (Gate)" in summary
     assert "    export: torch.export failed at tests/test_export_parts.py:" in summary
     assert "  scaled (Scaled) [export] (float32[3, 4], scale=2.0, mask=None)" in summary
+
+
+def test_exported_parts_rerun_alone_and_survive_deepcopy_and_pickle():
+    torch.manual_seed(0)
+    model = Gate().eval()
+    instrumented = fxdebug.instrument(model, capture="all")
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        _quiet(instrumented, x, scale=3.0)
+        arguments = _quiet(fxdebug.part_inputs, instrumented, x, scale=3.0)["scaled"]
+        part = traced_parts(instrumented)["scaled"]
+        assert arguments[1:] == (3.0, None)  # the call's own order: x, then its keywords
+        assert torch.equal(part(*arguments), model.scaled(x, scale=3.0, mask=None))
+        twin = copy.deepcopy(instrumented)
+        for clone in (twin, pickle.loads(pickle.dumps(twin))):
+            assert torch.equal(_quiet(clone, x, scale=3.0), model(x, scale=3.0))
+            assert fxdebug.records(clone).record("scaled.mul").via == "graph"

@@ -280,6 +280,7 @@ def export_trace(model: torch.nn.Module, *example_inputs,
             plain.graph.erase_node(node)  # a shape guard call older torch inserts
     _assign_keys(plain, [path for path, _ in model.named_modules() if path],
                  _output_structures(module_tree_copy(model), tuple(example_inputs), example_kwargs))
+    plain.graph._tracer_cls = None  # torch.export's tracer cannot re-trace a pickled copy
     gm = DebugGraphModule(plain, plain.graph, class_name=name)
     for attr in ("_in_spec", "_out_spec"):
         if hasattr(plain, attr):
