@@ -20,7 +20,11 @@ called, specialised to the call::
            │    │  ("backbone.body.layer1.0.conv1"), instrumented by instrument_graph
            │    │  (instrument()'s own pipeline, passed in), auto-leaves calling their
            │    │  own dispatchers
-           │    └─ TraceFailure: *eager*: the reason is kept
+           │    └─ TraceFailure (or a call fx cannot specialise, such as **kwargs):
+           ├─ export_plan: the same, plus every tensor's shape, dtype and device
+           ├─ first call with that: export_trace(module, *args, example_kwargs=kwargs)
+           │    ├─ works: a part (front end "export"), instrumented the same way
+           │    └─ fails: *eager*, with both reasons (not tried again on this module)
            ├─ part: run the graph
            └─ eager: run the module's own forward (its children dispatch
               again) and capture its output
@@ -29,7 +33,10 @@ Tensors become graph inputs (also inside lists and dicts: ``fx.PH``); every
 other argument is fixed, so ``token_type_ids=None`` or ``targets=None`` take
 the branch they take eagerly, and a call with other values (or after
 ``model.train()``) gets a part of its own. A module whose arguments fxdebug
-cannot specialise on (an ``ImageList``, non-tensors through ``*args``) runs eagerly, and says so.
+cannot specialise on (non-tensors through ``**kwargs``, as every Hugging Face
+attention block is called) is exported with ``torch.export`` on that call
+instead, specialised to its shapes and values; one whose arguments neither can
+take (an ``ImageList``) runs eagerly, and says so.
 
 The user's model is never modified. All parts and eager captures write into
 one :class:`SharedRecorder` (the root's ``fxdebug_recorder``), so
@@ -52,7 +59,6 @@ import contextlib
 import dataclasses
 import functools
 import io
-import re
 import logging
 import warnings
 from typing import Callable
@@ -61,17 +67,18 @@ import torch
 import torch.fx as fx
 
 from .. import runtime
-from ..errors import SelectionError, TraceFailure
+from ..errors import TraceFailure
 from ..runtime import RECORDER_ATTR, PartRecorder, SharedRecorder, begin_part, clone_inputs
 from .call_plan import (CallPlan, ExportPlan, call_forward, call_plan, clean_tree, export_plan,
                         is_container, is_fx_leaf, note_part_output, set_submodule, strip_guards)
 from .export import export_trace
 from .fx_tracer import trace_fx
-from .keys import META_KEY, META_MODULE, join_path, key_base, prefix_keys
+from .keys import META_KEY, join_path, prefix_keys
 from .locations import caller_stacklevel
 from .module_copy import shallow_module_copy
+from .part_selection import Selection, key_plan
 from .partial_report import REPORT_ATTR, EagerModule, PartialReport, TracedPart, is_partial
-from .selection import as_patterns, check_patterns, candidates, key_depth, matches
+from .selection import candidates
 
 # instrument_graph(part, arguments or None) -> the instrumented part
 InstrumentGraph = Callable[[fx.GraphModule, "dict | None"], fx.GraphModule]
@@ -171,7 +178,7 @@ _EAGER_ONLY = ("a traced value stored on the module", "torch.inference_mode()")
 class _Context:
     """What the dispatchers of one partial model share."""
 
-    def __init__(self, source: torch.nn.Module, selection: "_Selection | None",
+    def __init__(self, source: torch.nn.Module, selection: "Selection | None",
                  instrument_graph: InstrumentGraph | None = None, leaf_modules=(),
                  notes=()) -> None:
         self.source = source
@@ -308,7 +315,7 @@ class _Context:
                 node.target = begin_part
                 node.meta[META_KEY] = "begin_part"
         if any(node.op == "get_attr" and node.target == RECORDER_ATTR for node in gm.graph.nodes):
-            recorder.plan = _key_plan(gm, self.module_paths)
+            recorder.plan = key_plan(gm, self.module_paths)
         else:
             delattr(gm, RECORDER_ATTR)
         gm.recompile()
@@ -364,96 +371,6 @@ class _Context:
         if self.report.eager:
             logging.getLogger("fxdebug").info("partial tracing:\n%s", self.report.summary())
             warnings.warn(self.report.warning_text(), stacklevel=caller_stacklevel())
-
-
-# -- selection -------------------------------------------------------------------------
-def _key_plan(gm: fx.GraphModule, module_paths: dict) -> dict[str, tuple[str, int, int]]:
-    """For every capturable key: (base, index among the keys of that base, keys of that base)."""
-    bases: dict[str, str] = {}
-    for target in candidates(gm, every_node=True):
-        key = target.key
-        if target.is_module:
-            match = re.fullmatch(r"(.+)_(\d+)", key)
-            base = key if key in module_paths or not match or \
-                match.group(1) not in module_paths else match.group(1)
-        else:
-            node = target.nodes[0]
-            base = key if node.op == "placeholder" else \
-                key_base(node.op, node.target, node.meta.get(META_MODULE, ""))
-            if not (key == base or re.fullmatch(re.escape(base) + r"_\d+", key)):
-                base = key
-        bases.setdefault(key, base)
-    per_base: dict[str, int] = {}
-    plan = {}
-    for key, base in bases.items():
-        plan[key] = (base, per_base.get(base, 0))
-        per_base[base] = per_base.get(base, 0) + 1
-    return {key: (base, index, per_base[base]) for key, (base, index) in plan.items()}
-
-
-class _Selection:
-    """The user's capture arguments, checked against the whole model, applied per part."""
-
-    def __init__(self, capture, depth, include, exclude, grads, mode) -> None:
-        if isinstance(capture, str) and capture not in ("modules", "all"):
-            raise SelectionError(f"capture={capture!r}: use 'modules', 'all', or a list of keys "
-                                 f"or globs such as ['backbone.body.layer1', '*.conv1'].")
-        if mode not in ("tensor", "stats"):
-            raise SelectionError(f"mode={mode!r}: use 'tensor' (keep values) or 'stats' (keep "
-                                 f"summary statistics only).")
-        self.capture = capture if isinstance(capture, str) else as_patterns("capture", capture)
-        self.depth, self.grads, self.mode = depth, grads, mode
-        self.include = as_patterns("include", include)
-        self.exclude = as_patterns("exclude", exclude)
-        self.include_given = include is not None
-
-    def check(self, keys: list[str]) -> None:
-        pool = [_Key(key) for key in keys]
-        if isinstance(self.capture, list):
-            check_patterns("capture", self.capture, pool)
-        check_patterns("include", self.include, pool)
-        check_patterns("exclude", self.exclude, pool)
-
-    def for_part(self, keys: list[str]) -> dict | None:
-        """``instrument()`` arguments for a part with these keys; None: nothing to do there."""
-        def here(patterns):
-            return [p for p in patterns if any(matches(key, p) for key in keys)]
-        include = here(self.include)
-        if self.include_given and not include:
-            return None
-        capture = self.capture if isinstance(self.capture, str) else here(self.capture)
-        if isinstance(self.capture, list) and self.capture and not capture:
-            return None
-        return dict(capture=capture, depth=self.depth, include=include or None,
-                    exclude=here(self.exclude) or None, grads=self.grads, mode=self.mode)
-
-    def for_eager(self, key: str) -> tuple[str | None, str | None]:
-        """(capture mode or None, grads mode or None) for the output of a module run eagerly."""
-        if self.depth is not None and key_depth(key) > self.depth:
-            return None, None
-        if self.include and not any(matches(key, p) for p in self.include):
-            return None, None
-        if any(matches(key, p) for p in self.exclude):
-            return None, None
-        listed = isinstance(self.capture, list)
-        chosen = not listed or any(matches(key, p) for p in self.capture)
-        capture = self.mode if chosen and not (listed and not self.capture) else None
-        grads_chosen = chosen or (listed and not self.capture)
-        return capture, (self.mode if self.grads and grads_chosen else None)
-
-    @property
-    def records_ops(self) -> bool:
-        """Whether ops inside eager code can be selected (``capture="all"`` or patterns)."""
-        return self.capture == "all" or (isinstance(self.capture, list) and bool(self.capture))
-
-    def for_op(self, key: str) -> tuple[str | None, str | None]:
-        """As :meth:`for_eager`, for an op that ran inside eager code (none for ``"modules"``)."""
-        return self.for_eager(key) if self.records_ops else (None, None)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Key:
-    key: str
 
 
 # -- entry points ------------------------------------------------------------------------
@@ -539,7 +456,7 @@ def instrument_parts(model: torch.nn.Module, instrument_graph: InstrumentGraph,
         model, notes = previous.source, previous.report.notes
     elif failure is not None:
         notes = [f"fx with symbolic arguments: {' '.join(str(failure).split())}"]
-    selection = _Selection(capture, depth, include, exclude, grads, mode)
+    selection = Selection(capture, depth, include, exclude, grads, mode)
     context = _Context(model, selection, instrument_graph, notes=notes)
     return context.build(model)
 
