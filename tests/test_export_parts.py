@@ -174,3 +174,53 @@ def test_exported_parts_rerun_alone_and_survive_deepcopy_and_pickle():
         for clone in (twin, pickle.loads(pickle.dumps(twin))):
             assert torch.equal(_quiet(clone, x, scale=3.0), model(x, scale=3.0))
             assert fxdebug.records(clone).record("scaled.mul").via == "graph"
+
+
+# -- train mode: running statistics and random draws -----------------------------------------
+class Normed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.bn = nn.BatchNorm1d(4)
+
+    def forward(self, x, **options):
+        return self.bn(self.fc(x)) * options.get("scale", 1.0)
+
+
+class NormedGate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.normed = Normed()
+
+    def forward(self, x):
+        y = self.normed(x, scale=2.0)
+        return y if y.sum() > 0 else -y
+
+
+def test_train_mode_batchnorm_statistics_equal_eager_in_an_exported_part():
+    torch.manual_seed(0)
+    model = NormedGate().train()
+    twin = copy.deepcopy(model)
+    instrumented = fxdebug.instrument(model)
+    x = torch.randn(8, 4)
+    for _ in range(2):  # exporting runs nothing that updates the model's statistics
+        assert torch.equal(_quiet(instrumented, x), twin(x))
+        assert int(model.normed.bn.num_batches_tracked) == int(twin.normed.bn.num_batches_tracked)
+        assert torch.equal(model.normed.bn.running_mean, twin.normed.bn.running_mean)
+        assert torch.equal(model.normed.bn.running_var, twin.normed.bn.running_var)
+    assert [(p.label, p.frontend) for p in instrumented.fxdebug_partial.parts] == [
+        ("normed", "export")]
+
+
+def test_train_mode_dropout_is_not_exported_and_equals_a_seeded_eager_run():
+    model = _bert().train()
+    instrumented = fxdebug.instrument(model)
+    ids = _ids(8)
+    torch.manual_seed(1)
+    out = _quiet(instrumented, ids).last_hidden_state
+    torch.manual_seed(1)
+    assert torch.equal(out, model(ids).last_hidden_state)
+    report = instrumented.fxdebug_partial
+    assert all(part.frontend == "fx" for part in report.parts)
+    root = next(entry for entry in report.eager if entry.path == "")
+    assert root.export_reason.startswith("not tried: embeddings.dropout is a dropout in train mode")

@@ -150,6 +150,13 @@ class _Dispatch:
         if fx_failure is not None and fx_failure.kind.startswith(_EAGER_ONLY):
             exported.reason = (f"fx found {fx_failure.kind.split(' (')[0].split(',')[0]}, which "
                                f"an exported graph would not do at run time either")
+        dropout = next((path for path, sub in self.module.named_modules()
+                        if isinstance(sub, torch.nn.modules.dropout._DropoutNd)
+                        and sub.training and sub.p > 0), None)
+        if not exported.reason and dropout is not None:
+            exported.reason = (f"{join_path(self.path, dropout) or '(root)'} is a dropout in "
+                               f"train mode: random draws in an exported graph are not known "
+                               f"to match eager ones")
         if not exported.reason and len(self.exported) >= _EXPORT_LIMIT:
             exported.reason = (f"it was called with more than {_EXPORT_LIMIT} different "
                                f"shapes or values, each needing an export of its own")
@@ -170,6 +177,24 @@ class _Dispatch:
 
 
 _MISSING = object()
+
+
+def _random_ops(gm: fx.GraphModule) -> list[str]:
+    """The random ATen ops of an exported graph: nothing says they draw what eager code
+    draws from the same seed (torch may decompose them), so such a part runs eagerly."""
+    found: dict[str, None] = {}
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or torch.Tag.nondeterministic_seeded not in getattr(
+                target, "tags", ()):
+            continue
+        schema = target._schema.arguments
+        given = {a.name: a.default_value for a in schema if a.has_default_value()}
+        given.update(zip((a.name for a in schema), node.args), **node.kwargs)
+        if given.get("train", True) is False or given.get("p", given.get("dropout_p")) == 0:
+            continue  # dropout that draws nothing: eval mode, or attention with dropout_p=0
+        found[str(target)] = None
+    return list(found)
 _EXPORT_LIMIT = 8  # export parts of one module (each a few seconds to make)
 # what fx found that a graph cannot be faithful to, whichever front end makes it
 _EAGER_ONLY = ("a traced value stored on the module", "torch.inference_mode()")
@@ -281,6 +306,12 @@ class _Context:
             at = f" at {failure.location}" if failure.location else ""
             self.eager(dispatch, fx_failure, fx_reason,
                        f"torch.export failed{at}: {type(cause).__name__}: {text}")
+            return None
+        random = _random_ops(gm)
+        if random:
+            self.eager(dispatch, fx_failure, fx_reason,
+                       f"its exported graph draws random numbers ({', '.join(random)}), which "
+                       f"are not known to match eager draws (dropout in train mode?)")
             return None
         prefix_keys(gm.graph, path)
         if path:
