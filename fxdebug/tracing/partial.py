@@ -95,10 +95,9 @@ class _Dispatch:
                  traceable: bool) -> None:
         self.context, self.module, self.path, self.traceable = context, module, path, traceable
         # fx parts by call_plan signature (an EagerModule where fx failed), export parts by
-        # export_plan signature (None where export failed too: eager)
+        # export_plan signature (why not, where export was not tried or failed: eager)
         self.variants: list[tuple[tuple, fx.GraphModule | EagerModule]] = []
-        self.exported: list[tuple[tuple, fx.GraphModule | None]] = []
-        self.export_failure = ""
+        self.exported: list[tuple[tuple, fx.GraphModule | str]] = []  # str: why eager
 
     def __call__(self, *args, **kwargs):
         context = self.context
@@ -147,36 +146,47 @@ class _Dispatch:
                 return found, plan.positional
             fx_failure = found
         exported = export_plan(self.module, args, kwargs)
-        if fx_failure is not None and fx_failure.kind.startswith(_EAGER_ONLY):
-            exported.reason = (f"fx found {fx_failure.kind.split(' (')[0].split(',')[0]}, which "
-                               f"an exported graph would not do at run time either")
-        dropout = next((path for path, sub in self.module.named_modules()
-                        if isinstance(sub, torch.nn.modules.dropout._DropoutNd)
-                        and sub.training and sub.p > 0), None)
-        if not exported.reason and dropout is not None:
-            exported.reason = (f"{join_path(self.path, dropout) or '(root)'} is a dropout in "
-                               f"train mode: random draws in an exported graph are not known "
-                               f"to match eager ones")
-        if not exported.reason and len(self.exported) >= _EXPORT_LIMIT:
-            exported.reason = (f"it was called with more than {_EXPORT_LIMIT} different "
-                               f"shapes or values, each needing an export of its own")
         if exported.reason:
             self.context.eager(self, fx_failure, plan.reason, f"not tried: {exported.reason}")
             return None, None
         found = next((part for signature, part in self.exported
                       if signature == exported.signature), _MISSING)
-        if found is _MISSING and self.export_failure:
-            self.context.eager(self, fx_failure, plan.reason, self.export_failure)
-            return None, None
         if found is _MISSING:
-            found = self.context.export(self, exported, args, kwargs, fx_failure, plan.reason)
+            if len(self.exported) >= _EXPORT_LIMIT:
+                self.context.eager(self, fx_failure, plan.reason, (
+                    f"not tried: it was called with more than {_EXPORT_LIMIT} different shapes "
+                    f"or values, each needing an export of its own"))
+                return None, None
+            found = self._why_not_export(fx_failure)
+            if not found:
+                found = self.context.export(self, exported, args, kwargs, fx_failure,
+                                            plan.reason)
             self.exported.append((exported.signature, found))
-            if found is None:  # other shapes would fail the same way: not tried (seconds each)
-                self.export_failure = self.context.report.eager[-1].export_reason
-        return (found, exported.positional) if found is not None else (None, None)
+        if isinstance(found, str):  # why export was not tried, or why it failed
+            self.context.eager(self, fx_failure, plan.reason, found)
+            return None, None
+        return found, exported.positional
+
+    def _why_not_export(self, fx_failure: EagerModule | None) -> str:
+        """Why torch.export is not tried on this module (seconds each), or ``""``."""
+        if fx_failure is not None and fx_failure.kind.startswith(_EAGER_ONLY):
+            return (f"not tried: fx found {fx_failure.kind.split(' (')[0].split(',')[0]}, "
+                    f"which an exported graph would not do at run time either")
+        dropout = next((path for path, sub in self.module.named_modules()
+                        if isinstance(sub, torch.nn.modules.dropout._DropoutNd)
+                        and sub.training and sub.p > 0), None)
+        if dropout is not None:
+            return (f"not tried: {join_path(self.path, dropout) or '(root)'} is a dropout in "
+                    f"train mode: random draws in an exported graph are not known to match "
+                    f"eager ones")
+        # failed once: other shapes fail the same way (not tried again; one report line)
+        return next((part for _, part in self.exported if isinstance(part, str)), "")
 
 
 _MISSING = object()
+_EXPORT_LIMIT = 8  # export parts of one module (each a few seconds to make)
+# what fx found that a graph cannot be faithful to, whichever front end makes it
+_EAGER_ONLY = ("a traced value stored on the module", "torch.inference_mode()")
 
 
 def _random_ops(gm: fx.GraphModule) -> list[str]:
@@ -195,9 +205,6 @@ def _random_ops(gm: fx.GraphModule) -> list[str]:
             continue  # dropout that draws nothing: eval mode, or attention with dropout_p=0
         found[str(target)] = None
     return list(found)
-_EXPORT_LIMIT = 8  # export parts of one module (each a few seconds to make)
-# what fx found that a graph cannot be faithful to, whichever front end makes it
-_EAGER_ONLY = ("a traced value stored on the module", "torch.inference_mode()")
 
 
 class _Context:
@@ -291,8 +298,8 @@ class _Context:
             "", path, type(module).__name__, plan.description, tuple(full for full, _ in auto)))
 
     def export(self, dispatch: _Dispatch, plan: ExportPlan, args: tuple, kwargs: dict,
-               fx_failure: EagerModule | None, fx_reason: str) -> fx.GraphModule | None:
-        """The part ``torch.export`` makes of this call, or None (eager, both reasons noted)."""
+               fx_failure: EagerModule | None, fx_reason: str) -> fx.GraphModule | str:
+        """The part ``torch.export`` makes of this call, or why it cannot (then it runs eagerly)."""
         path, module = dispatch.path, dispatch.module
         printed = io.StringIO()  # what torch.export prints on failure: the report says why
         try:
@@ -304,15 +311,11 @@ class _Context:
             text = (str(cause).strip().splitlines() or [""])[0]
             text = text if len(text) <= 160 else text[:157] + "..."
             at = f" at {failure.location}" if failure.location else ""
-            self.eager(dispatch, fx_failure, fx_reason,
-                       f"torch.export failed{at}: {type(cause).__name__}: {text}")
-            return None
+            return f"torch.export failed{at}: {type(cause).__name__}: {text}"
         random = _random_ops(gm)
         if random:
-            self.eager(dispatch, fx_failure, fx_reason,
-                       f"its exported graph draws random numbers ({', '.join(random)}), which "
-                       f"are not known to match eager draws (dropout in train mode?)")
-            return None
+            return (f"its exported graph draws random numbers ({', '.join(random)}), which "
+                    f"are not known to match eager draws (dropout in train mode?)")
         prefix_keys(gm.graph, path)
         if path:
             note_part_output(gm, path, type(module).__name__)
