@@ -157,6 +157,7 @@ def test_export_is_specialised_to_every_argument_and_failures_run_eagerly():
     assert "  (root) (Gate) [eager]: fxdebug could not trace the root module (Gate)" in summary
     assert "    export: torch.export failed at tests/test_export_parts.py:" in summary
     assert "  scaled (Scaled) [export] (float32[3, 4], scale=2.0, mask=None)" in summary
+    assert "traced 4 part(s) (4 by torch.export), ran 1 module(s) eagerly" in report.warning_text()
 
 
 def test_exported_parts_rerun_alone_and_survive_deepcopy_and_pickle():

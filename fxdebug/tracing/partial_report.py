@@ -119,8 +119,11 @@ class PartialReport:
         """One line for the warning; :meth:`summary` has every part and reason in full."""
         eager = short_list([f"{e.path or '(root)'} ({e.module_type}): {e.kind}"
                             for e in self.eager])
+        exported = sum(part.frontend == "export" for part in self.parts)
+        by_export = f" ({exported} by torch.export)" if exported else ""
         return (f"fxdebug could not trace {self.model_type} as a whole: traced "
-                f"{len(self.parts)} part(s), ran {len(self.eager)} module(s) eagerly ({eager}); "
+                f"{len(self.parts)} part(s){by_export}, ran {len(self.eager)} module(s) eagerly "
+                f"({eager}); "
                 f"print(model.{REPORT_ATTR}.summary()) says why.")
 
 
