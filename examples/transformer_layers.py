@@ -1,6 +1,7 @@
 """Per-layer activations of transformers models (seed 000: forward hooks on every layer,
 recursive detach of tuple outputs). BertModel, GPT2Model and LlamaModel cannot be traced by
-torch.fx as a whole; fxdebug.instrument still captures every layer under its module path
+torch.fx as a whole (they are called with **kwargs); fxdebug.instrument exports each
+with torch.export on its first call and captures every layer under its module path
 ("encoder.layer.1.attention.self.query", "h.1.mlp", "layers.1.self_attn"), and
 fxdebug.trace(model, input_ids, frontend="auto") builds one graph of each with torch.export.
 Tiny configs, random weights, nothing downloaded. Needs `pip install transformers`.
@@ -72,8 +73,9 @@ def main():
         layer_keys = [key for key in rec.keys() if key.startswith(layer + ".")]
         assert layer_keys and layer in rec
         report = instrumented.fxdebug_partial
-        print(f"{type(model).__name__}: {len(rec)} tensors captured, {len(report.parts)} parts "
-              f"traced, {len(report.eager)} modules eager; {layer}: {len(layer_keys)} keys, "
+        fronts = ", ".join(f"{p.label or '(root)'} [{p.frontend}]" for p in report.parts)
+        print(f"{type(model).__name__}: {len(rec)} tensors captured, parts {fronts}, "
+              f"{len(report.eager)} modules eager; {layer}: {len(layer_keys)} keys, "
               f"e.g. {layer_keys[0]} {tuple(rec[layer_keys[0]].shape)}")
 
         # 2. one graph of the whole model, through torch.export

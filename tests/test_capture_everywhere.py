@@ -53,8 +53,9 @@ def test_attention_probabilities_are_captured_inside_eager_attention(factory):
     rec = fxdebug.records(instrumented)
     for layer, weights in enumerate(expected.attentions):
         key = f"{attention.format(layer)}.softmax"
-        assert rec.record(key).via == "eager op"
-        assert rec.record(key).op == "torch.nn.functional.softmax"
+        # symbolic tracing fails on the model (**kwargs calls): torch.export makes its graph
+        assert rec.record(key).via == "graph"
+        assert rec.record(key).op == "aten.softmax.int"
         assert torch.equal(rec[key], weights), key
         assert f"{attention.format(layer)}.matmul" in rec  # the scores, before the softmax
     # module outputs keep their keys and say how they were captured

@@ -104,10 +104,18 @@ def test_detector_report_names_what_ran_eagerly_and_why(detector):
     assert eager[""].module_type == "FasterRCNN"
     assert "generalized_rcnn.py" in eager[""].location
     assert "ImageList" in eager["rpn"].reason
-    assert eager["roi_heads.box_predictor"].kind == "control flow on a traced value"
-    assert "faster_rcnn.py" in eager["roi_heads.box_predictor"].reason
+    assert "not tried" in eager["rpn"].export_reason  # torch.export cannot take an ImageList
+    assert "data-dependent" in eager["roi_heads"].export_reason  # the number of boxes
+    # symbolic tracing fails on `if x.dim() == 4` in the box predictor; torch.export does not
+    parts = {part.label: part for part in report.parts}
+    assert parts["roi_heads.box_predictor"].frontend == "export"
+    assert "faster_rcnn.py" in parts["roi_heads.box_predictor"].fx_reason
+    # the RoI pool stores values on itself in forward: no front end is tried on it
+    assert "stored on the module" in eager["roi_heads.box_roi_pool"].reason
+    assert "not tried" in eager["roi_heads.box_roi_pool"].export_reason
     labels = [part.label for part in report.parts]
     assert labels[0] == "backbone" and "rpn.head" in labels and "roi_heads.box_head" in labels
+    assert parts["backbone"].frontend == "fx"
     assert not ADDRESS.search(report.summary())
 
 

@@ -31,7 +31,7 @@ import torch.fx as fx
 
 from .. import runtime
 from ..tracing.call_plan import is_container, is_fx_leaf
-from ..tracing.partial import _Selection
+from ..tracing.part_selection import Selection
 from ._placement import ensure_recorder
 from .base import Pass
 
@@ -69,7 +69,7 @@ class EagerRegions(Pass):
 
     def __init__(self, capture="modules", depth=None, include=None, exclude=None,
                  grads: bool = False, mode: str = "tensor") -> None:
-        self.selection = _Selection(capture, depth, include, exclude, grads, mode)
+        self.selection = Selection(capture, depth, include, exclude, grads, mode)
 
     def run(self, gm: fx.GraphModule) -> bool:
         leaves = [str(node.target) for node in gm.graph.nodes if node.op == "call_module"]

@@ -18,7 +18,9 @@ structure of what the module returned::
       │              └─ torch.export, keys from nn_module_stack
       └─ "auto"    fx, else export, else trace_parts(model)   partial.py
                      └─ a copy of the model whose modules trace themselves on
-                        their first call (call_plan.py); the rest runs eagerly
+                        their first call (call_plan.py): fx, else torch.export of
+                        that call; the rest runs eagerly (capture selection:
+                        part_selection.py)
 
 Also here: :func:`~fxdebug.tracing.selection.select` (which keys a pattern
 picks), :class:`~fxdebug.tracing.graph_module.DebugGraphModule` (the

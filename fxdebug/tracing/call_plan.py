@@ -23,7 +23,7 @@ from .keys import META_RETURNS, ModuleReturn
 from .module_copy import module_tree_copy
 from .partial_report import REPORT_ATTR
 
-__all__ = ["CallPlan", "call_plan", "call_forward", "strip_guards", "note_part_output", "set_submodule",
+__all__ = ["CallPlan", "call_plan", "ExportPlan", "export_plan", "call_forward", "strip_guards", "note_part_output", "set_submodule",
            "clean_tree", "is_fx_leaf", "is_container"]
 
 
@@ -121,6 +121,65 @@ def call_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> CallPlan:
     plan.positional = values + extra
     plan.description = f"({', '.join(described)})"
     return plan
+
+
+@dataclasses.dataclass
+class ExportPlan:
+    """How to export a module for one call (``args``, ``kwargs`` as given): or why not.
+
+    ``signature`` holds everything the exported graph is specialised to: the
+    training flags, the grad mode, the structure of the arguments, every
+    tensor's shape, dtype, device and layout, every other value.
+    """
+
+    signature: tuple = ()
+    positional: list = dataclasses.field(default_factory=list)
+    description: str = ""
+    reason: str = ""
+
+
+def _describe_tensor(tensor: torch.Tensor) -> str:
+    return f"{str(tensor.dtype).replace('torch.', '')}[{', '.join(map(str, tensor.shape))}]"
+
+
+def export_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> ExportPlan:
+    """The specialisation of ``module(*args, **kwargs)`` for ``torch.export``.
+
+    >>> plan = export_plan(torch.nn.ReLU(), (torch.ones(2, 3),), {"inplace": None})
+    >>> plan.description, plan.reason
+    ('(float32[2, 3], inplace=None)', '')
+    >>> export_plan(torch.nn.ReLU(), (object(),), {}).reason[:36]
+    'argument 0 holds a value of type obj'
+    """
+    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    marks = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            marks.append(("tensor", tuple(leaf.shape), leaf.dtype, leaf.device, leaf.layout))
+        elif _is_constant(leaf):
+            marks.append((type(leaf), leaf))
+        else:
+            where = next((f"argument {name!r}" for name, value in kwargs.items()
+                          if any(item is leaf for item in pytree.tree_leaves(value))), None)
+            where = where or next((f"argument {index}" for index, value in enumerate(args)
+                                   if any(item is leaf for item in pytree.tree_leaves(value))), "")
+            return ExportPlan(reason=f"{where} holds a value of type {type(leaf).__name__}, "
+                                     f"which torch.export cannot take as an input")
+    described = [_describe_export(value) for value in args]
+    described += [f"{name}={_describe_export(value)}" for name, value in kwargs.items()]
+    return ExportPlan(signature=(tuple(m.training for m in module.modules()),
+                                 torch.is_grad_enabled(), spec, tuple(marks)),
+                      positional=[*args, *kwargs.values()],
+                      description=f"({', '.join(described)})")
+
+
+def _describe_export(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return _describe_tensor(value)
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(item, torch.Tensor) for item in value):
+        return f"{type(value).__name__} of {', '.join(map(_describe_tensor, value))}"
+    return _describe(value)
 
 
 def call_forward(module: torch.nn.Module, args: tuple, kwargs: dict):

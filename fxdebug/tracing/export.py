@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 
 from ..errors import TraceFailure
 from ..runtime import flatten_tensors
@@ -72,7 +73,7 @@ def _module_calls(node: fx.Node) -> list[tuple[str, str, str]]:
             for call_id, (path, type_name) in stack.items() if path]
 
 
-def _output_structures(model: torch.nn.Module, inputs: tuple) -> dict:
+def _output_structures(model: torch.nn.Module, inputs: tuple, kwargs: dict) -> dict:
     """``{(path, call index): [(subpath, shape), ...]}``: each module call's tensor outputs, eagerly.
 
     The exported graph shows which nodes leave a module, not how the module
@@ -95,11 +96,22 @@ def _output_structures(model: torch.nn.Module, inputs: tuple) -> dict:
         handles.append(module.register_forward_hook(hook))
     try:
         with torch.no_grad():
-            model(*inputs)
+            model(*inputs, **kwargs)
     finally:
         for handle in handles:
             handle.remove()
     return found
+
+
+def _scratch_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A tree copy with buffers of its own: the run that tells output structures must not
+    update the model's running statistics (BatchNorm in train mode)."""
+    twin = module_tree_copy(model)
+    for module in twin.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[name] = buffer.clone()
+    return twin
 
 
 def _output_items(outputs: list[fx.Node], eager: list[tuple[str, tuple]] | None) -> tuple:
@@ -185,13 +197,13 @@ def _with_visible_identities(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _export(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
+def _export(model: torch.nn.Module, inputs: tuple, kwargs: dict) -> fx.GraphModule:
     """torch.export, functionalized, as a GraphModule; without the partial graph torch.export
     prints to stderr when it fails (the TraceFailure says what went wrong)."""
     printed = io.StringIO()
     try:
         with contextlib.redirect_stderr(printed):
-            exported = torch.export.export(model, inputs)
+            exported = torch.export.export(model, inputs, kwargs)
     except Exception as exc:
         text = printed.getvalue()
         partial_graph = getattr(exc, "partial_fx_graph", None)
@@ -217,11 +229,37 @@ def _export(model: torch.nn.Module, inputs: tuple) -> fx.GraphModule:
         return exported.module()
 
 
-def export_trace(model: torch.nn.Module, *example_inputs) -> fx.GraphModule:
+def _explained_export(model: torch.nn.Module, inputs: tuple, kwargs: dict) -> fx.GraphModule:
+    """:func:`_export` of a copy of ``model``; a TraceFailure saying where when it fails."""
+    name = type(model).__name__
+    try:
+        plain = _export(_with_visible_identities(module_tree_copy(model)), inputs, kwargs)
+    except Exception as exc:  # any failure of user code under export is explained
+        where = user_location_in_traceback(exc.__traceback__)
+        location = format_location(where) if where else None
+        at = f" at {location}" if location else ""
+        raise TraceFailure(
+            f"fxdebug could not export {name} with torch.export{at}: {_first_line(exc)}. "
+            f"Fix: use frontend='auto' (it falls back to instrumenting the traceable parts), "
+            f"or make the model exportable (torch.export docs: torch.cond for value-dependent "
+            f"branches, registered pytree types for custom outputs).",
+            module_path="", module_type=name, location=location, kind="torch.export failed",
+            fix="use frontend='auto'") from exc
+    for node in list(plain.graph.nodes):
+        if node.op == "call_module" and str(node.target).startswith("_guards"):
+            plain.graph.erase_node(node)  # a shape guard call older torch inserts
+    return plain
+
+
+def export_trace(model: torch.nn.Module, *example_inputs,
+                 example_kwargs: dict | None = None) -> fx.GraphModule:
     """Build an fxdebug GraphModule of ``model`` with ``torch.export`` on ``example_inputs``.
 
     Use it through ``fxdebug.trace(model, *example_inputs, frontend="export")``
     (or ``frontend="auto"``, which tries symbolic tracing first).
+    ``example_kwargs`` are keyword arguments of the call (``output_attentions=True``);
+    the graph then takes them as ``gm(*example_inputs, **example_kwargs)``
+    does, and is specialised to their non-tensor values.
 
     Returns:
         A GraphModule of ATen operators whose keys are module paths, with
@@ -250,30 +288,25 @@ def export_trace(model: torch.nn.Module, *example_inputs) -> fx.GraphModule:
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fxdebug.trace expects an nn.Module, got {type(model).__name__}.")
     name = type(model).__name__
-    if not example_inputs:
+    example_kwargs = dict(example_kwargs or {})
+    if not example_inputs and not example_kwargs:
         raise TraceFailure(
             f"fxdebug could not export {name}: frontend='export' needs example inputs. "
             f"Fix: call fxdebug.trace(model, *example_inputs, frontend='export').",
             module_path="", module_type=name, location=None, kind="no example inputs",
             fix="pass example inputs")
-    try:
-        plain = _export(_with_visible_identities(module_tree_copy(model)), tuple(example_inputs))
-    except Exception as exc:  # any failure of user code under export is explained
-        where = user_location_in_traceback(exc.__traceback__)
-        location = format_location(where) if where else None
-        at = f" at {location}" if location else ""
-        raise TraceFailure(
-            f"fxdebug could not export {name} with torch.export{at}: {_first_line(exc)}. "
-            f"Fix: use frontend='auto' (it falls back to instrumenting the traceable parts), "
-            f"or make the model exportable (torch.export docs: torch.cond for value-dependent "
-            f"branches, registered pytree types for custom outputs).",
-            module_path="", module_type=name, location=location, kind="torch.export failed",
-            fix="use frontend='auto'") from exc
-    for node in list(plain.graph.nodes):
-        if node.op == "call_module" and str(node.target).startswith("_guards"):
-            plain.graph.erase_node(node)  # a shape guard call older torch inserts
-    _assign_keys(plain, [path for path, _ in model.named_modules() if path],
-                 _output_structures(module_tree_copy(model), tuple(example_inputs)))
+    # the eager run that tells output structures draws no numbers from the generators the
+    # model's own runs use (a seeded run after this one gives what it gives without it)
+    tensors = [*model.parameters(), *model.buffers(),
+               *pytree.tree_leaves((example_inputs, example_kwargs))]
+    devices = sorted({t.device.index or 0 for t in tensors
+                      if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices):
+        plain = _explained_export(model, tuple(example_inputs), example_kwargs)
+        _assign_keys(plain, [path for path, _ in model.named_modules() if path],
+                     _output_structures(_scratch_copy(model), tuple(example_inputs),
+                                        example_kwargs))
+    plain.graph._tracer_cls = None  # torch.export's tracer cannot re-trace a pickled copy
     gm = DebugGraphModule(plain, plain.graph, class_name=name)
     for attr in ("_in_spec", "_out_spec"):
         if hasattr(plain, attr):

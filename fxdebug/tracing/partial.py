@@ -20,7 +20,11 @@ called, specialised to the call::
            │    │  ("backbone.body.layer1.0.conv1"), instrumented by instrument_graph
            │    │  (instrument()'s own pipeline, passed in), auto-leaves calling their
            │    │  own dispatchers
-           │    └─ TraceFailure: *eager*: the reason is kept
+           │    └─ TraceFailure (or a call fx cannot specialise, such as **kwargs):
+           ├─ export_plan: the same, plus every tensor's shape, dtype and device
+           ├─ first call with that: export_trace(module, *args, example_kwargs=kwargs)
+           │    ├─ works: a part (front end "export"), instrumented the same way
+           │    └─ fails: *eager*, with both reasons (not tried again on this module)
            ├─ part: run the graph
            └─ eager: run the module's own forward (its children dispatch
               again) and capture its output
@@ -29,7 +33,10 @@ Tensors become graph inputs (also inside lists and dicts: ``fx.PH``); every
 other argument is fixed, so ``token_type_ids=None`` or ``targets=None`` take
 the branch they take eagerly, and a call with other values (or after
 ``model.train()``) gets a part of its own. A module whose arguments fxdebug
-cannot specialise on (an ``ImageList``, non-tensors through ``*args``) runs eagerly, and says so.
+cannot specialise on (non-tensors through ``**kwargs``, as every Hugging Face
+attention block is called) is exported with ``torch.export`` on that call
+instead, specialised to its shapes and values; one whose arguments neither can
+take (an ``ImageList``) runs eagerly, and says so.
 
 The user's model is never modified. All parts and eager captures write into
 one :class:`SharedRecorder` (the root's ``fxdebug_recorder``), so
@@ -51,7 +58,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import re
+import io
 import logging
 import warnings
 from typing import Callable
@@ -60,16 +67,18 @@ import torch
 import torch.fx as fx
 
 from .. import runtime
-from ..errors import SelectionError, TraceFailure
+from ..errors import TraceFailure
 from ..runtime import RECORDER_ATTR, PartRecorder, SharedRecorder, begin_part, clone_inputs
-from .call_plan import (CallPlan, call_forward, call_plan, clean_tree, is_container, is_fx_leaf,
-                        note_part_output, set_submodule, strip_guards)
+from .call_plan import (CallPlan, ExportPlan, call_forward, call_plan, clean_tree, export_plan,
+                        is_container, is_fx_leaf, note_part_output, set_submodule, strip_guards)
+from .export import export_trace
 from .fx_tracer import trace_fx
-from .keys import META_KEY, META_MODULE, join_path, key_base, prefix_keys
+from .keys import META_KEY, join_path, prefix_keys
 from .locations import caller_stacklevel
 from .module_copy import shallow_module_copy
+from .part_selection import Selection, key_plan
 from .partial_report import REPORT_ATTR, EagerModule, PartialReport, TracedPart, is_partial
-from .selection import as_patterns, check_patterns, candidates, key_depth, matches
+from .selection import candidates
 
 # instrument_graph(part, arguments or None) -> the instrumented part
 InstrumentGraph = Callable[[fx.GraphModule, "dict | None"], fx.GraphModule]
@@ -85,7 +94,10 @@ class _Dispatch:
     def __init__(self, context: "_Context", module: torch.nn.Module, path: str,
                  traceable: bool) -> None:
         self.context, self.module, self.path, self.traceable = context, module, path, traceable
-        self.variants: list[tuple[tuple, fx.GraphModule | None]] = []  # None: eager
+        # fx parts by call_plan signature (an EagerModule where fx failed), export parts by
+        # export_plan signature (why not, where export was not tried or failed: eager)
+        self.variants: list[tuple[tuple, fx.GraphModule | EagerModule]] = []
+        self.exported: list[tuple[tuple, fx.GraphModule | str]] = []  # str: why eager
 
     def __call__(self, *args, **kwargs):
         context = self.context
@@ -112,24 +124,93 @@ class _Dispatch:
         return output
 
     def _choose(self, args, kwargs):
+        """The part to run for this call and its positional arguments, or (None, None): eager.
+
+        Symbolic tracing first (one part per :func:`call_plan` signature), then
+        ``torch.export`` of this call (one part per :func:`export_plan` signature:
+        shapes and every value fixed), then eager with both reasons.
+        """
         if not self.traceable:
             return None, None
         plan = call_plan(self.module, args, kwargs)
-        if plan.reason:
-            self.context.eager(self, None, plan.reason)
+        fx_failure: EagerModule | None = None
+        if not plan.reason:
+            found = next((part for signature, part in self.variants
+                          if signature == plan.signature), _MISSING)
+            if found is _MISSING:
+                found = self.context.specialise(self, plan)
+                if isinstance(found, TraceFailure):  # kept as the report line (deepcopy, pickle)
+                    found = EagerModule.from_failure(self.path, self.module, found)
+                self.variants.append((plan.signature, found))
+            if isinstance(found, fx.GraphModule):
+                return found, plan.positional
+            fx_failure = found
+        exported = export_plan(self.module, args, kwargs)
+        if exported.reason:
+            self.context.eager(self, fx_failure, plan.reason, f"not tried: {exported.reason}")
             return None, None
-        for signature, part in self.variants:
-            if signature == plan.signature:
-                return part, plan.positional
-        part = self.context.specialise(self, plan)
-        self.variants.append((plan.signature, part))
-        return part, plan.positional
+        found = next((part for signature, part in self.exported
+                      if signature == exported.signature), _MISSING)
+        if found is _MISSING:
+            if len(self.exported) >= _EXPORT_LIMIT:
+                self.context.eager(self, fx_failure, plan.reason, (
+                    f"not tried: it was called with more than {_EXPORT_LIMIT} different shapes "
+                    f"or values, each needing an export of its own"))
+                return None, None
+            found = self._why_not_export(fx_failure)
+            if not found:
+                found = self.context.export(self, exported, args, kwargs, fx_failure,
+                                            plan.reason)
+            self.exported.append((exported.signature, found))
+        if isinstance(found, str):  # why export was not tried, or why it failed
+            self.context.eager(self, fx_failure, plan.reason, found)
+            return None, None
+        return found, exported.positional
+
+    def _why_not_export(self, fx_failure: EagerModule | None) -> str:
+        """Why torch.export is not tried on this module (seconds each), or ``""``."""
+        if fx_failure is not None and fx_failure.kind.startswith(_EAGER_ONLY):
+            return (f"not tried: fx found {fx_failure.kind.split(' (')[0].split(',')[0]}, "
+                    f"which an exported graph would not do at run time either")
+        dropout = next((path for path, sub in self.module.named_modules()
+                        if isinstance(sub, torch.nn.modules.dropout._DropoutNd)
+                        and sub.training and sub.p > 0), None)
+        if dropout is not None:
+            return (f"not tried: {join_path(self.path, dropout) or '(root)'} is a dropout in "
+                    f"train mode: random draws in an exported graph are not known to match "
+                    f"eager ones")
+        # failed once: other shapes fail the same way (not tried again; one report line)
+        return next((part for _, part in self.exported if isinstance(part, str)), "")
+
+
+_MISSING = object()
+_EXPORT_LIMIT = 8  # export parts of one module (each a few seconds to make)
+# what fx found that a graph cannot be faithful to, whichever front end makes it
+_EAGER_ONLY = ("a traced value stored on the module", "torch.inference_mode()")
+
+
+def _random_ops(gm: fx.GraphModule) -> list[str]:
+    """The random ATen ops of an exported graph: nothing says they draw what eager code
+    draws from the same seed (torch may decompose them), so such a part runs eagerly."""
+    found: dict[str, None] = {}
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or torch.Tag.nondeterministic_seeded not in getattr(
+                target, "tags", ()):
+            continue
+        schema = target._schema.arguments
+        given = {a.name: a.default_value for a in schema if a.has_default_value()}
+        given.update(zip((a.name for a in schema), node.args), **node.kwargs)
+        if given.get("train", True) is False or given.get("p", given.get("dropout_p")) == 0:
+            continue  # dropout that draws nothing: eval mode, or attention with dropout_p=0
+        found[str(target)] = None
+    return list(found)
 
 
 class _Context:
     """What the dispatchers of one partial model share."""
 
-    def __init__(self, source: torch.nn.Module, selection: "_Selection | None",
+    def __init__(self, source: torch.nn.Module, selection: "Selection | None",
                  instrument_graph: InstrumentGraph | None = None, leaf_modules=(),
                  notes=()) -> None:
         self.source = source
@@ -142,7 +223,7 @@ class _Context:
         self.leaf_types = tuple(leaf for leaf in leaf_modules if isinstance(leaf, type))
         self.parts: dict[str, fx.GraphModule] = {}
         self.seen_keys: dict[str, None] = {}
-        self._eager_seen: dict[tuple[str, str], None] = {}
+        self._eager_seen: dict[tuple[str, str, str], None] = {}
         self.recording: dict[str, tuple] | None = None
         self.runs = 0
         self.scope: runtime.EagerScope | None = None
@@ -193,7 +274,7 @@ class _Context:
         return root
 
     # -- tracing a part --------------------------------------------------------------------
-    def specialise(self, dispatch: _Dispatch, plan: CallPlan) -> fx.GraphModule | None:
+    def specialise(self, dispatch: _Dispatch, plan: CallPlan) -> fx.GraphModule | TraceFailure:
         path, module = dispatch.path, dispatch.module
         inside = [leaf[len(path) + 1:] if path else leaf for leaf in self.leaf_paths
                   if not path or leaf.startswith(path + ".")]
@@ -203,8 +284,7 @@ class _Context:
                 gm = trace_fx(clean_tree(module), leaf_modules=[*inside, *self.leaf_types],
                               concrete_args=plan.concrete_args)
         except TraceFailure as failure:
-            self.eager(dispatch, failure, "")
-            return None
+            return failure
         strip_guards(gm)
         prefix_keys(gm.graph, path)
         if path:
@@ -214,13 +294,45 @@ class _Context:
                                           gm.meta.get("fxdebug_auto_leaves", ())]
         for _, rel in auto:
             set_submodule(gm, rel, module.get_submodule(rel))  # calls its own dispatcher
+        return self._add_part(gm, dispatch, TracedPart(
+            "", path, type(module).__name__, plan.description, tuple(full for full, _ in auto)))
+
+    def export(self, dispatch: _Dispatch, plan: ExportPlan, args: tuple, kwargs: dict,
+               fx_failure: EagerModule | None, fx_reason: str) -> fx.GraphModule | str:
+        """The part ``torch.export`` makes of this call, or why it cannot (then it runs eagerly)."""
+        path, module = dispatch.path, dispatch.module
+        printed = io.StringIO()  # what torch.export prints on failure: the report says why
+        try:
+            with warnings.catch_warnings(), contextlib.redirect_stderr(printed):
+                warnings.simplefilter("ignore")
+                gm = export_trace(clean_tree(module), *args, example_kwargs=kwargs)
+        except TraceFailure as failure:
+            cause = failure.__cause__ or failure
+            text = (str(cause).strip().splitlines() or [""])[0]
+            text = text if len(text) <= 160 else text[:157] + "..."
+            at = f" at {failure.location}" if failure.location else ""
+            return f"torch.export failed{at}: {type(cause).__name__}: {text}"
+        random = _random_ops(gm)
+        if random:
+            return (f"its exported graph draws random numbers ({', '.join(random)}), which "
+                    f"are not known to match eager draws (dropout in train mode?)")
+        prefix_keys(gm.graph, path)
+        if path:
+            note_part_output(gm, path, type(module).__name__)
+        why = (f"{fx_failure.kind} at {fx_failure.location}" if fx_failure is not None
+               else fx_reason)
+        return self._add_part(gm, dispatch, TracedPart(
+            "", path, type(module).__name__, plan.description, (), "export", why))
+
+    def _add_part(self, gm: fx.GraphModule, dispatch: _Dispatch,
+                  part: TracedPart) -> fx.GraphModule:
+        path = dispatch.path
         label = path if path not in self.parts else \
             f"{path}@{sum(p.path == path for p in self.report.parts)}"
-        gm.meta.update(fxdebug_part=label, fxdebug_frontend="fx")
+        gm.meta.update(fxdebug_part=label, fxdebug_frontend=part.frontend)
         gm = self._instrument(gm, label)
         self.parts[label] = gm
-        self.report.parts.append(TracedPart(label, path, type(module).__name__,
-                                            plan.description, tuple(full for full, _ in auto)))
+        self.report.parts.append(dataclasses.replace(part, label=label))
         return gm
 
     def _instrument(self, gm: fx.GraphModule, label: str) -> fx.GraphModule:
@@ -237,23 +349,27 @@ class _Context:
                 node.target = begin_part
                 node.meta[META_KEY] = "begin_part"
         if any(node.op == "get_attr" and node.target == RECORDER_ATTR for node in gm.graph.nodes):
-            recorder.plan = _key_plan(gm, self.module_paths)
+            recorder.plan = key_plan(gm, self.module_paths)
         else:
             delattr(gm, RECORDER_ATTR)
         gm.recompile()
         return gm
 
     # -- running ---------------------------------------------------------------------------
-    def eager(self, dispatch: _Dispatch, failure: TraceFailure | None, reason: str) -> None:
+    def eager(self, dispatch: _Dispatch, failure: EagerModule | None, reason: str,
+              export_reason: str = "") -> None:
+        """Note that ``dispatch``'s module runs eagerly: why fx (``failure`` or ``reason``)
+        and why export (``export_reason``) did not make a graph of it."""
         module, path = dispatch.module, dispatch.path
         if failure is not None:
-            entry = EagerModule.from_failure(path, module, failure)
+            entry = failure
         else:
             entry = EagerModule(path, type(module).__name__, reason.split(",")[0], None,
                                 f"module {path or '(root)'!r} ({type(module).__name__}) runs "
                                 f"eagerly: {reason}.")
-        if (path, entry.reason) not in self._eager_seen:
-            self._eager_seen[(path, entry.reason)] = None
+        entry = dataclasses.replace(entry, export_reason=export_reason)
+        if (path, entry.reason, export_reason) not in self._eager_seen:
+            self._eager_seen[(path, entry.reason, export_reason)] = None
             self.report.eager.append(entry)
 
     def capture_eager(self, dispatch: _Dispatch, output) -> None:
@@ -289,96 +405,6 @@ class _Context:
         if self.report.eager:
             logging.getLogger("fxdebug").info("partial tracing:\n%s", self.report.summary())
             warnings.warn(self.report.warning_text(), stacklevel=caller_stacklevel())
-
-
-# -- selection -------------------------------------------------------------------------
-def _key_plan(gm: fx.GraphModule, module_paths: dict) -> dict[str, tuple[str, int, int]]:
-    """For every capturable key: (base, index among the keys of that base, keys of that base)."""
-    bases: dict[str, str] = {}
-    for target in candidates(gm, every_node=True):
-        key = target.key
-        if target.is_module:
-            match = re.fullmatch(r"(.+)_(\d+)", key)
-            base = key if key in module_paths or not match or \
-                match.group(1) not in module_paths else match.group(1)
-        else:
-            node = target.nodes[0]
-            base = key if node.op == "placeholder" else \
-                key_base(node.op, node.target, node.meta.get(META_MODULE, ""))
-            if not (key == base or re.fullmatch(re.escape(base) + r"_\d+", key)):
-                base = key
-        bases.setdefault(key, base)
-    per_base: dict[str, int] = {}
-    plan = {}
-    for key, base in bases.items():
-        plan[key] = (base, per_base.get(base, 0))
-        per_base[base] = per_base.get(base, 0) + 1
-    return {key: (base, index, per_base[base]) for key, (base, index) in plan.items()}
-
-
-class _Selection:
-    """The user's capture arguments, checked against the whole model, applied per part."""
-
-    def __init__(self, capture, depth, include, exclude, grads, mode) -> None:
-        if isinstance(capture, str) and capture not in ("modules", "all"):
-            raise SelectionError(f"capture={capture!r}: use 'modules', 'all', or a list of keys "
-                                 f"or globs such as ['backbone.body.layer1', '*.conv1'].")
-        if mode not in ("tensor", "stats"):
-            raise SelectionError(f"mode={mode!r}: use 'tensor' (keep values) or 'stats' (keep "
-                                 f"summary statistics only).")
-        self.capture = capture if isinstance(capture, str) else as_patterns("capture", capture)
-        self.depth, self.grads, self.mode = depth, grads, mode
-        self.include = as_patterns("include", include)
-        self.exclude = as_patterns("exclude", exclude)
-        self.include_given = include is not None
-
-    def check(self, keys: list[str]) -> None:
-        pool = [_Key(key) for key in keys]
-        if isinstance(self.capture, list):
-            check_patterns("capture", self.capture, pool)
-        check_patterns("include", self.include, pool)
-        check_patterns("exclude", self.exclude, pool)
-
-    def for_part(self, keys: list[str]) -> dict | None:
-        """``instrument()`` arguments for a part with these keys; None: nothing to do there."""
-        def here(patterns):
-            return [p for p in patterns if any(matches(key, p) for key in keys)]
-        include = here(self.include)
-        if self.include_given and not include:
-            return None
-        capture = self.capture if isinstance(self.capture, str) else here(self.capture)
-        if isinstance(self.capture, list) and self.capture and not capture:
-            return None
-        return dict(capture=capture, depth=self.depth, include=include or None,
-                    exclude=here(self.exclude) or None, grads=self.grads, mode=self.mode)
-
-    def for_eager(self, key: str) -> tuple[str | None, str | None]:
-        """(capture mode or None, grads mode or None) for the output of a module run eagerly."""
-        if self.depth is not None and key_depth(key) > self.depth:
-            return None, None
-        if self.include and not any(matches(key, p) for p in self.include):
-            return None, None
-        if any(matches(key, p) for p in self.exclude):
-            return None, None
-        listed = isinstance(self.capture, list)
-        chosen = not listed or any(matches(key, p) for p in self.capture)
-        capture = self.mode if chosen and not (listed and not self.capture) else None
-        grads_chosen = chosen or (listed and not self.capture)
-        return capture, (self.mode if self.grads and grads_chosen else None)
-
-    @property
-    def records_ops(self) -> bool:
-        """Whether ops inside eager code can be selected (``capture="all"`` or patterns)."""
-        return self.capture == "all" or (isinstance(self.capture, list) and bool(self.capture))
-
-    def for_op(self, key: str) -> tuple[str | None, str | None]:
-        """As :meth:`for_eager`, for an op that ran inside eager code (none for ``"modules"``)."""
-        return self.for_eager(key) if self.records_ops else (None, None)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Key:
-    key: str
 
 
 # -- entry points ------------------------------------------------------------------------
@@ -464,7 +490,7 @@ def instrument_parts(model: torch.nn.Module, instrument_graph: InstrumentGraph,
         model, notes = previous.source, previous.report.notes
     elif failure is not None:
         notes = [f"fx with symbolic arguments: {' '.join(str(failure).split())}"]
-    selection = _Selection(capture, depth, include, exclude, grads, mode)
+    selection = Selection(capture, depth, include, exclude, grads, mode)
     context = _Context(model, selection, instrument_graph, notes=notes)
     return context.build(model)
 

@@ -22,24 +22,30 @@ REPORT_ATTR = "fxdebug_partial"
 @dataclasses.dataclass(frozen=True)
 class TracedPart:
     """A traced part: its label (``path``, ``path@1`` for a second specialisation), path,
-    class, the call it is specialised to, and the modules it keeps as auto-leaves."""
+    class, the call it is specialised to, the modules it keeps as auto-leaves, and the
+    front end that made its graph: ``"fx"`` (symbolic tracing) or ``"export"``
+    (``torch.export`` on the call's arguments, after symbolic tracing failed)."""
 
     label: str
     path: str
     module_type: str
     call: str
     auto_leaves: tuple[str, ...] = ()
+    frontend: str = "fx"
+    fx_reason: str = ""  # why symbolic tracing did not make the graph (export parts)
 
 
 @dataclasses.dataclass(frozen=True)
 class EagerModule:
-    """A module whose ``forward`` ran eagerly, with the explanation of why."""
+    """A module whose ``forward`` ran eagerly, with the explanation of why: ``reason``
+    (symbolic tracing) and ``export_reason`` (``torch.export`` on the call's arguments)."""
 
     path: str
     module_type: str
     kind: str
     location: str | None
     reason: str
+    export_reason: str = ""
 
     @classmethod
     def from_failure(cls, path: str, module: torch.nn.Module, failure: TraceFailure):
@@ -92,22 +98,32 @@ class PartialReport:
         lines.extend(f"  note: {note}" for note in self.notes)
         if not self.parts and not self.eager:
             lines.append("  (parts are traced on the first run: run the model once)")
-        lines.append("traced parts (GraphModules; keys are full module paths):")
+        lines.append("traced parts (GraphModules; keys are full module paths; [fx]: symbolic "
+                     "tracing, [export]: torch.export of the call, after fx failed):")
         for part in self.parts:
             leaves = f"; auto-leaves: {', '.join(part.auto_leaves)}" if part.auto_leaves else ""
-            lines.append(f"  {part.label or '(root)'} ({part.module_type}) {part.call}{leaves}")
+            lines.append(f"  {part.label or '(root)'} ({part.module_type}) [{part.frontend}] "
+                         f"{part.call}{leaves}")
+            if part.fx_reason:
+                lines.append(f"    fx: {part.fx_reason}")
         lines.append("eager modules (run as Python; their outputs and module calls are captured, "
                      "and with capture='all' their ops):")
         for eager in self.eager:
-            lines.append(f"  {eager.path or '(root)'} ({eager.module_type}): {eager.reason}")
+            lines.append(f"  {eager.path or '(root)'} ({eager.module_type}) [eager]: "
+                         f"{eager.reason}")
+            if eager.export_reason:
+                lines.append(f"    export: {eager.export_reason}")
         return "\n".join(lines)
 
     def warning_text(self) -> str:
         """One line for the warning; :meth:`summary` has every part and reason in full."""
         eager = short_list([f"{e.path or '(root)'} ({e.module_type}): {e.kind}"
                             for e in self.eager])
+        exported = sum(part.frontend == "export" for part in self.parts)
+        by_export = f" ({exported} by torch.export)" if exported else ""
         return (f"fxdebug could not trace {self.model_type} as a whole: traced "
-                f"{len(self.parts)} part(s), ran {len(self.eager)} module(s) eagerly ({eager}); "
+                f"{len(self.parts)} part(s){by_export}, ran {len(self.eager)} module(s) eagerly "
+                f"({eager}); "
                 f"print(model.{REPORT_ATTR}.summary()) says why.")
 
 
