@@ -93,3 +93,18 @@ def test_diff_code_refuses_a_graph_changed_after_the_diff():
     frozen = diff(fxdebug.reporting.snapshot(before), fxdebug.reporting.snapshot(after))
     relu.target = "1"
     assert frozen.after_code == code_when_frozen != eager_code(after)
+
+
+class DictInput(torch.nn.Module):
+    def forward(self, d):
+        return d["a"] * 2 + d["b"]
+
+
+def test_pytree_specs_exist_before_first_use():
+    """A module whose forward flattens its inputs keeps their specs, as torch's recompile sets them."""
+    gm = fxdebug.instrument(fxdebug.trace(DictInput(), concrete_args={
+        "d": {"a": torch.fx.PH, "b": torch.fx.PH}}))
+    spec = gm._in_spec  # read before any use: dump and torch.export read it this way
+    d = {"a": torch.randn(2), "b": torch.randn(2)}
+    assert torch.equal(gm(d), d["a"] * 2 + d["b"])
+    assert gm._in_spec == spec == gm.graph._codegen.pytree_info.in_spec

@@ -28,6 +28,7 @@ import weakref
 
 import torch
 import torch.fx as fx
+from torch.fx.graph import _PyTreeCodeGen
 from torch.fx.graph_module import _forward_from_src
 
 from .. import runtime
@@ -101,6 +102,10 @@ class DebugGraphModule(fx.GraphModule):
         """
         self.__dict__["_fxdebug_pending"] = True
         type(self).forward = _PendingForward(self)
+        codegen = self._graph._codegen
+        if isinstance(codegen, _PyTreeCodeGen):  # what torch's recompile sets besides the code
+            self._in_spec = codegen.pytree_info.in_spec
+            self._out_spec = codegen.pytree_info.out_spec
 
     def _realize(self) -> None:
         if self.__dict__.get("_fxdebug_pending"):
