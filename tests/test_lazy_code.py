@@ -108,3 +108,39 @@ def test_pytree_specs_exist_before_first_use():
     d = {"a": torch.randn(2), "b": torch.randn(2)}
     assert torch.equal(gm(d), d["a"] * 2 + d["b"])
     assert gm._in_spec == spec == gm.graph._codegen.pytree_info.in_spec
+
+
+def test_first_calls_from_two_threads_both_run_the_generated_code():
+    """The code is generated once while the other thread's first call waits for it."""
+    import sys
+    import threading
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: inside the code generation too
+    try:
+        _two_threads_first_calls()
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def _two_threads_first_calls():
+    import threading
+    for _ in range(5):
+        model = torch.nn.Sequential(*[layer for _ in range(50) for layer in (
+            torch.nn.Linear(4, 4), torch.nn.ReLU())])
+        gm = fxdebug.instrument(model)
+        x = torch.randn(3, 4)
+        barrier, results, errors = threading.Barrier(2), [], []
+
+        def first_call():
+            barrier.wait()
+            try:
+                results.append(gm(x))
+            except Exception as error:  # noqa: BLE001 - reported by the assert below
+                errors.append(error)
+        threads = [threading.Thread(target=first_call) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not errors and len(results) == 2, errors
+        assert all(torch.equal(out, model(x)) for out in results)

@@ -183,8 +183,15 @@ def test_each_thread_reads_the_whole_records_of_its_own_run():
     barrier = threading.Barrier(2)
 
     def worker(batch):
+        try:
+            run_trials(batch)
+        except Exception as error:  # noqa: BLE001 - a failure, not a hang of the other thread
+            failures.append(f"batch {batch}: {type(error).__name__}: {error}")
+            barrier.abort()
+
+    def run_trials(batch):
         for trial in range(60):
-            barrier.wait()
+            barrier.wait(timeout=120)
             gm(inputs[batch])
             rec = fxdebug.records(gm)
             if rec.keys() != list(expected[batch]):

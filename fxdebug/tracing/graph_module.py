@@ -24,6 +24,7 @@ import copy
 import hashlib
 import linecache
 import os
+import threading
 import weakref
 
 import torch
@@ -38,6 +39,7 @@ from .locations import format_location
 __all__ = ["DebugGraphModule", "keyed_copy", "lazy_graph_module"]
 
 _NOTE_MARK = "fxdebug: "
+_REALIZE_LOCK = threading.RLock()
 
 # Not a folder on disk: the source lives in linecache (see generated_filename).
 GENERATED_DIR = os.path.join(os.sep, "fxdebug-generated")
@@ -82,13 +84,17 @@ class DebugGraphModule(fx.GraphModule):
         if type(self)._defer_recompile:
             self.defer_recompile()
             return None
-        self.__dict__.pop("_fxdebug_pending", None)
-        python_code = super().recompile()
-        cls = type(self)  # torch makes one class per instance, named after the model
-        filename = generated_filename(cls.__name__, self._code)
-        _register_source(filename, self._code)
-        cls.forward = _forward_from_src(self._code, python_code.globals,
-                                        {"co_filename": filename})
+        self.__dict__["_fxdebug_compiling"] = True  # self._code below must not realize again
+        try:
+            python_code = super().recompile()
+            cls = type(self)  # torch makes one class per instance, named after the model
+            filename = generated_filename(cls.__name__, self._code)
+            _register_source(filename, self._code)
+            cls.forward = _forward_from_src(self._code, python_code.globals,
+                                            {"co_filename": filename})
+        finally:
+            self.__dict__.pop("_fxdebug_compiling", None)
+        self.__dict__.pop("_fxdebug_pending", None)  # only now: other threads wait until here
         return python_code
 
     def defer_recompile(self) -> None:
@@ -109,7 +115,10 @@ class DebugGraphModule(fx.GraphModule):
 
     def _realize(self) -> None:
         if self.__dict__.get("_fxdebug_pending"):
-            self.recompile()
+            with _REALIZE_LOCK:  # two threads' first calls: one compiles, the other waits
+                if self.__dict__.get("_fxdebug_pending") and \
+                        not self.__dict__.get("_fxdebug_compiling"):
+                    self.recompile()
 
     @property
     def _code(self) -> str:  # torch reads self._code for gm.code, print(gm), to_folder
