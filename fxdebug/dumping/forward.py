@@ -10,6 +10,7 @@ each node sits (what ``breakpoints.json`` and ``fxdebug debug --break`` use).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import keyword
 import os
 import re
@@ -58,14 +59,20 @@ def portable_location(location) -> str:
     if location is None:
         return "?"
     filename, lineno = location
+    return f"{_portable_path(filename, os.getcwd(), tuple(sys.path))}:{lineno}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _portable_path(filename: str, cwd: str, search_path: tuple) -> str:
+    """``filename`` relative to its ``search_path`` entry (a graph has few files, many nodes)."""
     path = os.path.abspath(filename)
     best = ""
-    for entry in sys.path:
+    for entry in search_path:
         root = os.path.join(os.path.abspath(entry or os.curdir), "")
         if path.startswith(root) and len(root) > len(best):
             best = root
     relative = path[len(best):] if best else os.path.basename(path)
-    return f"{relative.replace(os.sep, '/')}:{lineno}"
+    return relative.replace(os.sep, '/')
 
 
 def _node_where(node: fx.Node) -> str:
