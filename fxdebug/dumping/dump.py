@@ -35,6 +35,7 @@ Call tree::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import io
@@ -246,7 +247,7 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
                              forward.wrapped, forward.script.names()).encode(),
         "inputs.pt": _plain_tensor_file(list(clone_inputs(inputs)), "the example inputs"),
         "expected.pt": _plain_tensor_file(expected_results(gm, inputs), "the outputs"),
-        "weights.pt": tensor_file(weights(gm)[0]),
+        "weights.pt": functools.partial(torch.save, weights(gm)[0]),  # straight into the file
     }
     if pickled_bytes is not None:
         files[PICKLED_FILE] = pickled_bytes
