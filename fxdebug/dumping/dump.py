@@ -231,8 +231,9 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
         raise _refuse_pickling(structure)
     pickled_bytes = structure.pickled_bytes()
     pickled_sha = hashlib.sha256(pickled_bytes).hexdigest() if pickled_bytes is not None else None
+    weight_info = weights(gm)
     module_text, forward_line, node_lines = module_py(gm, cls, imports, forward, structure,
-                                                      pickled_sha, pytree_inputs)
+                                                      pickled_sha, pytree_inputs, weight_info)
     files = {
         "__init__.py": template("package_init.py.tmpl").format(cls=cls).encode(),
         "module.py": module_text.encode(),
@@ -247,7 +248,7 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
                              forward.wrapped, forward.script.names()).encode(),
         "inputs.pt": _plain_tensor_file(list(clone_inputs(inputs)), "the example inputs"),
         "expected.pt": _plain_tensor_file(expected_results(gm, inputs), "the outputs"),
-        "weights.pt": functools.partial(torch.save, weights(gm)[0]),  # straight into the file
+        "weights.pt": functools.partial(torch.save, weight_info[0]),  # straight into the file
     }
     if pickled_bytes is not None:
         files[PICKLED_FILE] = pickled_bytes
