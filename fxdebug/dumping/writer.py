@@ -21,14 +21,12 @@ renames) is renamed back.
 
 from __future__ import annotations
 
-import concurrent.futures
 import fcntl
 import hashlib
 import json
 import os
 import re
 import tempfile
-import threading
 import warnings
 
 from ..errors import FxdebugError
@@ -69,25 +67,8 @@ def _manifest(entries: dict[str, tuple[int, str]]) -> bytes:
     return ('{\n "written_by": "fxdebug.dump",\n "files": {\n' + ",\n".join(rows) + "\n }\n}\n").encode()
 
 
-_OVERLAP_BYTES = 1 << 20  # chunks at least this large are hashed while being written
-_hasher: list[concurrent.futures.ThreadPoolExecutor] = []
-_hasher_lock = threading.Lock()
-
-
-def _hashing_thread() -> concurrent.futures.ThreadPoolExecutor:
-    with _hasher_lock:
-        if not _hasher:
-            _hasher.append(concurrent.futures.ThreadPoolExecutor(1, "fxdebug-dump-sha256"))
-        return _hasher[0]
-
-
 class _HashingFile:
-    """A binary file that counts and hashes what is written (one pass: no copy kept in memory).
-
-    A large chunk is hashed in another thread while this one writes it (both
-    release the GIL); ``write`` returns when both are done, so ``data`` may be
-    reused by the caller afterwards.
-    """
+    """A binary file that counts and hashes what is written (one pass: no copy kept in memory)."""
 
     def __init__(self, handle) -> None:
         self.handle = handle
@@ -97,14 +78,8 @@ class _HashingFile:
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
         self.size += view.nbytes
-        if view.nbytes < _OVERLAP_BYTES:
-            self.digest.update(view)
-            return self.handle.write(view)
-        hashed = _hashing_thread().submit(self.digest.update, view)
-        try:
-            return self.handle.write(view)
-        finally:
-            hashed.result()
+        self.digest.update(view)
+        return self.handle.write(view)
 
     def flush(self) -> None:
         self.handle.flush()
