@@ -94,9 +94,11 @@ def _storage_key(tensor: torch.Tensor) -> int | None:
 
 
 def _copies_itself(cls: type) -> bool:
+    """Whether deepcopy copies ``cls``'s modules another way than a Module's (or slots hold state)."""
     base = fx.GraphModule if issubclass(cls, fx.GraphModule) else torch.nn.Module
     return any(getattr(cls, name, None) is not getattr(base, name, None) for name in _COPY_PROTOCOL
-               if not (base is fx.GraphModule and name == "__reduce__"))  # DebugGraphModule pickles meta
+               if not (base is fx.GraphModule and name == "__reduce__")  # DebugGraphModule pickles meta
+               ) or any(vars(k).get("__slots__") for k in cls.__mro__)
 
 
 def light_copy(gm: torch.nn.Module) -> tuple[torch.nn.Module, set[int]] | None:
@@ -106,9 +108,11 @@ def light_copy(gm: torch.nn.Module) -> tuple[torch.nn.Module, set[int]] | None:
     (one memo: references between modules, hooks bound to them, ``gm.meta``'s
     recorders point into the copy), its buffers cloned, its parameters new
     ``Parameter`` objects on the same storage, so gradients land in the copy.
-    A GraphModule shares the graph and the generated code. None when a module
-    copies itself its own way or a parameter is not a plain dense ``Parameter``:
-    the caller deep-copies then.
+    A GraphModule shares the graph and the generated code. A module that copies
+    itself its own way (``__deepcopy__``, ``__getstate__``: fxdebug's Recorder
+    starts with empty Records) is deep-copied, if it holds no parameter itself.
+    None when one does, or a parameter is not a plain dense ``Parameter``: the
+    caller deep-copies then.
 
     >>> import torch
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
@@ -117,8 +121,12 @@ def light_copy(gm: torch.nn.Module) -> tuple[torch.nn.Module, set[int]] | None:
     (False, False, True)
     """
     modules = list(gm.modules())  # each object once
+    own_way = dict.fromkeys(cls for cls in dict.fromkeys(type(m) for m in modules)
+                            if _copies_itself(cls))
+    copied = [m for m in modules if type(m) in own_way]  # deep-copied whole, e.g. the Recorder
+    modules = [m for m in modules if type(m) not in own_way]
     params = [p for m in modules for p in m._parameters.values() if p is not None]
-    if any(_copies_itself(cls) for cls in dict.fromkeys(type(m) for m in modules)) or any(
+    if any(p is not None for m in copied for p in m._parameters.values()) or any(
             type(p) is not torch.nn.Parameter or _storage_key(p) is None for p in params):
         return None
     memo: dict[int, object] = {}
@@ -127,6 +135,8 @@ def light_copy(gm: torch.nn.Module) -> tuple[torch.nn.Module, set[int]] | None:
             memo[id(p)] = torch.nn.Parameter(p.detach(), requires_grad=p.requires_grad)
     for m in modules:
         memo[id(m)] = object.__new__(type(m))  # the same class: a GraphModule's holds its forward
+    for m in copied:
+        copy.deepcopy(m, memo)  # its own way; modules it holds are the copies above
     for m in modules:
         state = {}
         for name, value in vars(m).items():
