@@ -12,16 +12,9 @@ itself, so the copy is light where that is safe::
       │                        alias of the user's storage (a new Parameter: .grad lands there)
       ├─ run under _GuardShared forward (and backward) with every ATen op checked: one that
       │                        would write into a parameter's storage stops the run first
-      └─ deep copy, run again  when the guard stopped it, or a module copies itself its own
-                               way (``__deepcopy__``, ``__getstate__``...), or a parameter
-                               is not a plain dense Parameter
-
->>> import torch
->>> bn = torch.nn.Sequential(torch.nn.BatchNorm1d(2)).train()
->>> before = bn[0].running_mean.clone()
->>> result = expected_results(bn, (torch.randn(4, 2),))
->>> torch.equal(bn[0].running_mean, before), bn[0].weight.grad is None, sorted(result["grads"])
-(True, True, ['0.bias', '0.weight'])
+      └─ deep copy, run again  when the guard stopped it, or a module that copies itself its
+                               own way (``__deepcopy__``, ``__getstate__``...) holds
+                               parameters, or a parameter is not a plain dense Parameter
 """
 
 from __future__ import annotations
@@ -194,7 +187,15 @@ def _collector_paused():
 
 
 def expected_results(gm: torch.nn.Module, inputs: tuple) -> dict:
-    """``{"outputs", "grads", "backward_error"}`` of a copy of ``gm`` on ``inputs`` (seed 0)."""
+    """``{"outputs", "grads", "backward_error"}`` of a copy of ``gm`` on ``inputs`` (seed 0).
+
+    >>> import torch
+    >>> bn = torch.nn.Sequential(torch.nn.BatchNorm1d(2)).train()
+    >>> before = bn[0].running_mean.clone()
+    >>> result = expected_results(bn, (torch.randn(4, 2),))
+    >>> torch.equal(bn[0].running_mean, before), bn[0].weight.grad is None, sorted(result["grads"])
+    (True, True, ['0.bias', '0.weight'])
+    """
     with _collector_paused():  # a copy of 10k modules would trigger full collections
         light = light_copy(gm)
     if light is not None:
