@@ -15,6 +15,9 @@ itself, so the copy is light where that is safe::
       └─ deep copy, run again  when the guard stopped it, or a module that copies itself its
                                own way (``__deepcopy__``, ``__getstate__``...) holds
                                parameters, or a parameter is not a plain dense Parameter
+
+The guard sees ATen ops: a write into a parameter's memory that bypasses them (through
+a NumPy view, a C extension without an op schema) is not seen.
 """
 
 from __future__ import annotations
