@@ -26,7 +26,8 @@ Call tree::
       │                          arguments and checked against the original, the rest
       │                          pickled (README says which)
       ├─ module_py(...)          forward.py + templates/module_*.py.tmpl
-      ├─ _expected(gm, inputs)   run a copy (seed 0): outputs and parameter gradients
+      ├─ expected_results(...)   expected.py: run a light copy (seed 0, shared weights,
+      │                          writes to them guarded): outputs and parameter gradients
       ├─ run.py                  templates/run.py.tmpl + folder_runtime.py's functions
       └─ write_atomically()      writer.py: temporary folder in the same parent, then rename;
                                  leftovers of killed dumps cleaned, only manifest files replaced
@@ -34,7 +35,7 @@ Call tree::
 
 from __future__ import annotations
 
-import copy
+import functools
 import hashlib
 import inspect
 import io
@@ -46,9 +47,10 @@ import torch.fx as fx
 from torch.fx.graph import _PyTreeCodeGen
 
 from ..errors import FxdebugError
-from ..runtime import clone_inputs, stops_disabled
+from ..runtime import clone_inputs
 from ..tracing import trace
 from ..tracing.keys import META_PASS, node_key
+from .expected import expected_results
 from .folder_runtime import GRADIENT_SCALE, compare, first_line, flatten_outputs, loss_of, tolerance
 from .forward import (PICKLED_FILE, class_name, forward_code, module_py, template, weights)
 from .literals import Imports
@@ -60,26 +62,6 @@ __all__ = ["dump", "FILES"]
 FILES = ("__init__.py", "module.py", "run.py", "weights.pt", "inputs.pt", "expected.pt",
          "breakpoints.json", "README.md", MANIFEST)
 KNOWN = FILES + (PICKLED_FILE,)  # every name a dump may write: what replacing one may delete
-
-
-def _expected(gm: fx.GraphModule, inputs: tuple) -> dict:
-    """Outputs and parameter gradients of a copy of ``gm`` (seed 0, the caller's RNG untouched)."""
-    model = copy.deepcopy(gm)
-    with torch.random.fork_rng(devices=[]), stops_disabled():
-        torch.manual_seed(0)
-        flat = flatten_outputs(model(*clone_inputs(inputs)))
-        grads: dict[str, torch.Tensor] = {}
-        backward_error = ""
-        loss = loss_of(flat) if torch.is_grad_enabled() else None
-        if loss is not None:
-            try:
-                loss.backward()
-            except RuntimeError as exc:  # e.g. an in-place op autograd rejects: run.py shows it again
-                backward_error = first_line(exc)
-            grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()
-                     if p.grad is not None and not backward_error}
-    outputs = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in flat.items()}
-    return {"outputs": outputs, "grads": grads, "backward_error": backward_error}
 
 
 def _example_key(gm: fx.GraphModule) -> str:
@@ -249,8 +231,9 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
         raise _refuse_pickling(structure)
     pickled_bytes = structure.pickled_bytes()
     pickled_sha = hashlib.sha256(pickled_bytes).hexdigest() if pickled_bytes is not None else None
+    weight_info = weights(gm)
     module_text, forward_line, node_lines = module_py(gm, cls, imports, forward, structure,
-                                                      pickled_sha, pytree_inputs)
+                                                      pickled_sha, pytree_inputs, weight_info)
     files = {
         "__init__.py": template("package_init.py.tmpl").format(cls=cls).encode(),
         "module.py": module_text.encode(),
@@ -264,8 +247,8 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
         "README.md": _readme(cls, inputs, structure, imports, _example_key(gm),
                              forward.wrapped, forward.script.names()).encode(),
         "inputs.pt": _plain_tensor_file(list(clone_inputs(inputs)), "the example inputs"),
-        "expected.pt": _plain_tensor_file(_expected(gm, inputs), "the outputs"),
-        "weights.pt": tensor_file(weights(gm)[0]),
+        "expected.pt": _plain_tensor_file(expected_results(gm, inputs), "the outputs"),
+        "weights.pt": functools.partial(torch.save, weight_info[0]),  # straight into the file
     }
     if pickled_bytes is not None:
         files[PICKLED_FILE] = pickled_bytes

@@ -10,6 +10,7 @@ each node sits (what ``breakpoints.json`` and ``fxdebug debug --break`` use).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import keyword
 import os
 import re
@@ -58,14 +59,20 @@ def portable_location(location) -> str:
     if location is None:
         return "?"
     filename, lineno = location
+    return f"{_portable_path(filename, os.getcwd(), tuple(sys.path))}:{lineno}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _portable_path(filename: str, cwd: str, search_path: tuple) -> str:
+    """``filename`` relative to its ``search_path`` entry (a graph has few files, many nodes)."""
     path = os.path.abspath(filename)
     best = ""
-    for entry in sys.path:
+    for entry in search_path:
         root = os.path.join(os.path.abspath(entry or os.curdir), "")
         if path.startswith(root) and len(root) > len(best):
             best = root
     relative = path[len(best):] if best else os.path.basename(path)
-    return f"{relative.replace(os.sep, '/')}:{lineno}"
+    return relative.replace(os.sep, '/')
 
 
 def _node_where(node: fx.Node) -> str:
@@ -195,10 +202,13 @@ def _pad(statement: str, comment: str, indent: str) -> str:
 
 
 def module_py(gm: fx.GraphModule, cls: str, imports: Imports, forward: Forward,
-               structure: Structure, pickled_sha: str | None, pytree_inputs: bool
-               ) -> tuple[str, int, dict[str, dict]]:
-    """module.py's text, the line of ``def forward`` and, for every node key, its line and inputs."""
-    _, tied, frozen = weights(gm)
+               structure: Structure, pickled_sha: str | None, pytree_inputs: bool,
+               weight_info: tuple | None = None) -> tuple[str, int, dict[str, dict]]:
+    """module.py's text, the line of ``def forward`` and, for every node key, its line and inputs.
+
+    ``weight_info``: ``weights(gm)`` if the caller has it already.
+    """
+    _, tied, frozen = weights(gm) if weight_info is None else weight_info
     training, training_exceptions = _training_flags(gm)
     extra_attrs = []
     if pytree_inputs:  # forward flattens its inputs with specs kept on the module
@@ -224,10 +234,17 @@ def module_py(gm: fx.GraphModule, cls: str, imports: Imports, forward: Forward,
     out += ["", f"    {forward.signature}"]
     forward_line = len(out)
     node_lines: dict[str, dict] = {}
+    modules = dict(gm.named_modules(remove_duplicate=False))  # not get_submodule per node
+
+    def op(node: fx.Node) -> str:
+        if node.op == "call_module" and isinstance(modules.get(node.target), torch.nn.Module):
+            return type(modules[node.target]).__name__
+        return op_name(node, gm)
+
     for statement, node in forward.lines:
         out.append(_pad(statement, _node_comment(node), "        "))
         if node is not None and node.op != "placeholder" and node_key(node) not in node_lines:
             node_lines[node_key(node)] = {
-                "line": len(out), "node": node.name, "op": op_name(node, gm),
+                "line": len(out), "node": node.name, "op": op(node),
                 "source": _node_where(node), "inputs": [arg.name for arg in node.all_input_nodes]}
     return "\n".join(out) + "\n" + template("module_tail.py.tmpl").format(cls=cls), forward_line, node_lines

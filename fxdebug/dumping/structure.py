@@ -88,21 +88,49 @@ def _mismatch(original: torch.nn.Module, rebuilt: torch.nn.Module, path: str = "
     return None
 
 
-def _constructor_candidates(module: torch.nn.Module) -> list[tuple[tuple, dict]]:
-    """Constructor arguments to try: those ``extra_repr()`` shows, then attributes named like parameters."""
-    candidates: list[tuple[tuple, dict]] = []
+def _repr_arguments(text: str) -> tuple[tuple, dict] | None:
+    """``extra_repr()`` text read as a call's literal arguments, or None."""
     try:
-        text = module.extra_repr()
         call = ast.parse(f"f({text})", mode="eval").body
         args = tuple(ast.literal_eval(a) for a in call.args)
         kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
-        if len(kwargs) == len(call.keywords):
-            candidates.append((args, kwargs))
     except (SyntaxError, ValueError, TypeError, RecursionError, AttributeError):
-        pass  # extra_repr is not a call's arguments: try the constructor's signature
+        return None  # extra_repr is not a call's arguments: try the constructor's signature
+    return (args, kwargs) if len(kwargs) == len(call.keywords) else None
+
+
+def _signature(cls: type) -> inspect.Signature | None:
     try:
-        signature = inspect.signature(type(module))
+        return inspect.signature(cls)
     except (TypeError, ValueError):
+        return None
+
+
+def _constructor_candidates(module: torch.nn.Module, cache: dict | None = None
+                            ) -> list[tuple[tuple, dict]]:
+    """Constructor arguments to try: those ``extra_repr()`` shows, then attributes named like parameters.
+
+    ``cache`` (optional) keeps what depends only on the class or the repr text
+    (the parsed ``extra_repr()``, the constructor's signature) across modules.
+    """
+    cache = {} if cache is None else cache
+    candidates: list[tuple[tuple, dict]] = []
+    try:
+        text = module.extra_repr()
+    except (ValueError, TypeError, RecursionError, AttributeError):  # try the signature
+        text = None
+    if isinstance(text, str):
+        key = ("repr", text)
+        if key not in cache:
+            cache[key] = _repr_arguments(text)
+        if cache[key] is not None:
+            args, kwargs = cache[key]
+            candidates.append((args, dict(kwargs)))
+    key = ("signature", type(module))
+    if key not in cache:
+        cache[key] = _signature(type(module))
+    signature = cache[key]
+    if signature is None:
         return candidates
     kwargs: dict[str, Any] = {}
     for parameter in signature.parameters.values():
@@ -135,6 +163,8 @@ class Structure:
         self.pickled: dict[str, torch.nn.Module] = {}
         self.pickled_notes: list[Pickled] = []
         self._built: dict[int, str] = {}
+        self._rebuilt: dict[str, torch.nn.Module | None] = {}  # constructor code -> its module
+        self._candidates: dict = {}  # parsed extra_repr texts, signatures per class
         self.hooked = [name or "(the module itself)" for name, m in gm.named_modules()
                        if any(getattr(m, attr, None) for attr in _HOOK_ATTRS)]
         self._own_tensors(gm, "self")
@@ -204,21 +234,33 @@ class Structure:
         importlib.import_module(module_name)  # so that the dotted path resolves
         root = module_name.split(".")[0]
         namespace = {"torch": torch, "float": float, root: importlib.import_module(root)}
-        for args, kwargs in _constructor_candidates(module):
+        for args, kwargs in _constructor_candidates(module, self._candidates):
             try:
                 code = f"{cls_expr}({call_arguments(args, kwargs)})"
             except NotLiteral:
                 continue
-            try:
-                with torch.random.fork_rng(devices=[]), torch.device("meta"):
-                    rebuilt = eval(code, namespace)  # code made of literals and the class path
-            except Exception:  # the guess is wrong: try the next one, pickle if none fits
+            rebuilt = self._rebuild(code, namespace)
+            if rebuilt is None:  # the guess is wrong: try the next one, pickle if none fits
                 continue
             mismatch = _mismatch(module, rebuilt)
             if mismatch is None:
                 return code, ""
             reason = f"{cls.__name__}({call_arguments(args, kwargs)[:60]}) differs: {mismatch}"
         return None, reason
+
+    def _rebuild(self, code: str, namespace: dict) -> torch.nn.Module | None:
+        """The module ``code`` builds on the meta device (None if it raises), built once per text.
+
+        5000 ``Linear(8, 8)`` are one check: the same text builds the same module
+        (literals and a class path, the RNG forked), and comparing only reads it.
+        """
+        if code not in self._rebuilt:
+            try:
+                with torch.random.fork_rng(devices=[]), torch.device("meta"):
+                    self._rebuilt[code] = eval(code, namespace)  # literals and the class path
+            except Exception:  # the guess is wrong: the caller tries the next one
+                self._rebuilt[code] = None
+        return self._rebuilt[code]
 
     def _pickle(self, module: torch.nn.Module, path: str, reason: str) -> None:
         self._class_expr(type(module), path)  # raises for classes that cannot be imported

@@ -57,10 +57,43 @@ def manifest_of(files: dict[str, bytes]) -> bytes:
     }
     <BLANKLINE>
     """
-    rows = [f"  {json.dumps(name)}: " + json.dumps({"size": len(data),
-                                                   "sha256": hashlib.sha256(data).hexdigest()})
-            for name, data in sorted(files.items())]
+    return _manifest({name: (len(data), hashlib.sha256(data).hexdigest()) for name, data in files.items()})
+
+
+def _manifest(entries: dict[str, tuple[int, str]]) -> bytes:
+    """manifest.json's bytes from ``{name: (size, sha256)}``."""
+    rows = [f"  {json.dumps(name)}: " + json.dumps({"size": size, "sha256": sha256})
+            for name, (size, sha256) in sorted(entries.items())]
     return ('{\n "written_by": "fxdebug.dump",\n "files": {\n' + ",\n".join(rows) + "\n }\n}\n").encode()
+
+
+class _HashingFile:
+    """A binary file that counts and hashes what is written (one pass: no copy kept in memory)."""
+
+    def __init__(self, handle) -> None:
+        self.handle = handle
+        self.size = 0
+        self.digest = hashlib.sha256()
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self.size += view.nbytes
+        self.digest.update(view)
+        return self.handle.write(view)
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
+def _write_file(path: str, data) -> tuple[int, str]:
+    """Write ``data`` (bytes, or a function writing into a binary file) to ``path``: (size, sha256)."""
+    with open(path, "wb") as handle:
+        if callable(data):
+            hashing = _HashingFile(handle)
+            data(hashing)
+            return hashing.size, hashing.digest.hexdigest()
+        handle.write(data)
+    return len(data), hashlib.sha256(data).hexdigest()
 
 
 def _bytecode_of(folder: str, listed) -> list[str]:
@@ -272,6 +305,9 @@ def prepare_destination(folder: str, overwrite: bool, known, hashes: bool = True
 def write_atomically(folder: str, files: dict[str, bytes], overwrite: bool, known) -> None:
     """Write ``files`` (and manifest.json) as ``folder``, replacing an earlier dump if ``overwrite``.
 
+    ``files``: name -> bytes, or a function writing the file into the binary file
+    it is given (a large file is then never held in memory whole).
+
     ``known``: every file name a dump may write (what leftovers may hold).
     """
     parent, name = os.path.dirname(folder), os.path.basename(folder)
@@ -280,10 +316,11 @@ def write_atomically(folder: str, files: dict[str, bytes], overwrite: bool, know
     try:
         prepare_destination(folder, overwrite, known)
         os.mkdir(token.tmp)
-        for filename, data in list(files.items()) + [(MANIFEST, manifest_of(files))]:
+        entries: dict[str, tuple[int, str]] = {}
+        for filename, data in list(files.items()) + [(MANIFEST, None)]:
             try:
-                with open(os.path.join(token.tmp, filename), "wb") as handle:
-                    handle.write(data)
+                entries[filename] = _write_file(os.path.join(token.tmp, filename),
+                                                _manifest(entries) if data is None else data)
             except OSError as exc:
                 raise FxdebugError(f"cannot write dump folder {folder!r}: writing {filename} "
                                    f"failed ({exc.strerror}); nothing was written. Free disk "
