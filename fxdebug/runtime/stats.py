@@ -77,7 +77,7 @@ def summarize(tensor: torch.Tensor, sync_free: bool | None = None) -> torch.Tens
     """
     numel = tensor.numel()
     if numel >= MIN_NUMEL and tensor.dtype in _KERNEL_DTYPES and tensor.layout == torch.strided \
-            and tensor.device.type in ("cpu", "cuda"):
+            and tensor.device.type in ("cpu", "cuda") and type(tensor) in _PLAIN_TENSORS:
         if sync_free is None:
             sync_free = tensor.device.type != "cpu"
         sums = one_pass_sums(tensor, wide=sync_free)
@@ -99,6 +99,7 @@ def summarize(tensor: torch.Tensor, sync_free: bool | None = None) -> torch.Tens
 
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # subclasses take torch's own reductions
 
 
 def _from_sums(sums: torch.Tensor, numel: int) -> torch.Tensor | None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import threading
+import types
 import warnings
 
 import torch
@@ -41,7 +42,7 @@ MIN_NUMEL = 1 << 15
 
 _INF = float("inf")
 _CHUNK = 1 << 24
-_kernels: dict[tuple[str, bool], object] = {}
+_kernels: dict[tuple[str, bool, torch.dtype], object] = {}
 _lock = threading.Lock()
 _unavailable: list[str] = []
 
@@ -65,14 +66,18 @@ def _sums(flat: torch.Tensor, wide: bool) -> torch.Tensor:
 
 
 def _flat_view(tensor: torch.Tensor) -> torch.Tensor:
-    """A 1-D tensor of ``tensor``'s values, a view where its memory is dense."""
-    if tensor.is_contiguous():
-        return tensor.view(-1)
-    for memory_format in (torch.channels_last, torch.channels_last_3d):
-        if tensor.dim() == (4 if memory_format is torch.channels_last else 5) and \
-                tensor.is_contiguous(memory_format=memory_format):
-            return tensor.as_strided((tensor.numel(),), (1,), tensor.storage_offset())
-    return tensor.reshape(-1)
+    """A 1-D tensor of ``tensor``'s values: its own memory where it is dense, else a copy.
+
+    The result is no view of another tensor (``set_`` on the storage), so the
+    compiled kernel's guards see a plain 1-D tensor whatever the layout it came from.
+    """
+    dense = tensor.is_contiguous() or any(
+        tensor.dim() == dims and tensor.is_contiguous(memory_format=memory_format)
+        for dims, memory_format in ((4, torch.channels_last), (5, torch.channels_last_3d)))
+    if not dense:
+        tensor = tensor.contiguous()
+    flat = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+    return flat.set_(tensor.untyped_storage(), tensor.storage_offset(), (tensor.numel(),), (1,))
 
 
 def _chunked(kernel, flat: torch.Tensor, wide: bool) -> torch.Tensor:
@@ -87,16 +92,26 @@ def _chunked(kernel, flat: torch.Tensor, wide: bool) -> torch.Tensor:
     return out
 
 
-def _kernel(device_type: str, wide: bool):
-    key = (device_type, wide)
+def _kernel_template(flat, _wide=False):
+    return _sums(flat, _wide)
+
+
+def _kernel(device_type: str, wide: bool, dtype: torch.dtype):
+    """The compiled kernel for one device type, accumulation and dtype.
+
+    Each gets a code object of its own: torch.compile keeps its compiled
+    variants per code object, up to a limit, so kernels never crowd each other out.
+    """
+    key = (device_type, wide, dtype)
     kernel = _kernels.get(key)
     if kernel is None:
         with _lock:
             kernel = _kernels.get(key)
             if kernel is None:
-                def kernel(flat, _wide=wide):
-                    return _sums(flat, _wide)
-                kernel = torch.compile(kernel, dynamic=True, fullgraph=True)
+                name = f"fxdebug_stats_{device_type}_{'wide' if wide else 'narrow'}_{str(dtype)[6:]}"
+                code = _kernel_template.__code__.replace(co_name=name, co_qualname=name)
+                function = types.FunctionType(code, globals(), name, (wide,))
+                kernel = torch.compile(function, dynamic=True, fullgraph=True)
                 _kernels[key] = kernel
     return kernel
 
@@ -115,7 +130,7 @@ def one_pass_sums(tensor: torch.Tensor, wide: bool = False) -> torch.Tensor | No
     """
     if _unavailable or os.environ.get("FXDEBUG_STATS_KERNEL", "1") == "0":
         return None
-    kernel = _kernel(tensor.device.type, wide)
+    kernel = _kernel(tensor.device.type, wide, tensor.dtype)
     try:
         with torch.no_grad():
             flat = _flat_view(tensor.detach())
