@@ -140,11 +140,39 @@ def _breakpoints_json(forward_line: int, nodes: dict[str, dict]) -> str:
             + ",\n".join(rows) + "\n }\n}\n")
 
 
+_PLAIN_LEAVES = (int, float, bool, str, type(None))
+
+
+def _surely_loads(obj) -> bool:
+    """Whether ``obj`` holds only what ``torch.load(weights_only=True)`` always loads.
+
+    Dense tensors, numbers, strings and None in plain lists, tuples and dicts: no
+    need to load the file back to know (10k gradients take seconds to unpickle).
+    """
+    stack = [obj]
+    while stack:
+        value = stack.pop()
+        kind = type(value)
+        if kind in (torch.Tensor, torch.nn.Parameter):
+            if value.layout != torch.strided or value.is_quantized:
+                return False
+        elif kind in (list, tuple):
+            stack.extend(value)
+        elif kind is dict:
+            if not all(type(key) in (str, int) for key in value):
+                return False
+            stack.extend(value.values())
+        elif kind not in _PLAIN_LEAVES:
+            return False
+    return True
+
+
 def _plain_tensor_file(obj, what: str) -> bytes:
     """torch.save of ``obj``, checked to load with ``weights_only=True``."""
     try:
         data = tensor_file(obj)
-        torch.load(io.BytesIO(data), weights_only=True)
+        if not _surely_loads(obj):  # anything else: the weights_only unpickler decides
+            torch.load(io.BytesIO(data), weights_only=True)
     except Exception as exc:  # pickling or the weights_only unpickler refused a value
         raise FxdebugError(f"cannot dump {what}: they hold values torch.load(weights_only=True) "
                            f"cannot load ({type(exc).__name__}: {first_line(exc)}). Pass "

@@ -119,6 +119,9 @@ def light_copy(gm: torch.nn.Module) -> tuple[torch.nn.Module, set[int]] | None:
     (False, False, True)
     """
     modules = list(gm.modules())  # each object once
+    for module in modules:  # code generated on first use: generate it now, once, for both
+        if isinstance(module, fx.GraphModule):
+            module.code  # noqa: B018 - the property generates the code of a DebugGraphModule
     own_way = dict.fromkeys(cls for cls in dict.fromkeys(type(m) for m in modules)
                             if _copies_itself(cls))
     copied = [m for m in modules if type(m) in own_way]  # deep-copied whole, e.g. the Recorder
