@@ -6,7 +6,6 @@ forward hooks on every module (tests/hooks.py), retain_grad on the eager model.
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
@@ -14,29 +13,16 @@ import torch
 import fxdebug
 from fxdebug.runtime import tensor_stats
 from hooks import hook_captures
-
-
-def _quiet(fn, *args, **kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return fn(*args, **kwargs)
+from tiny_transformers import quiet as _quiet, tiny_bert, tiny_gpt2
 
 
 # -- attention probabilities inside Hugging Face attention blocks ---------------------------
 def _bert():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=64,
-                                     max_position_embeddings=64, attn_implementation="eager")
-    return transformers.BertModel(config).eval(), "encoder.layer.{}.attention.self"
+    return tiny_bert(), "encoder.layer.{}.attention.self"
 
 
 def _gpt2():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=2,
-                                     n_positions=64, use_cache=False, bos_token_id=0,
-                                     eos_token_id=0, attn_implementation="eager")
-    return transformers.GPT2Model(config).eval(), "h.{}.attn"
+    return tiny_gpt2(), "h.{}.attn"
 
 
 @pytest.mark.parametrize("factory", [_bert, _gpt2], ids=["bert", "gpt2"])

@@ -8,29 +8,18 @@ from __future__ import annotations
 
 import copy
 import pickle
-import warnings
 
-import pytest
 import torch
 from torch import nn
 
 import fxdebug
 from fxdebug.tracing.partial import traced_parts
-
-
-def _quiet(fn, *args, **kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return fn(*args, **kwargs)
+from tiny_transformers import quiet as _quiet, tiny_bert
 
 
 def _bert():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=64,
-                                     max_position_embeddings=64, attn_implementation="eager")
     torch.manual_seed(0)
-    return transformers.BertModel(config).eval()
+    return tiny_bert()
 
 
 def _ids(length):

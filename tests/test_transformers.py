@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import warnings
 
 import pytest
 import torch
 
 import fxdebug
 from hooks import hook_captures
+from tiny_transformers import quiet as _quiet
 
 transformers = pytest.importorskip("transformers")
 
@@ -24,12 +24,6 @@ import transformer_layers  # noqa: E402  (the tiny-config factories the example 
 
 transformers.logging.set_verbosity_error()
 MODELS = {"bert": "encoder.layer.1.", "gpt2": "h.1.", "llama": "layers.1."}
-
-
-def _quiet(fn, *args, **kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return fn(*args, **kwargs)
 
 
 @pytest.fixture(scope="module", params=list(MODELS))

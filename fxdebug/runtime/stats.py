@@ -105,7 +105,7 @@ _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # subclasses take torch's o
 def _from_sums(sums: torch.Tensor, numel: int) -> torch.Tensor | None:
     """The summary from float32 one-pass sums; None where they are not exact enough."""
     total, squares, low, high, zeros = sums.tolist()
-    count = float(numel)
+    count = float(numel)  # every value is finite, or a NaN or Inf shows in the sums below
     mean = total / count
     m2 = squares - count * mean * mean
     # Recompute where the float32 sums could be off by more than about 1e-5 of the variance:
@@ -113,8 +113,7 @@ def _from_sums(sums: torch.Tensor, numel: int) -> torch.Tensor | None:
     if not (math.isfinite(total) and math.isfinite(squares) and math.isfinite(low)
             and math.isfinite(high) and 64 * m2 > count * mean * mean):
         return None
-    return torch.tensor([count, mean, m2, low, high, zeros, numel - count, float(numel)],
-                        dtype=torch.float64)
+    return torch.tensor([count, mean, m2, low, high, zeros, 0.0, count], dtype=torch.float64)
 
 
 def _from_sums_on_device(sums: torch.Tensor, numel: int) -> torch.Tensor:
