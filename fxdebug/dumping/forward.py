@@ -203,12 +203,12 @@ def _pad(statement: str, comment: str, indent: str) -> str:
 
 def module_py(gm: fx.GraphModule, cls: str, imports: Imports, forward: Forward,
                structure: Structure, pickled_sha: str | None, pytree_inputs: bool,
-               weight_info: tuple | None = None) -> tuple[str, int, dict[str, dict]]:
+               weight_info: tuple) -> tuple[str, int, dict[str, dict]]:
     """module.py's text, the line of ``def forward`` and, for every node key, its line and inputs.
 
-    ``weight_info``: ``weights(gm)`` if the caller has it already.
+    ``weight_info``: ``weights(gm)``, which the caller also writes to weights.pt.
     """
-    _, tied, frozen = weights(gm) if weight_info is None else weight_info
+    _, tied, frozen = weight_info
     training, training_exceptions = _training_flags(gm)
     extra_attrs = []
     if pytree_inputs:  # forward flattens its inputs with specs kept on the module
@@ -235,16 +235,10 @@ def module_py(gm: fx.GraphModule, cls: str, imports: Imports, forward: Forward,
     forward_line = len(out)
     node_lines: dict[str, dict] = {}
     modules = dict(gm.named_modules(remove_duplicate=False))  # not get_submodule per node
-
-    def op(node: fx.Node) -> str:
-        if node.op == "call_module" and isinstance(modules.get(node.target), torch.nn.Module):
-            return type(modules[node.target]).__name__
-        return op_name(node, gm)
-
     for statement, node in forward.lines:
         out.append(_pad(statement, _node_comment(node), "        "))
         if node is not None and node.op != "placeholder" and node_key(node) not in node_lines:
             node_lines[node_key(node)] = {
-                "line": len(out), "node": node.name, "op": op(node),
+                "line": len(out), "node": node.name, "op": op_name(node, gm, modules),
                 "source": _node_where(node), "inputs": [arg.name for arg in node.all_input_nodes]}
     return "\n".join(out) + "\n" + template("module_tail.py.tmpl").format(cls=cls), forward_line, node_lines

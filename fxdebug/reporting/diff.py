@@ -32,6 +32,7 @@ import weakref
 import torch.fx as fx
 
 from ..errors import FxdebugError
+from ..passes.base import graph_source
 from ..runtime.fit import fit_table, table_width
 from ..tracing.keys import META_PROVENANCE
 from .html import diff_html
@@ -72,7 +73,7 @@ class GraphSnapshot:
                     f"{'was deleted' if gm is None else 'changed'} after fxdebug.diff() compared "
                     f"it. Call diff() again, or pass fxdebug.reporting.snapshot(gm) to diff() "
                     f"to freeze the code before the module changes.")
-            object.__setattr__(self, "frozen_code", _generated_code(gm))
+            object.__setattr__(self, "frozen_code", graph_source(gm))
         return self.frozen_code
 
     def table(self) -> str:
@@ -81,10 +82,6 @@ class GraphSnapshot:
 
 class GraphChangedError(FxdebugError, RuntimeError):
     """A diff's code was asked for after its GraphModule changed."""
-
-
-def _generated_code(gm: fx.GraphModule) -> str:
-    return gm.graph.python_code(root_module="self").src  # what gm.code is once recompiled
 
 
 def snapshot(gm: fx.GraphModule, name: str = "", *inputs, lazy_code: bool = False
@@ -104,7 +101,7 @@ def snapshot(gm: fx.GraphModule, name: str = "", *inputs, lazy_code: bool = Fals
     views = tuple(node_views(gm, *inputs))
     if lazy_code and not inputs:
         return GraphSnapshot(name, None, views, provenance, weakref.ref(gm))
-    return GraphSnapshot(name, _generated_code(gm), views, provenance)
+    return GraphSnapshot(name, graph_source(gm), views, provenance)
 
 
 @dataclasses.dataclass(frozen=True)

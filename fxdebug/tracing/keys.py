@@ -179,9 +179,16 @@ def target_name(target) -> str:
     return f"{module}.{qualname}" if module else qualname
 
 
-def op_name(node: fx.Node, root: torch.nn.Module | None = None) -> str:
-    """What a node does, for tables: ``Conv2d``, ``torch.flatten``, ``Tensor.view``."""
+def op_name(node: fx.Node, root: torch.nn.Module | None = None,
+            modules: dict[str, torch.nn.Module] | None = None) -> str:
+    """What a node does, for tables: ``Conv2d``, ``torch.flatten``, ``Tensor.view``.
+
+    ``modules``: ``dict(root.named_modules(remove_duplicate=False))`` when asked
+    for many nodes (a dict lookup instead of walking the path each time).
+    """
     if node.op == "call_module":
+        if modules is not None and isinstance(modules.get(node.target), torch.nn.Module):
+            return type(modules[node.target]).__name__
         if root is not None:
             try:
                 return type(root.get_submodule(node.target)).__name__
