@@ -21,6 +21,7 @@ import argparse
 import os
 import statistics
 import time
+import warnings
 from typing import Callable, Sequence
 
 import torch
@@ -102,7 +103,6 @@ def host_syncs(fn: Callable[[], object]) -> int:
     Counted with ``torch.cuda.set_sync_debug_mode("warn")``, which warns at every
     synchronising CUDA call (``.item()``, ``.tolist()``, ``nonzero``, copies to the host).
     """
-    import warnings
     _synchronize()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
