@@ -151,6 +151,7 @@ def test_one_pass_kernel_in_chunks(monkeypatch, sync_free):
     """Tensors longer than a chunk (2**24 values: float32 counts stay exact) are summed per chunk."""
     from fxdebug.runtime import stats_kernel
     monkeypatch.setattr(stats_kernel, "_CHUNK", MIN_NUMEL)
+    monkeypatch.setattr(stats_kernel, "MAX_ROWS", stats_kernel.MIN_ROWS + 1)
     x = sample(torch.float32, (5, 8, 64, 64), mean=2.0)
     if not sync_free:
         x = torch.nan_to_num(x, nan=1.0, posinf=2.0, neginf=-2.0)

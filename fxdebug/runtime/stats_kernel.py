@@ -10,13 +10,18 @@ whole model's activations share one compiled kernel::
 
     one_pass_sums(tensor)                       tensor: float, at least MIN_NUMEL values
       ├─ a 1-D view of its memory               (contiguous or channels-last: no copy)
-      └─ compiled kernel, under no_grad         -> [finite count, sum, sum of squares,
-                                                    min, max, zeros]  (over finite values)
+      ├─ compiled kernel, under no_grad         -> [sum, sum of squares, min, max, zeros]
+      │    rows of ROW values, each reduced       (float32, checked by the caller), or
+      │    at once, then the rows combined        [finite count, sum, sum of squares,
+      │                                            min, max, zeros] (float64, wide=True)
+      └─ the last ``numel % ROW`` values, with torch's reductions, combined
 
-Sums accumulate in float32 where the caller reads and checks them at once
-(inductor's cascade summation; the caller recomputes exactly where they could
-have cancelled or overflowed), and in float64 where nothing is read back during
-the run (``wide=True``, on GPUs). Where ``torch.compile`` cannot build the kernel (no C++ compiler, an
+Sums accumulate in float32 where the caller reads and checks them at once (per
+row of ``ROW`` values, then across rows: a two-level sum, and several times
+faster on the CPU than one long reduction, which inductor sums in a cascade;
+the caller recomputes exactly where they could have cancelled or overflowed),
+and in float64 over one long reduction where nothing is read back during the
+run (``wide=True``, on GPUs). Where ``torch.compile`` cannot build the kernel (no C++ compiler, an
 unsupported platform), the first call warns once with the reason and returns
 None from then on, and stats mode uses torch's reductions: same statistics,
 slower. ``FXDEBUG_STATS_KERNEL=0`` turns the kernel off.
@@ -35,24 +40,34 @@ import warnings
 
 import torch
 
-__all__ = ["one_pass_sums", "MIN_NUMEL"]
+from .direct_kernel import DirectKernel
+
+__all__ = ["one_pass_sums", "MIN_NUMEL", "ROW"]
 
 MIN_NUMEL = 1 << 15
 """Smaller tensors use torch's reductions: the compiled call costs more than it saves."""
 
+ROW = 2048
+"""Values per row of the float32 kernel: each row is reduced in registers, then the rows."""
+
+MIN_ROWS, MAX_ROWS = MIN_NUMEL // ROW, 1 << 12
+"""Rows per call of the float32 kernel (at most 2**23 values: float32 counts stay exact)."""
+
 _INF = float("inf")
-_CHUNK = 1 << 24
-_kernels: dict[tuple[str, bool, torch.dtype], object] = {}
+_CHUNK = 1 << 24  # values per call of the float64 kernel
+_kernels: dict[tuple[str, bool, torch.dtype], DirectKernel] = {}
 _lock = threading.Lock()
 _unavailable: list[str] = []
 
 
-def _sums(flat: torch.Tensor, wide: bool) -> torch.Tensor:
-    values = flat.float() if flat.dtype in (torch.float16, torch.bfloat16) else flat
-    if not wide:  # non-finite values show in the sums and the caller takes the masked path
+def _sums(values: torch.Tensor, wide: bool) -> torch.Tensor:
+    values = values.float() if values.dtype in (torch.float16, torch.bfloat16) else values
+    if not wide:  # rows of ROW values; a NaN or Inf shows in the sums, and the caller rechecks
         zeros = (values == 0).to(values.dtype)  # a float count vectorises; exact below 2**24
-        return torch.stack([values.sum(), (values * values).sum(), values.amin(), values.amax(),
-                            zeros.sum()])
+        per_row = torch.stack([values.sum(1), (values * values).sum(1), values.amin(1),
+                               values.amax(1), zeros.sum(1)])
+        return torch.stack([per_row[0].sum(), per_row[1].sum(), per_row[2].amin(),
+                            per_row[3].amax(), per_row[4].sum()])
     finite = torch.isfinite(values)
     kept = torch.where(finite, values, 0.0).double()
     return torch.stack([
@@ -65,26 +80,58 @@ def _sums(flat: torch.Tensor, wide: bool) -> torch.Tensor:
     ])
 
 
-def _flat_view(tensor: torch.Tensor) -> torch.Tensor:
-    """A 1-D tensor of ``tensor``'s values: its own memory where it is dense, else a copy.
+def _dense(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` if its values fill its memory in some order (contiguous, channels-last), else a copy."""
+    if tensor.is_contiguous() or any(
+            tensor.dim() == dims and tensor.is_contiguous(memory_format=memory_format)
+            for dims, memory_format in ((4, torch.channels_last), (5, torch.channels_last_3d))):
+        return tensor
+    return tensor.contiguous()
+
+
+def _block(dense: torch.Tensor, start: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """Values ``start`` onwards of ``dense``'s memory as a contiguous tensor of ``shape``.
 
     The result is no view of another tensor (``set_`` on the storage), so the
-    compiled kernel's guards see a plain 1-D tensor whatever the layout it came from.
+    compiled kernel's guards see a plain tensor whatever the layout it came from.
     """
-    dense = tensor.is_contiguous() or any(
-        tensor.dim() == dims and tensor.is_contiguous(memory_format=memory_format)
-        for dims, memory_format in ((4, torch.channels_last), (5, torch.channels_last_3d)))
-    if not dense:
-        tensor = tensor.contiguous()
-    flat = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
-    return flat.set_(tensor.untyped_storage(), tensor.storage_offset(), (tensor.numel(),), (1,))
+    strides = (shape[1], 1) if len(shape) == 2 else (1,)
+    block = torch.empty(0, dtype=dense.dtype, device=dense.device)
+    return block.set_(dense.untyped_storage(), dense.storage_offset() + start, shape, strides)
 
 
-def _chunked(kernel, flat: torch.Tensor, wide: bool) -> torch.Tensor:
-    """The kernel over chunks of ``_CHUNK`` values (float32 counts stay exact), combined."""
-    if flat.numel() <= _CHUNK:
-        return kernel(flat)
-    parts = [kernel(chunk) for chunk in flat.split(_CHUNK)]
+def _tail_sums(values: torch.Tensor) -> torch.Tensor:
+    """What the float32 kernel returns, for fewer than ROW values, with torch's reductions."""
+    values = values.float().reshape(-1)
+    low, high = torch.aminmax(values)
+    return torch.stack([values.sum(), values.dot(values), low, high,
+                        (values == 0).sum().to(values.dtype)])
+
+
+def _chunked(kernel, dense: torch.Tensor, wide: bool) -> torch.Tensor:
+    """The kernel over chunks of at most ``_CHUNK`` values (float32 counts stay exact), combined.
+
+    The float32 kernel takes each chunk as rows of ``ROW`` values (16 to 4096
+    rows); values past the last whole row, or in a last chunk of fewer than 16
+    rows, take torch's reductions.
+    """
+    numel = dense.numel()
+    if wide:
+        if numel <= _CHUNK:
+            return kernel(_block(dense, 0, (numel,)))
+        parts = [kernel(_block(dense, start, (min(_CHUNK, numel - start),)))
+                 for start in range(0, numel, _CHUNK)]
+    else:
+        rows = numel // ROW
+        if rows * ROW == numel and rows <= MAX_ROWS:
+            return kernel(_block(dense, 0, (rows, ROW)))
+        parts = []
+        for first in range(0, rows, MAX_ROWS):
+            count = min(MAX_ROWS, rows - first)
+            block = _block(dense, first * ROW, (count, ROW))
+            parts.append(kernel(block) if count >= MIN_ROWS else _tail_sums(block))
+        if rows * ROW < numel:
+            parts.append(_tail_sums(_block(dense, rows * ROW, (numel - rows * ROW,))))
     summed = torch.stack(parts).double()
     low_col, high_col = (3, 4) if wide else (2, 3)
     out = summed.sum(0)
@@ -92,8 +139,8 @@ def _chunked(kernel, flat: torch.Tensor, wide: bool) -> torch.Tensor:
     return out
 
 
-def _kernel_template(flat, _wide=False):
-    return _sums(flat, _wide)
+def _kernel_template(values, _wide=False):
+    return _sums(values, _wide)
 
 
 def _kernel(device_type: str, wide: bool, dtype: torch.dtype):
@@ -101,6 +148,9 @@ def _kernel(device_type: str, wide: bool, dtype: torch.dtype):
 
     Each gets a code object of its own: torch.compile keeps its compiled
     variants per code object, up to a limit, so kernels never crowd each other out.
+    The float32 kernel on the CPU, which stats mode calls for every large
+    tensor, is called without dynamo's guard check once that is verified safe
+    (:class:`~fxdebug.runtime.direct_kernel.DirectKernel`).
     """
     key = (device_type, wide, dtype)
     kernel = _kernels.get(key)
@@ -111,7 +161,8 @@ def _kernel(device_type: str, wide: bool, dtype: torch.dtype):
                 name = f"fxdebug_stats_{device_type}_{'wide' if wide else 'narrow'}_{str(dtype)[6:]}"
                 code = _kernel_template.__code__.replace(co_name=name, co_qualname=name)
                 function = types.FunctionType(code, globals(), name, (wide,))
-                kernel = torch.compile(function, dynamic=True, fullgraph=True)
+                direct = device_type == "cpu" and not wide  # the kernel that runs during a run
+                kernel = DirectKernel(function, rows=(MIN_ROWS, MAX_ROWS) if direct else None)
                 _kernels[key] = kernel
     return kernel
 
@@ -133,11 +184,11 @@ def one_pass_sums(tensor: torch.Tensor, wide: bool = False) -> torch.Tensor | No
     kernel = _kernel(tensor.device.type, wide, tensor.dtype)
     try:
         with torch.no_grad():
-            flat = _flat_view(tensor.detach())
+            dense = _dense(tensor.detach())
             if torch.is_autocast_enabled(tensor.device.type):
                 with torch.autocast(tensor.device.type, enabled=False):
-                    return _chunked(kernel, flat, wide)
-            return _chunked(kernel, flat, wide)
+                    return _chunked(kernel, dense, wide)
+            return _chunked(kernel, dense, wide)
     except Exception as error:  # noqa: BLE001 - any compile failure: say it once, use torch's ops
         if not _unavailable:
             _unavailable.append(f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
