@@ -73,13 +73,25 @@ def is_fxdebug_read(node: fx.Node) -> bool:
     return node.op == "call_function" and node.target in _FXDEBUG_READS
 
 
-def _module_of(node: fx.Node, root: torch.nn.Module | None):
+def _module_of(node: fx.Node, root: torch.nn.Module | _Submodules | None):
     if root is None:
         return None
     try:
         return root.get_submodule(node.target)
     except AttributeError:
         return None
+
+
+class _Submodules:
+    """``root.get_submodule`` answered from one walk of its modules (for a whole-graph analysis)."""
+
+    def __init__(self, root: torch.nn.Module) -> None:
+        self._root = root
+        self._modules = dict(root.named_modules(remove_duplicate=False))
+
+    def get_submodule(self, target: str) -> torch.nn.Module:
+        module = self._modules.get(target)
+        return module if module is not None else self._root.get_submodule(target)
 
 
 def _has_hooks(module: torch.nn.Module) -> bool:
@@ -164,10 +176,7 @@ def mutated_argument(node: fx.Node, root: torch.nn.Module | None) -> fx.Node | N
         if name.endswith("_") and not name.startswith("__"):
             return first if isinstance(first, fx.Node) else None
     elif node.op == "call_module" and root is not None:
-        try:
-            module = root.get_submodule(node.target)
-        except AttributeError:
-            return None
+        module = _module_of(node, root)
         if getattr(module, "inplace", False) is True:
             return first if isinstance(first, fx.Node) else None
     return None
@@ -187,12 +196,7 @@ def _alias_inputs(node: fx.Node, root: torch.nn.Module | None) -> list[fx.Node]:
             return first if short_name("call_function", node.target) in _VIEW_NAMES else []
         return list(node.all_input_nodes)  # a user function: may return any input
     if node.op == "call_module":
-        module = None
-        if root is not None:
-            try:
-                module = root.get_submodule(node.target)
-            except AttributeError:
-                module = None
+        module = _module_of(node, root)
         if module is not None and type(module).__module__.startswith("torch.nn.modules") \
                 and not isinstance(module, _ALIASING_MODULES):
             return []
@@ -219,13 +223,14 @@ class AliasAnalysis:
         for index, node in enumerate(gm.graph.nodes):
             self._position[node] = index
             self._parent[node] = node
+        modules = _Submodules(gm)
         for node in gm.graph.nodes:
-            for source in _alias_inputs(node, gm):
+            for source in _alias_inputs(node, modules):
                 self._union(node, source)
-            target = mutated_argument(node, gm)
+            target = mutated_argument(node, modules)
             if target is not None:
                 self._writes.append((self._position[node], target))
-            for written in opaque_writes(node, gm):
+            for written in opaque_writes(node, modules):
                 self._opaque.append((self._position[node], written))
 
     def _find(self, node: fx.Node) -> fx.Node:

@@ -73,12 +73,14 @@ class EagerRegions(Pass):
 
     def run(self, gm: fx.GraphModule) -> bool:
         leaves = [str(node.target) for node in gm.graph.nodes if node.op == "call_module"]
-        leaves = [path for path in dict.fromkeys(leaves) if hides_calls(gm.get_submodule(path))]
+        modules = dict(gm.named_modules(remove_duplicate=False))
+        leaves = [path for path in dict.fromkeys(leaves)
+                  if hides_calls(modules.get(path) or gm.get_submodule(path))]
         if not leaves:
             return False
         ensure_recorder(gm, self.name)
         recorder = getattr(gm, runtime.RECORDER_ATTR)
-        paths = [name for name, _ in gm.named_modules(remove_duplicate=False) if name]
+        paths = [name for name in modules if name]
         scope = runtime.EagerScope(recorder, self.selection,
                                    functools.partial(runtime.EagerKeys, tuple(paths)),
                                    record_ops=self.selection.records_ops)

@@ -24,6 +24,7 @@ from tabulate import tabulate
 
 from .. import runtime
 from ..runtime.fit import fit_table, table_width
+from ..runtime.gc_pause import collection_paused
 from ..tracing.keys import META_PASS, META_SOURCE, module_path, node_key, target_name
 from ..tracing.locations import format_location
 
@@ -86,12 +87,25 @@ def _joined(values, out: list[str]) -> None:
     for index, item in enumerate(values):
         if index:
             out.append(", ")
-        _parts(item, out)
+        kind = type(item)
+        if kind is fx.Node:  # the common cases first: a 10k-node table renders 20k arguments
+            out.append(NodeRef(item.name))
+        elif kind in _PLAIN_LEAVES:
+            out.append(repr(item))
+        else:
+            _parts(item, out)
+
+
+_PLAIN_LEAVES = (int, float, bool, type(None))  # repr is their text (see _render_leaf)
 
 
 def _parts(value: Any, out: list[str]) -> None:
     if isinstance(value, fx.Node):
         out.append(NodeRef(value.name))
+    elif type(value) is tuple:
+        out.append("(")
+        _joined(value, out)
+        out.append(",)" if len(value) == 1 else ")")
     elif isinstance(value, tuple) and hasattr(value, "_fields"):
         out.append(f"{type(value).__name__}(")
         _joined(value, out)
@@ -185,16 +199,27 @@ def node_views(gm: fx.GraphModule, *inputs) -> list[NodeView]:
     """Every node of ``gm`` as a :class:`NodeView`; shapes when ``inputs`` are given."""
     shapes = _shapes(gm, inputs) if inputs else {}
     views = []
+    targets: dict[tuple[str, Any], str] = {}  # a graph names the same few targets and files
+    locations: dict[tuple, str] = {}
     for node in gm.graph.nodes:
         source = node.meta.get(META_SOURCE)
         shape, dtype = shapes.get(node, ("-", "-"))
         args = render_parts(node.args)
         kwargs = render_parts(node.kwargs) if node.kwargs else ()
+        try:
+            target = targets.get((node.op, node.target))
+        except TypeError:  # an unhashable target
+            target = _target(node)
+        if target is None:
+            target = targets[(node.op, node.target)] = _target(node)
+        where = "-"
+        if source:
+            source = tuple(source)
+            where = locations.get(source) or locations.setdefault(source, format_location(source))
         views.append(NodeView(
-            key=node_key(node), opcode=node.op, name=node.name, target=_target(node),
+            key=node_key(node), opcode=node.op, name=node.name, target=target,
             args="".join(args), kwargs="".join(kwargs),
-            shape=shape, dtype=dtype, module=module_path(node) or "-",
-            source=format_location(source) if source else "-",
+            shape=shape, dtype=dtype, module=module_path(node) or "-", source=where,
             pass_name=node.meta.get(META_PASS, "-"), args_parts=args, kwargs_parts=kwargs))
     return views
 
@@ -227,6 +252,7 @@ def render_table(rows: list[list[str]], headers) -> str:
     return "\n".join(lines)
 
 
+@collection_paused()
 def tabular(gm: fx.GraphModule, *inputs, wide: bool | None = None) -> str:
     """The node table of ``gm`` as a string (see the module docstring for the columns).
 

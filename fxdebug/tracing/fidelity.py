@@ -337,18 +337,27 @@ def take_leftover_proxies(root: torch.nn.Module) -> list[tuple[str, str, fx.Node
     """
     found = []
     for path, module in root.named_modules():
-        for name, value in list(vars(module).items()):
+        state = module.__dict__
+        # torch.nn's own state (_parameters, _modules, hook dicts, ...) holds no Proxies
+        holders = [name for name, value in state.items() if isinstance(value, _HOLDERS)
+                   and not (isinstance(value, dict) and name.startswith("_"))]
+        for name in holders:
+            value = state[name]
             if isinstance(value, fx.Proxy):
                 found.append((path, name, value.node))
-                del module.__dict__[name]
+                del state[name]
             elif isinstance(value, list):
                 proxies = [item for item in value if isinstance(item, fx.Proxy)]
-                value[:] = [item for item in value if not isinstance(item, fx.Proxy)]
-                found.extend((path, name, proxy.node) for proxy in proxies)
-            elif isinstance(value, dict) and not name.startswith("_"):
+                if proxies:
+                    value[:] = [item for item in value if not isinstance(item, fx.Proxy)]
+                    found.extend((path, name, proxy.node) for proxy in proxies)
+            else:
                 for key in [k for k, item in value.items() if isinstance(item, fx.Proxy)]:
                     found.append((path, name, value.pop(key).node))
     return found
+
+
+_HOLDERS = (fx.Proxy, list, dict)
 
 
 NOT_CONSTANT = object()

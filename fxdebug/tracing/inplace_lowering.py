@@ -101,6 +101,10 @@ def lower_inplace_operators(graph: fx.Graph, root: nn.Module) -> list[fx.Node]:
     ...  for n in gm.graph.nodes if n.op == "call_function"]
     [('iadd', 'add', 'operator.iadd'), ('relu', 'relu', None), ('iadd_1', 'iadd', None)]
     """
+    last = next((node for node in reversed(graph.nodes)
+                 if node.op == "call_function" and node.target in LOWERED_OPERATORS), None)
+    if last is None:
+        return []  # no in-place operator: no facts to compute
     facts = ValueFacts(graph, root)
     lowered = []
     for node in graph.nodes:
@@ -108,5 +112,7 @@ def lower_inplace_operators(graph: fx.Graph, root: nn.Module) -> list[fx.Node]:
             node.meta[META_LOWERED_FROM] = f"operator.{node.target.__name__}"
             node.target = LOWERED_OPERATORS[node.target]
             lowered.append(node)
+        if node is last:
+            break
         facts.visit(node)
     return lowered

@@ -65,12 +65,13 @@ def matches(key: str, pattern: str) -> bool:
 def candidates(gm: fx.GraphModule, every_node: bool) -> list[Target]:
     """Module outputs (and with ``every_node`` every value node), in graph order."""
     by_name = {node.name: node for node in gm.graph.nodes}
+    modules = dict(gm.named_modules(remove_duplicate=False))
     found: list[Target] = []
     for node in gm.graph.nodes:
         if META_PASS in node.meta:
             continue  # never act on fxdebug's own nodes
         if node.op == "call_module" or (every_node and node.op in _CAPTURABLE_OPS):
-            found.append(Target(node_key(node), op_name(node, gm), node, (node,), node,
+            found.append(Target(node_key(node), op_name(node, gm, modules), node, (node,), node,
                                 node.op == "call_module", node.meta.get(META_SOURCE)))
         for ret in node.meta.get(META_RETURNS, ()):
             items = [(subpath, by_name[name]) for subpath, name in ret.items if name in by_name]
