@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import json
 import os
 import py_compile
 import signal
@@ -196,3 +197,15 @@ def test_overwriting_a_read_only_dump_is_an_fxdebug_error():
     finally:
         os.chmod(folder, 0o755)
         shutil.rmtree(parent)
+
+
+def test_manifest_sizes_and_hashes_equal_the_files_written(tmp_path):
+    # Blocks of 1 MiB and more are hashed on a second thread while they are written.
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 768), torch.nn.ReLU(), torch.nn.Linear(768, 4))
+    fxdebug.dump(fxdebug.instrument(model), tmp_path / "d", torch.randn(2, 1024))
+    manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())["files"]
+    tree = _tree(tmp_path / "d")
+    assert os.path.getsize(tmp_path / "d" / "weights.pt") > 3 << 20
+    for name, entry in manifest.items():
+        assert entry["sha256"] == tree[name], name
+        assert entry["size"] == os.path.getsize(tmp_path / "d" / name), name

@@ -28,6 +28,7 @@ import os
 import re
 import tempfile
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import FxdebugError
 
@@ -68,29 +69,45 @@ def _manifest(entries: dict[str, tuple[int, str]]) -> bytes:
 
 
 class _HashingFile:
-    """A binary file that counts and hashes what is written (one pass: no copy kept in memory)."""
+    """A binary file that counts and hashes what is written (one pass: no copy kept in memory).
 
-    def __init__(self, handle) -> None:
+    A large block is hashed on ``hasher``'s thread while this one writes it
+    (both release the GIL), and the write returns once both are done, so the
+    caller may reuse its buffer and the blocks are hashed in order.
+    """
+
+    def __init__(self, handle, hasher: ThreadPoolExecutor | None = None) -> None:
         self.handle = handle
         self.size = 0
         self.digest = hashlib.sha256()
+        self.hasher = hasher
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
         self.size += view.nbytes
-        self.digest.update(view)
-        return self.handle.write(view)
+        if self.hasher is None or view.nbytes < _PARALLEL_HASH_BYTES:
+            self.digest.update(view)
+            return self.handle.write(view)
+        hashed = self.hasher.submit(self.digest.update, view)
+        try:
+            return self.handle.write(view)
+        finally:
+            hashed.result()
 
     def flush(self) -> None:
         self.handle.flush()
+
+
+_PARALLEL_HASH_BYTES = 1 << 20
 
 
 def _write_file(path: str, data) -> tuple[int, str]:
     """Write ``data`` (bytes, or a function writing into a binary file) to ``path``: (size, sha256)."""
     with open(path, "wb") as handle:
         if callable(data):
-            hashing = _HashingFile(handle)
-            data(hashing)
+            with ThreadPoolExecutor(1, thread_name_prefix="fxdebug-dump-hash") as hasher:
+                hashing = _HashingFile(handle, hasher)
+                data(hashing)
             return hashing.size, hashing.digest.hexdigest()
         handle.write(data)
     return len(data), hashlib.sha256(data).hexdigest()
