@@ -23,15 +23,14 @@ a NumPy view, a C extension without an op schema) is not seen.
 from __future__ import annotations
 
 import collections
-import contextlib
 import copy
-import gc
 
 import torch
 import torch.fx as fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..runtime import clone_inputs, stops_disabled
+from ..runtime.gc_pause import collection_paused
 from .folder_runtime import first_line, flatten_outputs, loss_of
 
 __all__ = ["expected_results", "light_copy"]
@@ -180,18 +179,6 @@ def _run(model: torch.nn.Module, inputs: tuple) -> dict:
     return {"outputs": outputs, "grads": grads, "backward_error": backward_error}
 
 
-@contextlib.contextmanager
-def _collector_paused():
-    """Python's cyclic garbage collector off (as it was before, after): copies make no cycles."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def expected_results(gm: torch.nn.Module, inputs: tuple) -> dict:
     """``{"outputs", "grads", "backward_error"}`` of a copy of ``gm`` on ``inputs`` (seed 0).
 
@@ -202,7 +189,7 @@ def expected_results(gm: torch.nn.Module, inputs: tuple) -> dict:
     >>> torch.equal(bn[0].running_mean, before), bn[0].weight.grad is None, sorted(result["grads"])
     (True, True, ['0.bias', '0.weight'])
     """
-    with _collector_paused():  # a copy of 10k modules would trigger full collections
+    with collection_paused():  # a copy of 10k modules would trigger full collections
         light = light_copy(gm)
     if light is not None:
         model, storages = light
