@@ -76,3 +76,14 @@ def test_front_end_runs_with_the_collector_paused_and_gives_it_back(gc_enabled):
     assert gc.isenabled()
     x = torch.randn(1, 64, 8, 8)
     torch.testing.assert_close(gm(x), model(x), rtol=0, atol=0)
+
+
+def test_warnings_still_point_at_the_callers_line(gc_enabled):
+    class Branchy(torch.nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else x
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), Branchy())
+    with pytest.warns(UserWarning, match="as leaves") as caught:
+        fxdebug.instrument(model)
+    assert [w.filename for w in caught if "as leaves" in str(w.message)] == [__file__]

@@ -25,11 +25,14 @@ True
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import threading
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
-__all__ = ["collection_paused"]
+__all__ = ["collection_paused", "pauses_collection"]
+
+_F = TypeVar("_F", bound=Callable)
 
 _lock = threading.Lock()
 _depth = 0
@@ -52,3 +55,23 @@ def collection_paused() -> Iterator[None]:
             _depth -= 1
             if _depth == 0 and _was_enabled:
                 gc.enable()
+
+
+def pauses_collection(function: _F) -> _F:
+    """Decorator: ``function`` runs inside :func:`collection_paused`.
+
+    Its frame is fxdebug's own, so warnings that point at the user's line
+    (``caller_stacklevel``) still do (contextlib's decorator adds a frame of
+    contextlib's).
+
+    >>> @pauses_collection
+    ... def build():
+    ...     return gc.isenabled()
+    >>> build(), gc.isenabled()
+    (False, True)
+    """
+    @functools.wraps(function)
+    def paused(*args, **kwargs):
+        with collection_paused():
+            return function(*args, **kwargs)
+    return paused  # type: ignore[return-value]

@@ -39,7 +39,7 @@ import torch.fx as fx
 from torch.fx.proxy import Attribute
 
 from ..runtime import PROXY_IN_TEXT, Recorder, leaves, traced_message
-from ..runtime.gc_pause import collection_paused
+from ..runtime.gc_pause import pauses_collection
 from .failure import explain_failure
 from .fidelity import (NOT_CONSTANT, UNPATCHED_FROM_NUMPY, TracePatches, UnfaithfulTrace,
                        constant_value, static_forward, take_leftover_proxies)
@@ -293,7 +293,7 @@ def _refuse_leftover_proxies(tracer: _Tracer, root: torch.nn.Module) -> None:
     raise error
 
 
-@collection_paused()
+@pauses_collection
 def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
               concrete_args: dict | None = None, auto_leaf: bool = True) -> fx.GraphModule:
     """Symbolic tracing with auto-leaf (the ``"fx"`` front end)."""
