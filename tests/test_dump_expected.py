@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import fxdebug
+from fxdebug.dumping import expected as expected_module
 from fxdebug.dumping.expected import light_copy
 from subprocesses import run_python
 
@@ -72,8 +73,13 @@ def _reference(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
     return out.detach(), {name: p.grad for name, p in twin.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.parametrize("weights", ["shared and guarded", "copied"])
 @pytest.mark.parametrize("model_cls", [Plain, ClipsItsWeight])
-def test_dump_leaves_the_model_unchanged_and_records_a_deep_copys_results(tmp_path, model_cls):
+def test_dump_leaves_the_model_unchanged_and_records_a_deep_copys_results(tmp_path, model_cls,
+                                                                          weights, monkeypatch):
+    # Small weights are copied for the run; large ones shared, every op checked for writes.
+    monkeypatch.setattr(expected_module, "COPIED_WEIGHT_BYTES", 0 if weights == "shared and guarded"
+                        else expected_module.COPIED_WEIGHT_BYTES)
     torch.manual_seed(1)
     model = model_cls().train()
     gm = fxdebug.trace(model)

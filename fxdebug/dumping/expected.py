@@ -9,9 +9,11 @@ itself, so the copy is light where that is safe::
     expected_results(gm, inputs)
       ├─ light_copy(gm)        new module objects (their attributes deep-copied, buffers
       │                        cloned), sharing the graph and code; each parameter an
-      │                        alias of the user's storage (a new Parameter: .grad lands there)
+      │                        alias of the user's storage (a new Parameter: .grad lands there),
+      │                        or a copy of it where all weights take at most COPIED_WEIGHT_BYTES
       ├─ run under _GuardShared forward (and backward) with every ATen op checked: one that
       │                        would write into a parameter's storage stops the run first
+      │                        (no guard when the weights were copied: nothing is shared)
       └─ deep copy, run again  when the guard stopped it, or a module that copies itself its
                                own way (``__deepcopy__``, ``__getstate__``...) holds
                                parameters, or a parameter is not a plain dense Parameter
@@ -45,6 +47,10 @@ _SHARED_GRAPH_ATTRS = ("_graph", "_code", "_lineno_map", "_prologue_start", "_tr
 _DROPPED_GRAPH_MODULE_HOOKS = ("_backward_pre_hooks", "_backward_hooks", "_forward_hooks",
                                "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
                                "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
+
+COPIED_WEIGHT_BYTES = 16 << 20
+"""Weights up to this size are copied for the run: cheaper than checking every op (a
+10k-module model of small layers spends more time in the guard than in its ops)."""
 
 _SHARED_TYPES = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device, torch.layout)
 _EMPTY_CONTAINERS = (dict, collections.OrderedDict, set, list)
@@ -98,8 +104,12 @@ def _copies_itself(cls: type) -> bool:
                ) or any(vars(k).get("__slots__") for k in cls.__mro__)
 
 
-def light_copy(gm: torch.nn.Module) -> tuple[torch.nn.Module, set[int]] | None:
+def light_copy(gm: torch.nn.Module, copy_weights_up_to: int = 0
+               ) -> tuple[torch.nn.Module, set[int]] | None:
     """A runnable copy of ``gm`` and its parameters' storages (shared), or None where unsafe.
+
+    Where all parameters take at most ``copy_weights_up_to`` bytes, each is
+    copied instead, and the set of shared storages is empty.
 
     Every module is a new object of the same class; its attributes are deep-copied
     (one memo: references between modules, hooks bound to them, ``gm.meta``'s
@@ -116,6 +126,9 @@ def light_copy(gm: torch.nn.Module) -> tuple[torch.nn.Module, set[int]] | None:
     >>> twin, storages = light_copy(model)
     >>> twin[0] is model[0], twin[0].weight is model[0].weight, twin[0].weight.data_ptr() == model[0].weight.data_ptr()
     (False, False, True)
+    >>> twin, storages = light_copy(model, copy_weights_up_to=1 << 20)
+    >>> storages, twin[0].weight.data_ptr() == model[0].weight.data_ptr()
+    (set(), False)
     """
     modules = list(gm.modules())  # each object once
     for module in modules:  # code generated on first use: generate it now, once, for both
@@ -130,9 +143,12 @@ def light_copy(gm: torch.nn.Module) -> tuple[torch.nn.Module, set[int]] | None:
             type(p) is not torch.nn.Parameter or _storage_key(p) is None for p in params):
         return None
     memo: dict[int, object] = {}
-    for p in params:
-        if id(p) not in memo:
-            memo[id(p)] = torch.nn.Parameter(p.detach(), requires_grad=p.requires_grad)
+    unique = list({id(p): p for p in params}.values())
+    copied_weights = (sum(p.numel() * p.element_size() for p in unique) <= copy_weights_up_to
+                      and len({_storage_key(p) for p in unique}) == len(unique))  # no two alias
+    for p in unique:
+        value = p.detach().clone() if copied_weights else p.detach()
+        memo[id(p)] = torch.nn.Parameter(value, requires_grad=p.requires_grad)
     for m in modules:
         memo[id(m)] = object.__new__(type(m))  # the same class: a GraphModule's holds its forward
     for m in copied:
@@ -157,7 +173,8 @@ def light_copy(gm: torch.nn.Module) -> tuple[torch.nn.Module, set[int]] | None:
             else:
                 state[name] = copy.deepcopy(value, memo)
         memo[id(m)].__setstate__(state)  # as deepcopy does (Module's: update __dict__)
-    storages = {key for p in params if (key := _storage_key(p)) is not None}
+    storages = set() if copied_weights else {
+        key for p in params if (key := _storage_key(p)) is not None}
     return memo[id(gm)], storages
 
 
@@ -190,9 +207,11 @@ def expected_results(gm: torch.nn.Module, inputs: tuple) -> dict:
     (True, True, ['0.bias', '0.weight'])
     """
     with collection_paused():  # a copy of 10k modules would trigger full collections
-        light = light_copy(gm)
+        light = light_copy(gm, COPIED_WEIGHT_BYTES)
     if light is not None:
         model, storages = light
+        if not storages:  # the weights were copied: nothing of the user's can be written
+            return _run(model, inputs)
         guard = _GuardShared(storages)
         try:
             with guard:

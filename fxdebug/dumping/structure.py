@@ -165,6 +165,7 @@ class Structure:
         self._built: dict[int, str] = {}
         self._rebuilt: dict[str, torch.nn.Module | None] = {}  # constructor code -> its module
         self._candidates: dict = {}  # parsed extra_repr texts, signatures per class
+        self._classes: dict[type, tuple[str, dict]] = {}  # class -> (its expression, eval namespace)
         self.hooked = [name or "(the module itself)" for name, m in gm.named_modules()
                        if any(getattr(m, attr, None) for attr in _HOOK_ATTRS)]
         self._own_tensors(gm, "self")
@@ -229,11 +230,15 @@ class Structure:
             # Recorder: the dumped part runs alone, so it records its own runs (begin_part
             # starts a run on a plain Recorder)
             return f"{self._class_expr(Recorder, path)[0]}()", ""
-        cls_expr, module_name = self._class_expr(cls, path)
+        known = self._classes.get(cls)
+        if known is None:
+            cls_expr, module_name = self._class_expr(cls, path)
+            importlib.import_module(module_name)  # so that the dotted path resolves
+            root = module_name.split(".")[0]
+            namespace = {"torch": torch, "float": float, root: importlib.import_module(root)}
+            known = self._classes[cls] = (cls_expr, namespace)
+        cls_expr, namespace = known
         reason = f"{cls.__name__}'s constructor arguments could not be recovered"
-        importlib.import_module(module_name)  # so that the dotted path resolves
-        root = module_name.split(".")[0]
-        namespace = {"torch": torch, "float": float, root: importlib.import_module(root)}
         for args, kwargs in _constructor_candidates(module, self._candidates):
             try:
                 code = f"{cls_expr}({call_arguments(args, kwargs)})"
