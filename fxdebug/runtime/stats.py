@@ -66,18 +66,22 @@ def _comparable(tensor: torch.Tensor) -> torch.Tensor | None:
     return t
 
 
-def summarize(tensor: torch.Tensor, sync_free: bool | None = None) -> torch.Tensor:
+def summarize(tensor: torch.Tensor, sync_free: bool | None = None,
+              one_pass: bool = True) -> torch.Tensor:
     """The summary of ``tensor``: a float64 tensor of 8 on its device (see the module docstring).
 
     ``sync_free`` (default: on every device but the CPU) computes it without
-    reading any number back to the host.
+    reading any number back to the host. ``one_pass=False`` uses torch's own
+    reductions even where the compiled kernel applies (same statistics; no
+    compile on first use, which pays off only over many tensors and runs).
 
     >>> [round(v, 4) for v in summarize(torch.tensor([0.0, 2.0])).tolist()]
     [2.0, 1.0, 2.0, 0.0, 2.0, 1.0, 0.0, 2.0]
     """
     numel = tensor.numel()
-    if numel >= MIN_NUMEL and tensor.dtype in _KERNEL_DTYPES and tensor.layout == torch.strided \
-            and tensor.device.type in ("cpu", "cuda") and type(tensor) in _PLAIN_TENSORS:
+    if one_pass and numel >= MIN_NUMEL and tensor.dtype in _KERNEL_DTYPES \
+            and tensor.layout == torch.strided and tensor.device.type in ("cpu", "cuda") \
+            and type(tensor) in _PLAIN_TENSORS:
         if sync_free is None:
             sync_free = tensor.device.type != "cpu"
         sums = one_pass_sums(tensor, wide=sync_free)
@@ -226,8 +230,11 @@ def stats_from_summaries(summaries: list[torch.Tensor]) -> list[Stats]:
 def tensor_stats(tensor: torch.Tensor) -> Stats:
     """Mean, std (population), min, max over the finite values; % zeros; non-finite count.
 
+    For one tensor at a time (a table of kept values, a report): torch's own
+    reductions, no compiled kernel (stats mode's runs use that, see :func:`summarize`).
+
     >>> s = tensor_stats(torch.tensor([1.0, 3.0, float("inf"), 0.0]))
     >>> round(s.mean, 4), round(s.std, 4), s.min, s.max, s.zeros_pct, s.nonfinite
     (1.3333, 1.2472, 0.0, 3.0, 25.0, 1)
     """
-    return stats_from_summary(summarize(tensor))
+    return stats_from_summary(summarize(tensor, one_pass=False))
