@@ -22,7 +22,6 @@ Run (from the repository root)::
 
 from __future__ import annotations
 
-import gc
 import os
 import shutil
 import tempfile
@@ -32,6 +31,7 @@ import torchvision
 from _common import header, interleaved, median, parse_args, table
 
 import fxdebug
+from fxdebug.runtime.gc_pause import pauses_collection  # the pause fxdebug's front end takes
 
 
 def chain(pairs: int) -> torch.nn.Sequential:
@@ -64,17 +64,6 @@ def stages(model):
 PAUSED = "  torch.fx.symbolic_trace, gc paused"
 
 
-def gc_paused(function):
-    """``function`` with Python's garbage collector paused, as fxdebug's front end pauses it."""
-    def run():
-        gc.disable()
-        try:
-            return function()
-        finally:
-            gc.enable()
-    return run
-
-
 def dumps(label, model, x, root):
     gm = fxdebug.trace(model)
     plain = torch.fx.symbolic_trace(model)
@@ -98,7 +87,7 @@ def run(args) -> list[list[str]]:
     with torch.no_grad():
         variants = {"torch.fx.symbolic_trace": lambda: torch.fx.symbolic_trace(model),
                     "fxdebug trace+instrument+diff+tabular": front_end(model), **stages(model),
-                    PAUSED: gc_paused(lambda: torch.fx.symbolic_trace(model))}
+                    PAUSED: pauses_collection(lambda: torch.fx.symbolic_trace(model))}
         times = interleaved(variants, repeats=args.repeats, warmup=args.warmup) if only != "dump" else {}
         for label, t in times.items():
             base = median(times["torch.fx.symbolic_trace"])

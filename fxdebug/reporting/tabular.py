@@ -206,12 +206,13 @@ def node_views(gm: fx.GraphModule, *inputs) -> list[NodeView]:
         shape, dtype = shapes.get(node, ("-", "-"))
         args = render_parts(node.args)
         kwargs = render_parts(node.kwargs) if node.kwargs else ()
+        key = (node.op, node.target)
         try:
-            target = targets.get((node.op, node.target))
+            target = targets[key]
+        except KeyError:
+            target = targets[key] = _target(node)
         except TypeError:  # an unhashable target
             target = _target(node)
-        if target is None:
-            target = targets[(node.op, node.target)] = _target(node)
         where = "-"
         if source:
             source = tuple(source)

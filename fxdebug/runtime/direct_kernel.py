@@ -63,8 +63,10 @@ class DirectKernel:
         return compiled
 
     def __call__(self, values: torch.Tensor) -> torch.Tensor:
+        if self._rows is None:  # never called directly: nothing to adopt, so no lock either
+            return self._compiled(values)
         threads = torch.get_num_threads()
-        in_range = self._rows is not None and self._rows[0] <= values.shape[0] <= self._rows[1]
+        in_range = self._rows[0] <= values.shape[0] <= self._rows[1]
         direct = self._direct.get(threads)
         if direct is not None and in_range:
             return direct(values)
@@ -83,7 +85,7 @@ class DirectKernel:
             self._refused[threads] = "its arguments are not one tensor and its sizes"
             return
         compiled = len(self._graphs)
-        for rows in self._rows:  # type: ignore[union-attr]
+        for rows in self._rows:  # type: ignore[union-attr] - _adopt runs only with a range
             self._compiled(values.new_zeros((rows, *values.shape[1:])))
         if len(self._graphs) != compiled:
             self._refused[threads] = "torch.compile compiled again within the range"
