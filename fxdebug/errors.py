@@ -1,13 +1,49 @@
 """Exceptions raised by fxdebug.
 
 Every exception says what went wrong, where (module path or node key, and the
-user's ``file:line``) and what to do about it.
+user's ``file:line``) and what to do about it. Every warning fxdebug emits is a
+:class:`FxdebugWarning`, so one filter silences or escalates fxdebug's warnings
+alone::
+
+    FxdebugWarning (UserWarning)
+      ├─ EagerFallbackWarning   part of the model runs eagerly, or another front end ran it
+      ├─ FidelityWarning        a value or a pass may not be what you asked for
+      └─ PerformanceWarning     the same result, computed a slower way
+
+>>> import warnings
+>>> warnings.filterwarnings("error", category=FxdebugWarning)   # fxdebug's only
+>>> warnings.resetwarnings()
 """
 
 from __future__ import annotations
 
 __all__ = ["FxdebugError", "TraceFailure", "SelectionError", "PassEquivalenceError",
-           "StaleCaptureError"]
+           "StaleCaptureError", "FxdebugWarning", "EagerFallbackWarning", "FidelityWarning",
+           "PerformanceWarning"]
+
+
+class FxdebugWarning(UserWarning):
+    """Base class of every warning fxdebug emits.
+
+    >>> import warnings, torch, fxdebug
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore", fxdebug.FxdebugWarning)  # silence fxdebug only
+    ...     gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()))
+    """
+
+
+class EagerFallbackWarning(FxdebugWarning):
+    """Part of the model runs eagerly (an auto-leaf, an untraceable part), or a front end
+    other than the one asked for ran it; captures there come from the eager run."""
+
+
+class FidelityWarning(FxdebugWarning):
+    """What fxdebug did may not be what was asked: a pass left nodes as they were, a capture
+    could not be placed, a value could not be checked."""
+
+
+class PerformanceWarning(FxdebugWarning):
+    """The same result, computed a slower way (e.g. a compiled kernel was unavailable)."""
 
 
 class FxdebugError(Exception):

@@ -38,7 +38,7 @@ import torch
 import torch.fx as fx
 
 from .analysis.equivalence import check_equivalence
-from .errors import PassEquivalenceError
+from .errors import FidelityWarning, PassEquivalenceError
 from .passes.base import as_pass, unchanged_message
 from .reporting.diff import GraphDiff, GraphSnapshot, diff, snapshot
 from .reporting.tabular import render_table
@@ -152,7 +152,8 @@ class PassManager:
                     previous = copy.deepcopy(gm)
             change = diff(report.stages[-1].snapshot, now)
             if not change and change.before_code == change.after_code:
-                warnings.warn(unchanged_message(step.name, gm), stacklevel=caller_stacklevel())
+                warnings.warn(unchanged_message(step.name, gm), FidelityWarning,
+                              stacklevel=caller_stacklevel())
             report.stages.append(Stage(step.name, now, result.modified, change, verdict))
             log.info("pass %s: modified=%s nodes %s%s", step.name, result.modified,
                      change.summary(),

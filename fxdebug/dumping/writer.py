@@ -30,7 +30,7 @@ import tempfile
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import FxdebugError
+from ..errors import FxdebugError, FxdebugWarning
 from ..tracing.locations import caller_stacklevel
 
 __all__ = ["MANIFEST", "write_atomically", "prepare_destination", "clean_leftovers", "check_replaceable", "manifest_of"]
@@ -276,7 +276,7 @@ def clean_leftovers(folder: str, known) -> list[str]:
                 if left:
                     warnings.warn(f"fxdebug.dump: {old!r}, left by a killed dump, holds files a "
                                   f"dump does not write ({_names(left)}); it was kept.",
-                                  stacklevel=caller_stacklevel())
+                                  FxdebugWarning, stacklevel=caller_stacklevel())
         if holder is not None and not os.listdir(holder):
             os.rmdir(holder)
         if os.path.lexists(tmp):
@@ -284,7 +284,7 @@ def clean_leftovers(folder: str, known) -> list[str]:
             if left:
                 warnings.warn(f"fxdebug.dump: {tmp!r}, left by a killed dump, holds files a dump "
                               f"does not write ({_names(left)}); it was kept.",
-                              stacklevel=caller_stacklevel())
+                              FxdebugWarning, stacklevel=caller_stacklevel())
             else:
                 done.append(f"removed {tmp!r}, left by a killed dump")
     return done
@@ -370,7 +370,7 @@ def write_atomically(folder: str, files: dict[str, bytes], overwrite: bool, know
             if left:
                 warnings.warn(f"fxdebug.dump: the earlier dump, moved to {token.old!r}, gained "
                               f"files while being replaced ({_names(left)}); they were kept there.",
-                              stacklevel=caller_stacklevel())
+                              FxdebugWarning, stacklevel=caller_stacklevel())
     except BaseException:
         if os.path.lexists(token.tmp):
             _remove_ours(token.tmp, known)

@@ -31,7 +31,7 @@ from .. import runtime
 from ..runtime import RECORDER_ATTR
 from ..tracing.locations import caller_stacklevel
 from .aliasing import AliasAnalysis
-from ..errors import SelectionError
+from ..errors import FidelityWarning, SelectionError
 from ..tracing.selection import select
 from ._placement import ensure_recorder, insert_per_target
 from .base import Pass
@@ -86,7 +86,8 @@ class Capture(Pass):
             notes = getattr(getattr(gm, RECORDER_ATTR), "notes", None)
             if isinstance(notes, list):  # a part's recorder files into the shared one
                 notes.append(message)
-            warnings.warn(f"fxdebug Capture: {message}", stacklevel=caller_stacklevel())
+            warnings.warn(f"fxdebug Capture: {message}", FidelityWarning,
+                          stacklevel=caller_stacklevel())
             return True
         aliases = AliasAnalysis(gm)
 

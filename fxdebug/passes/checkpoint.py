@@ -41,7 +41,7 @@ import torch.fx as fx
 import torch.utils.checkpoint
 
 from .aliasing import AliasAnalysis
-from ..errors import SelectionError
+from ..errors import FidelityWarning, SelectionError
 from ..tracing.graph_module import DebugGraphModule
 from ..tracing.keys import (META_KEY, META_PASS, META_RETURNS, META_SOURCE, ModuleReturn,
                             inherit_key, node_key, op_name)
@@ -365,7 +365,8 @@ class Checkpoint(Pass):
         if self.skipped:
             listed = short_list([str(item) for item in self.skipped], limit=1)
             warnings.warn(f"Checkpoint left {len(self.skipped)} selected call(s) as they are: "
-                          f"{listed} (step.skipped lists them)", stacklevel=caller_stacklevel())
+                          f"{listed} (step.skipped lists them)", FidelityWarning,
+                          stacklevel=caller_stacklevel())
         return bool(ready)
 
     def _wrap(self, gm: fx.GraphModule, segment: _Segment) -> None:

@@ -46,6 +46,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from ..errors import FidelityWarning
 from .aliasing import AliasAnalysis, _signature, inplace_requested, mutated_argument
 from ..tracing.keys import (INPLACE_OPERATORS, META_KEY, META_PASS, META_RETURNS, META_SOURCE, node_key,
                     op_name)
@@ -170,7 +171,8 @@ class Functionalize(Pass):
         if self.not_rewritten:
             listed = "".join(f"\n  {item}" for item in self.not_rewritten)
             warnings.warn(f"Functionalize left {len(self.not_rewritten)} in-place op(s) as they "
-                          f"are, one per line:{listed}", stacklevel=caller_stacklevel())
+                          f"are, one per line:{listed}", FidelityWarning,
+                          stacklevel=caller_stacklevel())
         return bool(self.rewritten)
 
     # -- one write ---------------------------------------------------------------------------

@@ -40,6 +40,7 @@ import warnings
 
 import torch
 
+from ..errors import PerformanceWarning
 from .direct_kernel import DirectKernel
 
 __all__ = ["one_pass_sums", "MIN_NUMEL", "ROW"]
@@ -196,5 +197,5 @@ def one_pass_sums(tensor: torch.Tensor, wide: bool = False) -> torch.Tensor | No
                 "fxdebug stats mode could not compile its one-pass statistics kernel "
                 f"({_unavailable[0]}); it uses torch's own reductions instead: the same "
                 "statistics, about 1.3x slower. Set FXDEBUG_STATS_KERNEL=0 to skip the attempt.",
-                RuntimeWarning, stacklevel=2)
+                PerformanceWarning, stacklevel=2)
         return None

@@ -16,7 +16,7 @@ from typing import Iterable
 import torch
 import torch.fx as fx
 
-from ..errors import TraceFailure
+from ..errors import EagerFallbackWarning, TraceFailure
 from .export import export_trace
 from .fx_tracer import trace_fx
 from .graph_module import keyed_copy
@@ -112,7 +112,8 @@ def _trace_auto(model, example_inputs, leaf_modules, concrete_args, auto_leaf):
             gm.meta["fxdebug_frontend_notes"] = notes
             warnings.warn(f"fxdebug.trace(frontend='auto') used torch.export for "
                           f"{type(model).__name__}: symbolic tracing failed ({fx_failure.kind} at "
-                          f"{fx_failure.location}).", stacklevel=caller_stacklevel())
+                          f"{fx_failure.location}).", EagerFallbackWarning,
+                          stacklevel=caller_stacklevel())
             return gm
     else:
         notes.append("export: not tried, no example inputs (pass them: "

@@ -38,6 +38,7 @@ import torch
 import torch.fx as fx
 from torch.fx.proxy import Attribute
 
+from ..errors import EagerFallbackWarning
 from ..runtime import PROXY_IN_TEXT, Recorder, leaves, traced_message
 from ..runtime.gc_pause import pauses_collection
 from .failure import explain_failure
@@ -331,5 +332,6 @@ def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
         warnings.warn(f"fxdebug traced {len(auto_leaves)} module(s) as leaves (tracing through "
                       f"them failed): {listed}; they run eagerly, captured as they run, and "
                       f"passes cannot edit their insides. gm.meta['fxdebug_auto_leaves'] says why.",
+                      EagerFallbackWarning,
                       stacklevel=caller_stacklevel())
     return gm

@@ -67,7 +67,7 @@ import torch
 import torch.fx as fx
 
 from .. import runtime
-from ..errors import TraceFailure
+from ..errors import EagerFallbackWarning, TraceFailure
 from ..runtime import RECORDER_ATTR, PartRecorder, SharedRecorder, begin_part, clone_inputs
 from .call_plan import (CallPlan, ExportPlan, call_forward, call_plan, clean_tree, export_plan,
                         is_container, is_fx_leaf, note_part_output, set_submodule, strip_guards)
@@ -404,7 +404,8 @@ class _Context:
             self.selection.check(list(self.seen_keys))
         if self.report.eager:
             logging.getLogger("fxdebug").info("partial tracing:\n%s", self.report.summary())
-            warnings.warn(self.report.warning_text(), stacklevel=caller_stacklevel())
+            warnings.warn(self.report.warning_text(), EagerFallbackWarning,
+                          stacklevel=caller_stacklevel())
 
 
 # -- entry points ------------------------------------------------------------------------
