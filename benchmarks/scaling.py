@@ -5,10 +5,9 @@ Two measurements, each in one process with interleaved repeats (medians):
 1. A chain of ``--pairs`` ``Linear(8, 8)`` + ``ReLU`` modules (5000 pairs: 10k
    nodes). ``fxdebug.trace`` + ``fxdebug.instrument`` + ``fxdebug.diff`` (traced
    against instrumented) + ``fxdebug.tabular`` of the result, against
-   ``torch.fx.symbolic_trace`` of the same model; then each stage alone. fxdebug
-   pauses Python's garbage collector while it builds graphs (see
-   ``fxdebug/runtime/gc_pause.py``); the last row compares the front end with
-   ``symbolic_trace`` under the same pause.
+   ``torch.fx.symbolic_trace`` of the same model; then each stage alone. Both
+   run with Python's garbage collector as the user left it (fxdebug never
+   pauses it: the user's code runs during a trace).
 2. ``fxdebug.dump`` (annotated code, weights, example inputs and outputs,
    run.py) against ``torch.fx.GraphModule.to_folder`` (code and weights), on
    resnet50 and on the chain, both writing to a fresh temporary folder.
@@ -31,7 +30,6 @@ import torchvision
 from _common import header, interleaved, median, parse_args, table
 
 import fxdebug
-from fxdebug.runtime.gc_pause import pauses_collection  # the pause fxdebug's front end takes
 
 
 def chain(pairs: int) -> torch.nn.Sequential:
@@ -61,9 +59,6 @@ def stages(model):
     }
 
 
-PAUSED = "  torch.fx.symbolic_trace, gc paused"
-
-
 def dumps(label, model, x, root):
     gm = fxdebug.trace(model)
     plain = torch.fx.symbolic_trace(model)
@@ -86,19 +81,13 @@ def run(args) -> list[list[str]]:
     only = getattr(args, "only", "all")
     with torch.no_grad():
         variants = {"torch.fx.symbolic_trace": lambda: torch.fx.symbolic_trace(model),
-                    "fxdebug trace+instrument+diff+tabular": front_end(model), **stages(model),
-                    PAUSED: pauses_collection(lambda: torch.fx.symbolic_trace(model))}
+                    "fxdebug trace+instrument+diff+tabular": front_end(model), **stages(model)}
         times = interleaved(variants, repeats=args.repeats, warmup=args.warmup) if only != "dump" else {}
         for label, t in times.items():
             base = median(times["torch.fx.symbolic_trace"])
             rows.append([f"{label} ({2 * pairs} nodes)" if not label.startswith(" ") else label,
                          f"{median(t) * 1e3:.0f}", f"{(max(t) - min(t)) * 1e3:.0f}",
                          f"{median(t) / base:.2f}x", "symbolic_trace"])
-        if times:  # fxdebug pauses the garbage collector while it builds graphs: the same for fx
-            front = times["fxdebug trace+instrument+diff+tabular"]
-            rows.append([f"fxdebug trace+instrument+diff+tabular ({2 * pairs} nodes)",
-                         f"{median(front) * 1e3:.0f}", f"{(max(front) - min(front)) * 1e3:.0f}",
-                         f"{median(front) / median(times[PAUSED]):.2f}x", "symbolic_trace, gc paused"])
         if only == "front":
             return rows
         vision = "resnet18" if args.quick else "resnet50"

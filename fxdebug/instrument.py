@@ -30,7 +30,6 @@ import torch.fx as fx
 from .errors import FxdebugError, TraceFailure
 from .passes import Capture, EagerRegions, GradHooks, as_pass
 from .runtime import RECORDER_ATTR, Recorder, Records
-from .runtime.gc_pause import pauses_collection
 from .tracing import instrument_parts, is_partial, keyed_copy, trace
 from .tracing.graph_module import DebugGraphModule
 from .tracing.selection import candidates
@@ -38,7 +37,6 @@ from .tracing.selection import candidates
 __all__ = ["instrument", "records", "accumulate_stats", "build_pipeline", "run_pipeline"]
 
 
-@pauses_collection
 def instrument(model: torch.nn.Module, capture="modules", depth: int | None = None,
                include=None, exclude=None, grads: bool = False, mode: str = "tensor",
                passes: Sequence = ()) -> fx.GraphModule:

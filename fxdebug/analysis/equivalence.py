@@ -277,14 +277,15 @@ def _model_name(model: torch.nn.Module) -> str:
 def _param_grads(model: torch.nn.Module, output: Any, notes: list[str], role: str):
     """Gradients of ``sum(output.sum())`` for every named parameter that requires grad."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    terms = [t.sum() for _, t in iter_tensors(output, "out")
-             if t.requires_grad and (t.is_floating_point() or t.is_complex())]
-    if not named or not terms:
-        why = "no parameter requires grad" if not named else "no output requires grad"
-        notes.append(f"grads=True: the {role} has no parameter gradient to compare ({why})")
-        return {}
-    loss = sum(t.real if t.is_complex() else t for t in terms)
-    found = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    with torch.enable_grad():  # the caller may be under no_grad; grads=True asks for them
+        terms = [t.sum() for _, t in iter_tensors(output, "out")
+                 if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+        if not named or not terms:
+            why = "no parameter requires grad" if not named else "no output requires grad"
+            notes.append(f"grads=True: the {role} has no parameter gradient to compare ({why})")
+            return {}
+        loss = sum(t.real if t.is_complex() else t for t in terms)
+        found = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
     return {name: grad for (name, _), grad in zip(named, found)}
 
 

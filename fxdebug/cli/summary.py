@@ -47,8 +47,8 @@ def run(args) -> int:
     from ..instrument import records
     loss_fn = _loss_function(args.loss) if args.grads else None
     if args.plot:
-        from ..reporting.plots import _pyplot
-        _pyplot()  # fail before the run when matplotlib is missing
+        from ..reporting.plots import require_matplotlib
+        require_matplotlib()  # fail before the run when matplotlib is missing
     from ..runtime.progress import progress_bar
     bar = progress_bar(total=2, desc="summary", unit="step")
     with bar as steps:

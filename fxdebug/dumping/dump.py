@@ -48,7 +48,6 @@ from torch.fx.graph import _PyTreeCodeGen
 
 from ..errors import FxdebugError
 from ..runtime import clone_inputs
-from ..runtime.gc_pause import pauses_collection
 from ..tracing import trace
 from ..tracing.keys import META_PASS, node_key
 from .expected import expected_results
@@ -193,7 +192,6 @@ def _refuse_pickling(structure: Structure) -> FxdebugError:
         f"into {PICKLED_FILE}.")
 
 
-@pauses_collection
 def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
          allow_pickled_modules: bool = False) -> str:
     """Write ``gm`` to ``folder`` as a package that runs on its own and round-trips.

@@ -34,7 +34,6 @@ import torch.fx as fx
 from ..errors import FxdebugError
 from ..passes.base import graph_source
 from ..runtime.fit import fit_table, table_width
-from ..runtime.gc_pause import pauses_collection
 from ..tracing.keys import META_PROVENANCE
 from .html import diff_html
 from .tabular import COLUMNS, NodeRef, NodeView, node_views, render_table
@@ -191,7 +190,6 @@ def _as_snapshot(graph_or_snapshot, role: str) -> GraphSnapshot:
                     f"{type(graph_or_snapshot).__name__}.")
 
 
-@pauses_collection
 def diff(before, after) -> GraphDiff:
     """Compare two GraphModules (or snapshots of them), node by node.
 

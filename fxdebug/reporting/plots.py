@@ -1,6 +1,8 @@
 """Pictures of a run: activation and gradient norms per node, in execution order.
 
-Needs matplotlib, an optional extra: ``pip install 'fxdebug[plot]'``.
+Needs matplotlib, an optional extra: ``pip install 'fxdebug[plot]'``. Figures
+are drawn on a ``matplotlib.figure.Figure`` of their own: no pyplot state, no
+change of the matplotlib backend (a notebook's inline figures stay as they were).
 """
 
 from __future__ import annotations
@@ -10,18 +12,21 @@ import math
 from ..errors import FxdebugError
 from ..runtime import Records
 
-__all__ = ["plot_norms"]
+__all__ = ["plot_norms", "require_matplotlib"]
 
 
-def _pyplot():
+def require_matplotlib():
+    """``matplotlib.figure.Figure``, or an FxdebugError that says how to install matplotlib.
+
+    >>> require_matplotlib().__name__
+    'Figure'
+    """
     try:
-        import matplotlib
+        from matplotlib.figure import Figure
     except ImportError:
         raise FxdebugError("plotting needs matplotlib, an optional extra: pip install "
                            "'fxdebug[plot]' (or pip install matplotlib), then run again.") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+    return Figure
 
 
 def plot_norms(records: Records, path: str, title: str = "") -> str:
@@ -44,7 +49,7 @@ def plot_norms(records: Records, path: str, title: str = "") -> str:
         >>> open(path, "rb").read(4)
         b'\\x89PNG'
     """
-    plt = _pyplot()
+    figure_class = require_matplotlib()
     keys = records.keys()
     if not keys:
         raise FxdebugError("nothing to plot: the records are empty. Run the instrumented module "
@@ -52,7 +57,8 @@ def plot_norms(records: Records, path: str, title: str = "") -> str:
     activations = [records.record(key).stats.norm for key in keys]
     grads = [records.grads.record(key).stats.norm if key in records.grads else math.nan
              for key in keys]
-    figure, axis = plt.subplots(figsize=(max(6.0, 0.18 * len(keys)), 4.5))
+    figure = figure_class(figsize=(max(6.0, 0.18 * len(keys)), 4.5))
+    axis = figure.subplots()
     positions = list(range(len(keys)))
     axis.plot(positions, activations, marker="o", markersize=3, label="activation norm")
     if any(not math.isnan(g) for g in grads):
@@ -65,6 +71,5 @@ def plot_norms(records: Records, path: str, title: str = "") -> str:
     axis.set_title(title or "activation and gradient norms per node")
     axis.legend()
     figure.tight_layout()
-    figure.savefig(path, dpi=120, metadata={"Software": None})
-    plt.close(figure)
+    figure.savefig(path, dpi=120, metadata={"Software": None})  # its own Agg canvas
     return path

@@ -24,7 +24,6 @@ from tabulate import tabulate
 
 from .. import runtime
 from ..runtime.fit import fit_table, table_width
-from ..runtime.gc_pause import pauses_collection
 from ..tracing.keys import META_PASS, META_SOURCE, module_path, node_key, target_name
 from ..tracing.locations import format_location
 
@@ -253,7 +252,6 @@ def render_table(rows: list[list[str]], headers) -> str:
     return "\n".join(lines)
 
 
-@pauses_collection
 def tabular(gm: fx.GraphModule, *inputs, wide: bool | None = None) -> str:
     """The node table of ``gm`` as a string (see the module docstring for the columns).
 

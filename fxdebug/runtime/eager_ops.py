@@ -173,15 +173,24 @@ class EagerScope:
                  seen: Callable[[str], None] | None = None) -> None:
         self.recorder, self.selection, self.new_keys = recorder, selection, new_keys
         self.record_ops, self.seen = record_ops, seen
-        self._scopes: list[str | None] = []
-        self._mode: OpRecorder | None = None
-        self._keys = None
-        self._keys_of = None
+        self._local = _ScopeState()  # per thread: two threads' runs never share a scope
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state.update(_scopes=[], _mode=None, _keys=None, _keys_of=None)
+        del state["_local"]
         return state
+
+    def __setstate__(self, state) -> None:
+        self.__dict__.update(state)
+        self._local = _ScopeState()
+
+    @property
+    def _scopes(self) -> list[str | None]:
+        return self._local.scopes
+
+    def running_here(self) -> bool:
+        """Whether the instrumented module that owns this scope runs in this thread."""
+        return self._local.running > 0
 
     # -- scopes ------------------------------------------------------------------------
     def current(self) -> str | None:
@@ -195,14 +204,13 @@ class EagerScope:
         self._scopes.append(path)
         mode = None
         if outermost and self.record_ops:
-            mode = self._mode = OpRecorder(self)
+            mode = OpRecorder(self)
             mode.__enter__()
         try:
             yield
         finally:
             if mode is not None:
                 mode.__exit__(None, None, None)
-                self._mode = None
             self._scopes.pop()
 
     @contextlib.contextmanager
@@ -223,9 +231,10 @@ class EagerScope:
         latest = self.recorder.latest
         if isinstance(latest, _PartRecords):  # a traced part's view of the shared Records
             latest = latest.records
-        if self._keys_of is not latest:
-            self._keys, self._keys_of = self.new_keys(), latest
-        key = self._keys.allocate(base, owner=owner)
+        local = self._local
+        if local.keys_of is not latest:
+            local.keys, local.keys_of = self.new_keys(), latest
+        key = local.keys.allocate(base, owner=owner)
         if self.seen is not None:
             self.seen(key)
         return key
@@ -257,6 +266,16 @@ class EagerScope:
                                      stats_only=capture == "stats", via=via)
         if grads is not None:
             record_grads(self.recorder, output, key, op, stats_only=grads == "stats")
+
+
+class _ScopeState(threading.local):
+    """One thread's side of an EagerScope: its region stack, key allocator, running count."""
+
+    def __init__(self) -> None:
+        self.scopes: list[str | None] = []
+        self.keys = None
+        self.keys_of = None
+        self.running = 0
 
 
 def _op_label(func) -> str:
@@ -292,6 +311,8 @@ class RegionForward:
     def __call__(self, *args, **kwargs):
         module = self.module
         forward = type(module).forward.__get__(module)
+        if not self.scope.running_here():  # another thread calls the user's module: plain
+            return forward(*args, **kwargs)
         if self.entry:
             with self.scope.region(self.path):
                 return forward(*args, **kwargs)
@@ -352,9 +373,11 @@ class RegionForwards:
                     module.__dict__["forward"] = RegionForward(self.scope, module, path, entry, ops)
                     _INSTALLED[id(module)] = [1, module]
                 modules.append(module)
+        self.scope._local.running += 1
         try:
             yield
         finally:
+            self.scope._local.running -= 1
             with _INSTALLED_LOCK:
                 for module in modules:
                     state = _INSTALLED[id(module)]

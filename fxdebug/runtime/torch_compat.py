@@ -16,8 +16,62 @@ True
 from __future__ import annotations
 
 import torch
+import torch.fx as fx
+import torch.utils._pytree as _pytree  # no public pytree module up to torch 2.14 (checked 2.9.1, 2.14.1)
 
-__all__ = ["torch_version"]
+__all__ = ["torch_version", "tree_leaves", "is_op_packet", "op_schema", "SET_GRAD_ENABLED",
+           "ENTER_AUTOCAST", "EXIT_AUTOCAST", "AUTOCAST_NODE_FUNCTIONS", "CODE_ONLY_MODULE",
+           "autocast_arguments"]
+
+tree_leaves = _pytree.tree_leaves
+"""``torch.utils._pytree.tree_leaves`` (checked on 2.9.1 and 2.14.1; torch has no public twin)."""
+
+SET_GRAD_ENABLED = torch._C._set_grad_enabled
+"""What ``no_grad``/``enable_grad`` call: the grad-mode node ``torch.export`` emits too
+(2.9.1, 2.14.1). torch keeps it through dead-code elimination."""
+
+ENTER_AUTOCAST = torch.amp.autocast_mode._enter_autocast
+EXIT_AUTOCAST = torch.amp.autocast_mode._exit_autocast
+"""The autocast nodes ``torch.export`` emits (2.9.1, 2.14.1); both reach a TorchFunctionMode."""
+
+AUTOCAST_NODE_FUNCTIONS = (ENTER_AUTOCAST, EXIT_AUTOCAST)
+
+CODE_ONLY_MODULE: type = getattr(fx.graph_module, "_CodeOnlyModule", fx.GraphModule)
+"""What ``torch.load`` re-traces a saved GraphModule into (2.9.1, 2.14.1); GraphModule if gone."""
+
+
+def autocast_arguments(autocast: torch.autocast) -> tuple:
+    """``(device, dtype, enabled, cache_enabled)`` of a ``torch.autocast`` object, as
+    ``ENTER_AUTOCAST`` takes them (its private ``_enabled``/``_cache_enabled``, 2.9.1 and
+    2.14.1; the constructor's defaults where they are gone).
+
+    >>> autocast_arguments(torch.autocast("cpu", dtype=torch.bfloat16))
+    ('cpu', torch.bfloat16, True, True)
+    """
+    enabled = getattr(autocast, "_enabled", True)
+    cache = getattr(autocast, "_cache_enabled", torch.is_autocast_cache_enabled())
+    return (autocast.device, autocast.fast_dtype, enabled, cache)
+
+
+def is_op_packet(value) -> bool:
+    """``value`` is an ``OpOverloadPacket`` such as ``torch.ops.aten.add`` (2.9.1, 2.14.1).
+
+    >>> is_op_packet(torch.ops.aten.add), is_op_packet(torch.add)
+    (True, False)
+    """
+    packet_type = getattr(torch._ops, "OpOverloadPacket", None)
+    if packet_type is not None:
+        return isinstance(value, packet_type)
+    return callable(getattr(value, "overloads", None)) and hasattr(value, "default")
+
+
+def op_schema(op) -> "torch.FunctionSchema":
+    """The schema of an ``OpOverload`` (its ``_schema``, 2.9.1 and 2.14.1).
+
+    >>> [arg.name for arg in op_schema(torch.ops.aten.relu.default).arguments]
+    ['self']
+    """
+    return op._schema
 
 
 def torch_version() -> tuple[int, int]:

@@ -4,51 +4,75 @@ torch.fx only records calls that receive a Proxy. Everything else runs once,
 at trace time, and its result is frozen into the graph. :class:`TracePatches`
 changes that for the cases where freezing changes what the model computes::
 
-    with TracePatches(tracer, root):             around Tracer.trace
-      ├─ torch.rand(3), torch.ones(2), torch.tensor([...])   -> call_function nodes
-      │     every random op torch tags ``nondeterministic_seeded`` and every
-      │     tensor constructor (an aten op without tensor arguments), plus the
-      │     constructors from Python data (tensor, as_tensor, asarray, from_numpy)
-      ├─ t.uniform_(), t.normal_() on a constant tensor        -> call_method nodes
-      ├─ torch.no_grad / enable_grad / set_grad_enabled        -> grad-mode nodes
-      │     ``torch._C._set_grad_enabled``, restoring the mode read at run time
-      ├─ torch.autocast(...)                                   -> torch.amp._enter_autocast /
-      │                                                           _exit_autocast nodes
-      ├─ torch.inference_mode()                                -> UnfaithfulTrace: the module
-      │                                                           runs eagerly (auto-leaf / parts)
-      ├─ self.attr = <traced value>                            -> UnfaithfulTrace
-      │     (fx would leave a Proxy on the module)
+    with TracePatches(tracer, root):             around Tracer.trace, in the tracing thread
+      ├─ _TracingMode, a TorchFunctionMode (per thread by design):
+      │    ├─ torch.rand(3), torch.ones(2), torch.tensor([...])  -> call_function nodes
+      │    │     every random op torch tags ``nondeterministic_seeded`` and every tensor
+      │    │     constructor (an aten op without tensor arguments), plus the constructors
+      │    │     from Python data (tensor, as_tensor, asarray)
+      │    └─ t.uniform_(), t.normal_() on a constant tensor      -> call_method nodes
+      ├─ thread-checked patches (torch has no per-thread hook for these; in any other
+      │  thread each one calls the original at once):
+      │    ├─ torch.no_grad / enable_grad / set_grad_enabled     -> grad-mode nodes,
+      │    │     ``torch._C._set_grad_enabled``, restoring the mode read at run time
+      │    ├─ torch.autocast(...)                                -> torch.amp._enter_autocast /
+      │    │                                                        _exit_autocast nodes
+      │    ├─ torch.from_numpy(array)                            -> a node on the array
+      │    ├─ torch.inference_mode()                             -> UnfaithfulTrace: the module
+      │    │                                                        runs eagerly (auto-leaf / parts)
+      │    └─ self.attr = <traced value>                         -> UnfaithfulTrace
+      │          (fx would leave a Proxy on the module)
       └─ re-tracing a GraphModule (torch.load, fxdebug.trace(gm)): its grad-mode and
             autocast calls stay nodes
 
     after the trace: take_leftover_proxies(root)   self.history.append(x) left a Proxy in
                                                    module state: removed, and UnfaithfulTrace
 
-The grad-mode and autocast nodes are the ones ``torch.export`` emits, and
-torch keeps them through dead-code elimination
-(``torch.fx.node._side_effectful_functions``).
+torch.fx itself patches ``nn.Module.__call__`` and ``__getattr__`` for the whole
+process while it traces, so traces run one at a time (:data:`TRACE_LOCK`); the
+tracer hands other threads' module calls straight to their ``forward``. The
+grad-mode and autocast nodes are the ones ``torch.export`` emits, and torch
+keeps them through dead-code elimination.
+
+>>> import threading
+>>> class Noise(torch.nn.Module):
+...     def forward(self, x):
+...         elsewhere = threading.Thread(target=lambda: seen.append(type(torch.rand(2))))
+...         elsewhere.start(); elsewhere.join()      # another thread, mid-trace
+...         return x + torch.rand(3)
+>>> seen, model, tracer = [], Noise(), fx.Tracer()
+>>> with TracePatches(tracer, model):
+...     graph = tracer.trace(model)
+>>> [getattr(node.target, "__name__", node.target) for node in graph.nodes], seen
+(['x', 'rand', 'add', 'output'], [<class 'torch.Tensor'>])
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import inspect
+import threading
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
-from torch.fx.graph_module import _CodeOnlyModule  # what torch.load re-traces
+from torch.overrides import TorchFunctionMode
+
+from ..runtime import torch_compat
+from ..runtime.torch_compat import tree_leaves
 
 __all__ = ["TracePatches", "UnfaithfulTrace", "traced_torch_functions", "traced_tensor_methods",
            "static_forward", "take_leftover_proxies", "constant_value", "NOT_CONSTANT",
-           "UNPATCHED_FROM_NUMPY"]
+           "TRACE_LOCK", "real_values", "tracing_here"]
 
 # Tensors built from Python data: not aten operators, so no schema says they construct.
-_DATA_CONSTRUCTORS = ("tensor", "as_tensor", "asarray", "from_numpy")
+_DATA_CONSTRUCTORS = ("tensor", "as_tensor", "asarray")
 
+TRACE_LOCK = threading.RLock()
+"""Held while fxdebug traces: torch.fx patches ``nn.Module`` for the process, one trace at a time."""
 
 _ABSENT = object()
-UNPATCHED_FROM_NUMPY = torch.from_numpy  # taken at import, before any trace patches it
+_IS_GRAD_ENABLED = torch.is_grad_enabled  # taken at import, before a trace patches it
+_local = threading.local()  # .stack: this thread's active TracePatches; .real: real_values depth
 
 
 class UnfaithfulTrace(RuntimeError):
@@ -57,7 +81,7 @@ class UnfaithfulTrace(RuntimeError):
 
 def _packet(name: str):
     packet = getattr(torch.ops.aten, name, None)
-    return packet if isinstance(packet, torch._ops.OpOverloadPacket) else None
+    return packet if torch_compat.is_op_packet(packet) else None
 
 
 def _overloads(packet) -> list:
@@ -71,7 +95,7 @@ def _is_random(packet) -> bool:
 def _is_constructor(packet) -> bool:
     """Some overload takes no tensor and returns one (aten's notion of a factory)."""
     for op in _overloads(packet):
-        schema = op._schema
+        schema = torch_compat.op_schema(op)
         if (not any("Tensor" in str(arg.type) for arg in schema.arguments)
                 and any("Tensor" in str(ret.type) for ret in schema.returns)):
             return True
@@ -84,7 +108,7 @@ def traced_torch_functions() -> tuple[str, ...]:
 
     >>> names = traced_torch_functions()
     >>> all(name in names for name in ("rand", "randn", "randint", "randperm", "bernoulli",
-    ...                                "ones", "zeros", "arange", "tensor", "from_numpy"))
+    ...                                "ones", "zeros", "arange", "tensor"))
     True
     """
     names = []
@@ -111,8 +135,18 @@ def traced_tensor_methods() -> tuple[str, ...]:
                  and _is_random(_packet(name)))
 
 
+@functools.lru_cache(maxsize=None)
+def _traced_callables() -> dict:
+    """What :class:`_TracingMode` records, by the callable torch hands it."""
+    found: dict = {getattr(torch, name): ("call_function", getattr(torch, name))
+                   for name in traced_torch_functions()}
+    found.update({getattr(torch.Tensor, name): ("call_method", name)
+                  for name in traced_tensor_methods()})
+    return found
+
+
 def _holds_proxy(value) -> bool:
-    return any(isinstance(leaf, fx.Proxy) for leaf in pytree.tree_leaves(value))
+    return any(isinstance(leaf, fx.Proxy) for leaf in tree_leaves(value))
 
 
 def static_forward(module: torch.nn.Module):
@@ -132,182 +166,245 @@ def static_forward(module: torch.nn.Module):
     return None
 
 
+def tracing_here() -> "TracePatches | None":
+    """The TracePatches of the trace running in this thread (None: run the original code).
+
+    >>> tracing_here() is None
+    True
+    """
+    stack = getattr(_local, "stack", None)
+    if not stack or getattr(_local, "real", 0):
+        return None
+    return stack[-1]
+
+
+@contextlib.contextmanager
+def real_values():
+    """Inside a trace, run torch as eager does (values Python needs now, e.g. a constant).
+
+    >>> with real_values():
+    ...     torch.ones(1).tolist()
+    [1.0]
+    """
+    _local.real = getattr(_local, "real", 0) + 1
+    try:
+        yield
+    finally:
+        _local.real -= 1
+
+
+class _TracingMode(TorchFunctionMode):
+    """Random ops, constructors and grad-mode calls without a traced argument -> nodes."""
+
+    def __init__(self, patches: "TracePatches") -> None:
+        super().__init__()
+        self.patches = patches
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        patches = tracing_here()
+        if patches is self.patches:
+            tracer = patches.tracer
+            if func is torch_compat.SET_GRAD_ENABLED or (
+                    patches.generated_code and func in torch_compat.AUTOCAST_NODE_FUNCTIONS):
+                return tracer.create_proxy("call_function", func, args, kwargs)
+            traced = _traced_callables().get(func)
+            if traced is not None and not _holds_proxy((args, kwargs)):
+                kind, target = traced
+                return tracer.create_proxy(kind, target, args, kwargs)
+        return func(*args, **kwargs)
+
+
 class TracePatches:
     """While tracing: record as nodes what torch.fx would freeze or drop (see the module doc).
 
-    >>> class Noise(torch.nn.Module):
-    ...     def forward(self, x):
-    ...         return x + torch.rand(3)
-    >>> model, tracer = Noise(), fx.Tracer()
-    >>> with TracePatches(tracer, model):
-    ...     graph = tracer.trace(model)
-    >>> [getattr(node.target, "__name__", node.target) for node in graph.nodes]
-    ['x', 'rand', 'add', 'output']
+    Only the thread that entered it is affected: the TorchFunctionMode is per
+    thread, and every patch calls the original in any other thread.
     """
 
     def __init__(self, tracer: fx.Tracer, root) -> None:
         self.tracer = tracer
         self.root = root
-        self._undo: list[tuple[object, str, object, bool]] = []
+        self.generated_code = isinstance(root, (fx.GraphModule, torch_compat.CODE_ONLY_MODULE))
+        self._mode = _TracingMode(self)
 
-    # -- installing ----------------------------------------------------------------------
     def __enter__(self) -> "TracePatches":
+        TRACE_LOCK.acquire()
         try:
-            originals: dict[int, object] = {}
-            for name in traced_torch_functions():
-                original = getattr(torch, name)
-                originals[id(original)] = self._function(original)
-                self._set(torch, name, originals[id(original)])
-            for globals_ in self._forward_globals():  # `from torch import rand` in user files
-                for name, value in list(globals_.items()):
-                    if id(value) in originals and not name.startswith("_"):
-                        self._set_item(globals_, name, originals[id(value)])
-            for name in traced_tensor_methods():
-                self._set(torch.Tensor, name, self._method(name, getattr(torch.Tensor, name)))
-            self._patch_grad_modes()
-            self._patch_autocast()
-            if isinstance(self.root, (fx.GraphModule, _CodeOnlyModule)):  # generated code
-                self._patch_mode_nodes()
-            self._set(torch.autograd.grad_mode.inference_mode, "__enter__", _refuse_inference_mode)
-            self._set(torch.nn.Module, "__setattr__", _checked_setattr(torch.nn.Module.__setattr__))
+            _install_patches()
+            stack = getattr(_local, "stack", None)
+            if stack is None:
+                stack = _local.stack = []
+            stack.append(self)
+            try:
+                self._mode.__enter__()
+            except BaseException:
+                stack.pop()
+                raise
         except BaseException:
-            self.__exit__(None, None, None)
+            _uninstall_patches()
+            TRACE_LOCK.release()
             raise
         return self
 
     def __exit__(self, *exc) -> None:
-        while self._undo:
-            owner, name, original, is_item = self._undo.pop()
-            if is_item:
-                owner[name] = original
-            elif original is _ABSENT:
-                delattr(owner, name)  # inherited: the base class's attribute shows again
-            else:
-                setattr(owner, name, original)
+        try:
+            self._mode.__exit__(*exc)
+        finally:
+            _local.stack.pop()
+            _uninstall_patches()
+            TRACE_LOCK.release()
 
-    def _set(self, owner, name: str, value) -> None:
-        self._undo.append((owner, name, vars(owner).get(name, _ABSENT), False))
-        setattr(owner, name, value)
 
-    def _set_item(self, mapping: dict, name: str, value) -> None:
-        self._undo.append((mapping, name, mapping[name], True))
-        mapping[name] = value
+# -- the thread-checked patches: installed while any trace runs (under TRACE_LOCK) ---------
 
-    def _forward_globals(self) -> list[dict]:
-        found: dict[int, dict] = {}
-        modules = self.root.modules() if isinstance(self.root, torch.nn.Module) else ()
-        functions = [type(m).forward for m in modules]
-        if not isinstance(self.root, torch.nn.Module):
-            functions.append(self.root)
-        for function in functions:
-            function = inspect.unwrap(function)
-            globals_ = getattr(function, "__globals__", None)
-            if isinstance(globals_, dict) and globals_ is not vars(torch):
-                found.setdefault(id(globals_), globals_)
-        return list(found.values())
+_installed = [0]
+_undo: list[tuple[object, str, object]] = []
 
-    # -- the replacements ----------------------------------------------------------------
-    def _function(self, original):
-        tracer = self.tracer
 
-        @functools.wraps(original)
-        def traced(*args, **kwargs):
-            if _holds_proxy((args, kwargs)):
-                return original(*args, **kwargs)  # torch.fx records it (__torch_function__)
-            return tracer.create_proxy("call_function", original, args, kwargs)
+def _set(owner, name: str, value) -> None:
+    _undo.append((owner, name, vars(owner).get(name, _ABSENT)))
+    setattr(owner, name, value)
 
-        return traced
 
-    def _method(self, name: str, original):
-        tracer = self.tracer
+def _install_patches() -> None:
+    _installed[0] += 1
+    if _installed[0] > 1:
+        return
+    try:
+        _patch_grad_modes()
+        _patch_autocast()
+        original_is_grad_enabled = torch.is_grad_enabled
 
-        @functools.wraps(original)
-        def traced(self, *args, **kwargs):
-            if isinstance(self, fx.Proxy) or _holds_proxy((args, kwargs)):
-                return original(self, *args, **kwargs)
-            return tracer.create_proxy("call_method", name, (self, *args), kwargs)
+        def is_grad_enabled():
+            here = tracing_here()
+            if here is None or not here.generated_code:  # fxdebug's own generated code only
+                return original_is_grad_enabled()
+            return here.tracer.create_proxy("call_function", original_is_grad_enabled, (), {})
 
-        return traced
+        _set(torch, "is_grad_enabled", functools.wraps(original_is_grad_enabled)(is_grad_enabled))
+        original_from_numpy = torch.from_numpy  # no TorchFunctionMode sees it
 
-    def _patch_grad_modes(self) -> None:
-        tracer = self.tracer
-        grad_mode = torch.autograd.grad_mode
+        def from_numpy(array):
+            here = tracing_here()
+            if here is None:
+                return original_from_numpy(array)
+            return here.tracer.create_proxy("call_function", original_from_numpy, (array,), {})
 
-        def read_mode():
-            return tracer.create_proxy("call_function", torch.is_grad_enabled, (), {})
+        _set(torch, "from_numpy", functools.wraps(original_from_numpy)(from_numpy))
+        inference_enter = torch.autograd.grad_mode.inference_mode.__enter__
 
-        def set_mode(mode):
-            tracer.create_proxy("call_function", torch._C._set_grad_enabled, (mode,), {})
+        def refuse_inference_mode(self):
+            if tracing_here() is None:
+                return inference_enter(self)
+            raise UnfaithfulTrace("fxdebug: torch.inference_mode() inside forward cannot be put "
+                                  "into a torch.fx graph (its tensors differ from no_grad ones)")
 
-        def enter_fixed(mode):
-            def __enter__(self):
-                self.prev = read_mode()
-                set_mode(mode)
-            return __enter__
+        _set(torch.autograd.grad_mode.inference_mode, "__enter__", refuse_inference_mode)
+        _set(torch.nn.Module, "__setattr__", _checked_setattr(torch.nn.Module.__setattr__))
+    except BaseException:
+        _uninstall_patches()
+        raise
 
-        def exit_(self, *exc):
-            set_mode(self.prev)
 
-        def set_init(self, mode):
-            self.prev = read_mode()
-            set_mode(mode)
-            self.mode = mode
+def _uninstall_patches() -> None:
+    _installed[0] -= 1
+    if _installed[0] > 0:
+        return
+    _installed[0] = 0
+    while _undo:
+        owner, name, original = _undo.pop()
+        if original is _ABSENT:
+            delattr(owner, name)  # inherited: the base class's attribute shows again
+        else:
+            setattr(owner, name, original)
 
-        def set_enter(self):
-            set_mode(self.mode)
 
-        for cls, mode in ((grad_mode.no_grad, False), (grad_mode.enable_grad, True)):
-            self._set(cls, "__enter__", enter_fixed(mode))
-            self._set(cls, "__exit__", exit_)
-        self._set(grad_mode.set_grad_enabled, "__init__", set_init)
-        self._set(grad_mode.set_grad_enabled, "__enter__", set_enter)
-        self._set(grad_mode.set_grad_enabled, "__exit__", exit_)
+def _patch_grad_modes() -> None:
+    grad_mode = torch.autograd.grad_mode
 
-    def _patch_mode_nodes(self) -> None:
-        """Re-tracing fxdebug's own generated code: its grad-mode and autocast calls stay nodes."""
-        for owner, name in ((torch, "is_grad_enabled"), (torch._C, "_set_grad_enabled"),
-                            (torch.amp.autocast_mode, "_enter_autocast"),
-                            (torch.amp.autocast_mode, "_exit_autocast"),
-                            (torch.amp, "_enter_autocast"), (torch.amp, "_exit_autocast")):
-            original = vars(owner)[name]
-            self._set(owner, name, self._always_node(original))
+    def read_mode(tracer):
+        return tracer.create_proxy("call_function", _IS_GRAD_ENABLED, (), {})
 
-    def _always_node(self, original):
-        tracer = self.tracer
+    def set_mode(tracer, mode):
+        tracer.create_proxy("call_function", torch_compat.SET_GRAD_ENABLED, (mode,), {})
 
-        @functools.wraps(original)
-        def traced(*args, **kwargs):
-            return tracer.create_proxy("call_function", original, args, kwargs)
-
-        return traced
-
-    def _patch_autocast(self) -> None:
-        tracer = self.tracer
-        autocast = torch.amp.autocast_mode.autocast
+    def enter_fixed(cls, mode):
+        original = vars(cls)["__enter__"] if "__enter__" in vars(cls) else cls.__enter__
 
         def __enter__(self):
-            values = (self.device, self.fast_dtype, self._enabled, self._cache_enabled)
-            self._fxdebug_mode = tracer.create_proxy("call_function", torch.amp._enter_autocast,
-                                                     values, {})
-            return self
+            here = tracing_here()
+            if here is None:
+                return original(self)
+            self.prev = read_mode(here.tracer)
+            set_mode(here.tracer, mode)
+        return __enter__
+
+    def exit_for(cls):
+        original = cls.__exit__
 
         def __exit__(self, *exc):
-            tracer.create_proxy("call_function", torch.amp._exit_autocast,
-                                (self._fxdebug_mode,), {})
-            return False
+            here = tracing_here()
+            if here is None or not isinstance(getattr(self, "prev", None), fx.Proxy):
+                return original(self, *exc)
+            set_mode(here.tracer, self.prev)
+        return __exit__
 
-        self._set(autocast, "__enter__", __enter__)
-        self._set(autocast, "__exit__", __exit__)
+    set_grad = grad_mode.set_grad_enabled
+    set_init, set_enter = set_grad.__init__, set_grad.__enter__
+
+    def init(self, mode):
+        here = tracing_here()
+        if here is None:
+            return set_init(self, mode)
+        self.prev = read_mode(here.tracer)
+        set_mode(here.tracer, mode)
+        self.mode = mode
+
+    def enter(self):
+        here = tracing_here()
+        if here is None or not isinstance(getattr(self, "prev", None), fx.Proxy):
+            return set_enter(self)
+        set_mode(here.tracer, self.mode)
+
+    for cls, mode in ((grad_mode.no_grad, False), (grad_mode.enable_grad, True)):
+        exit_ = exit_for(cls)
+        _set(cls, "__enter__", enter_fixed(cls, mode))
+        _set(cls, "__exit__", exit_)
+    set_exit = exit_for(set_grad)
+    _set(set_grad, "__init__", init)
+    _set(set_grad, "__enter__", enter)
+    _set(set_grad, "__exit__", set_exit)
 
 
-def _refuse_inference_mode(self):
-    raise UnfaithfulTrace("fxdebug: torch.inference_mode() inside forward cannot be put into a "
-                          "torch.fx graph (its tensors differ from no_grad ones)")
+def _patch_autocast() -> None:
+    autocast = torch.amp.autocast_mode.autocast
+    original_enter, original_exit = autocast.__enter__, autocast.__exit__
+
+    def __enter__(self):
+        here = tracing_here()
+        if here is None:
+            return original_enter(self)
+        values = torch_compat.autocast_arguments(self)
+        self._fxdebug_mode = here.tracer.create_proxy(
+            "call_function", torch_compat.ENTER_AUTOCAST, values, {})
+        return self
+
+    def __exit__(self, *exc):
+        here = tracing_here()
+        if here is None or "_fxdebug_mode" not in vars(self):
+            return original_exit(self, *exc)
+        here.tracer.create_proxy("call_function", torch_compat.EXIT_AUTOCAST,
+                                 (vars(self).pop("_fxdebug_mode"),), {})
+        return False
+
+    _set(autocast, "__enter__", __enter__)
+    _set(autocast, "__exit__", __exit__)
 
 
 def _checked_setattr(original):
     def __setattr__(self, name, value):
-        if _holds_proxy(value):
+        if tracing_here() is not None and _holds_proxy(value):
             raise UnfaithfulTrace(
                 f"fxdebug: forward stores a traced value on the module (self.{name} = ...): "
                 f"torch.fx would leave a Proxy in {type(self).__name__}.{name}")

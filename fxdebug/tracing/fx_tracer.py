@@ -31,6 +31,7 @@ import logging
 import math
 import operator
 import sys
+import threading
 import warnings
 from typing import Iterable
 
@@ -40,10 +41,9 @@ from torch.fx.proxy import Attribute
 
 from ..errors import EagerFallbackWarning
 from ..runtime import PROXY_IN_TEXT, Recorder, leaves, traced_message
-from ..runtime.gc_pause import pauses_collection
 from .failure import explain_failure
-from .fidelity import (NOT_CONSTANT, UNPATCHED_FROM_NUMPY, TracePatches, UnfaithfulTrace,
-                       constant_value, static_forward, take_leftover_proxies)
+from .fidelity import (NOT_CONSTANT, TracePatches, UnfaithfulTrace, constant_value, real_values,
+                       static_forward, take_leftover_proxies)
 from .graph_module import lazy_graph_module
 from .inplace_lowering import lower_inplace_operators
 from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, ModuleReturn,
@@ -132,9 +132,11 @@ class _Tracer(fx.Tracer):
         self.condition_node: fx.Node | None = None
         self._order: dict[fx.Node, int] = {}
         self._recorder_proxies: dict[str, fx.Proxy] = {}
+        self._thread = threading.get_ident()
 
     def trace(self, root, concrete_args=None):
         self.condition_node = None
+        self._thread = threading.get_ident()
         if not isinstance(root, torch.nn.Module):
             with TracePatches(self, root):
                 return super().trace(root, concrete_args)
@@ -170,13 +172,15 @@ class _Tracer(fx.Tracer):
         NOT_CONSTANT: Python needs it now, and it is the same on every run."""
         if not isinstance(obj, fx.Proxy) or obj.tracer is not self:
             return NOT_CONSTANT
-        return constant_value(obj.node, self.root)
+        with real_values():
+            return constant_value(obj.node, self.root)
 
     def create_arg(self, a):
         if type(a).__module__ == "numpy" and type(a).__name__ == "ndarray":
             # torch.from_numpy(array) stays a call on the array, as in eager: the array is
             # kept as a tensor constant sharing its memory, handed back with .numpy()
-            shared = super().create_arg(UNPATCHED_FROM_NUMPY(a))
+            with real_values():  # the patched torch.from_numpy calls the original
+                shared = super().create_arg(torch.from_numpy(a))
             return self.create_node("call_method", "numpy", (shared,), {})
         return super().create_arg(a)
 
@@ -215,6 +219,8 @@ class _Tracer(fx.Tracer):
         return super().is_leaf_module(m, module_qualified_name)
 
     def getattr(self, attr, attr_val, parameter_proxy_cache):
+        if threading.get_ident() != self._thread:  # torch.fx patched nn.Module for every thread
+            return attr_val
         if isinstance(attr_val, Recorder):
             # One get_attr node for the recorder when a GraphModule is re-traced.
             if attr not in self._recorder_proxies:
@@ -223,6 +229,8 @@ class _Tracer(fx.Tracer):
         return super().getattr(attr, attr_val, parameter_proxy_cache)
 
     def call_module(self, m, forward, args, kwargs):
+        if threading.get_ident() != self._thread:  # another thread's module: runs as in eager
+            return forward(*args, **kwargs)
         path = self.path_of_module(m)
         if self.is_leaf_module(m, path):
             return super().call_module(m, forward, args, kwargs)
@@ -294,10 +302,14 @@ def _refuse_leftover_proxies(tracer: _Tracer, root: torch.nn.Module) -> None:
     raise error
 
 
-@pauses_collection
 def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
-              concrete_args: dict | None = None, auto_leaf: bool = True) -> fx.GraphModule:
-    """Symbolic tracing with auto-leaf (the ``"fx"`` front end)."""
+             concrete_args: dict | None = None, auto_leaf: bool = True,
+             warn: bool = True) -> fx.GraphModule:
+    """Symbolic tracing with auto-leaf (the ``"fx"`` front end).
+
+    ``warn=False``: auto-leaves are only listed in ``gm.meta["fxdebug_auto_leaves"]``
+    (for a caller that reports them itself), not warned about.
+    """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fxdebug.trace expects an nn.Module, got {type(model).__name__}. "
                         f"Wrap a plain function in a Module, or call torch.fx.symbolic_trace on it.")
@@ -327,7 +339,7 @@ def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
     gm = lazy_graph_module(root, graph, type(model).__name__)  # code generated on first use
     gm.meta["fxdebug_auto_leaves"] = list(auto_leaves)
     gm.meta["fxdebug_frontend"] = "fx"
-    if auto_leaves:
+    if auto_leaves and warn:
         listed = short_list([f"{path} ({reason})" for path, reason in auto_leaves])
         warnings.warn(f"fxdebug traced {len(auto_leaves)} module(s) as leaves (tracing through "
                       f"them failed): {listed}; they run eagerly, captured as they run, and "

@@ -58,7 +58,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import io
 import logging
 import warnings
 from typing import Callable
@@ -279,10 +278,8 @@ class _Context:
         inside = [leaf[len(path) + 1:] if path else leaf for leaf in self.leaf_paths
                   if not path or leaf.startswith(path + ".")]
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # auto-leaves go into the report instead
-                gm = trace_fx(clean_tree(module), leaf_modules=[*inside, *self.leaf_types],
-                              concrete_args=plan.concrete_args)
+            gm = trace_fx(clean_tree(module), leaf_modules=[*inside, *self.leaf_types],
+                          concrete_args=plan.concrete_args, warn=False)  # the report lists them
         except TraceFailure as failure:
             return failure
         strip_guards(gm)
@@ -301,11 +298,8 @@ class _Context:
                fx_failure: EagerModule | None, fx_reason: str) -> fx.GraphModule | str:
         """The part ``torch.export`` makes of this call, or why it cannot (then it runs eagerly)."""
         path, module = dispatch.path, dispatch.module
-        printed = io.StringIO()  # what torch.export prints on failure: the report says why
-        try:
-            with warnings.catch_warnings(), contextlib.redirect_stderr(printed):
-                warnings.simplefilter("ignore")
-                gm = export_trace(clean_tree(module), *args, example_kwargs=kwargs)
+        try:  # torch's own warnings and logs pass through: silencing them would silence every thread
+            gm = export_trace(clean_tree(module), *args, example_kwargs=kwargs)
         except TraceFailure as failure:
             cause = failure.__cause__ or failure
             text = (str(cause).strip().splitlines() or [""])[0]
