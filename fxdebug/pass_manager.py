@@ -42,6 +42,7 @@ from .errors import FidelityWarning, PassEquivalenceError
 from .passes.base import as_pass, unchanged_message
 from .reporting.diff import GraphDiff, GraphSnapshot, diff, snapshot
 from .reporting.tabular import render_table
+from .runtime.report import Report
 from .tracing import keyed_copy, trace
 from .tracing.keys import node_key
 from .tracing.locations import caller_stacklevel
@@ -62,9 +63,14 @@ class Stage:
     equivalence: object | None  # an EquivalenceReport when check_inputs were given
 
 
-@dataclasses.dataclass
-class PassReport:
-    """Every stage of a run, in order: ``stages[0]`` is the input graph."""
+@dataclasses.dataclass(repr=False)
+class PassReport(Report):
+    """Every stage of a run, in order: ``stages[0]`` is the input graph.
+
+    ``ok``: every checked stage was equivalent to the one before (None: no checks ran).
+    """
+
+    verdict_words = ("EQUIVALENT", "DIFFERENT")
 
     stages: list[Stage]
 
@@ -72,7 +78,26 @@ class PassReport:
     def snapshots(self) -> list[GraphSnapshot]:
         return [stage.snapshot for stage in self.stages]
 
-    def table(self) -> str:
+    @property
+    def ok(self) -> bool | None:
+        checked = [stage.equivalence for stage in self.stages[1:] if stage.equivalence is not None]
+        return all(report.ok for report in checked) if checked else None
+
+    def _size(self) -> str:
+        return f"{len(self.stages) - 1} pass(es)"
+
+    def _finding(self) -> str:
+        for stage in self.stages[1:]:
+            if stage.equivalence is not None and not stage.equivalence.ok:
+                return f"pass {stage.name!r} changed the outputs"
+        return ""
+
+    def _fields(self) -> dict:
+        return {"stages": [{"pass": stage.name, "modified": stage.modified,
+                            "diff": stage.diff, "equivalence": stage.equivalence}
+                           for stage in self.stages[1:]]}
+
+    def table(self, wide: bool | None = None) -> str:
         """One row per pass: modified, node changes, equivalence verdict."""
         rows = []
         for stage in self.stages[1:]:

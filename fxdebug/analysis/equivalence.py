@@ -30,6 +30,7 @@ from ..passes import Capture
 from ..runtime import RECORDER_ATTR
 from ..reporting.html import equivalence_html
 from ..runtime.fit import fit_table, table_width
+from ..runtime.report import Report
 from ..tracing import keyed_copy, keyed_module, trace
 from ..tracing.keys import META_SOURCE, node_key, op_name, target_name
 from ..tracing.locations import format_location
@@ -101,8 +102,8 @@ class NodeComparison:
         return "=" if self.candidate_op == self.op else f"= ({self.candidate_op})"
 
 
-@dataclasses.dataclass
-class EquivalenceReport:
+@dataclasses.dataclass(repr=False)
+class EquivalenceReport(Report):
     """What :func:`check_equivalence` found.
 
     Attributes:
@@ -220,8 +221,28 @@ class EquivalenceReport:
         lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.table()
+    verdict_words = ("EQUIVALENT", "DIFFERENT")
+
+    def _size(self) -> str:
+        size = f"{len(self.outputs)} output(s)"
+        if self.grads:
+            size += f", {len(self.grads)} gradient(s)"
+        return size + (f", {len(self.nodes)} node(s) compared" if self.nodes else "")
+
+    def _finding(self) -> str:
+        first = self.first_divergence or self.first_grad_divergence
+        if first is not None:
+            return f"first divergence {first.describe()}"
+        failed = [c for c in self.outputs + self.grads if not c.ok]
+        return failed[0].describe() if failed else ""
+
+    def _fields(self) -> dict:
+        fields = super()._fields()
+        fields["nodes"] = [node for node in self.nodes if not node.ok]  # the divergent ones
+        fields["grad_nodes"] = [node for node in self.grad_nodes if not node.ok]
+        fields["first_divergence"] = self.first_divergence
+        fields["first_grad_divergence"] = self.first_grad_divergence
+        return fields
 
     def _repr_html_(self) -> str:
         """The verdict and node comparisons as HTML for Jupyter, first divergence marked."""

@@ -33,6 +33,7 @@ from tabulate import tabulate
 from ..errors import FxdebugError
 from ..runtime import flatten_tensors
 from ..runtime.progress import progress_bar
+from ..runtime.report import Report
 from ..tracing import keyed_module
 from ..tracing.selection import select
 from .live import LiveRun, find_target
@@ -40,8 +41,8 @@ from .live import LiveRun, find_target
 __all__ = ["jacobian_norms", "JacobianNorms"]
 
 
-@dataclasses.dataclass
-class JacobianNorms:
+@dataclasses.dataclass(repr=False)
+class JacobianNorms(Report):
     """Per-node estimates of ``||d(output)/d(node)||_F``, in execution order.
 
     ``norms[key]`` the estimate, ``stderr[key]`` its standard error (same
@@ -55,7 +56,16 @@ class JacobianNorms:
     output: str
     batched: bool
 
-    def table(self, floatfmt: str = ".4g") -> str:
+    def _size(self) -> str:
+        return f"{len(self.norms)} nodes, {self.samples} probes"
+
+    def _finding(self) -> str:
+        if not self.norms:
+            return ""
+        key = max(self.norms, key=self.norms.__getitem__)
+        return f"largest {key} {self.norms[key]:.4g}"
+
+    def table(self, floatfmt: str = ".4g", wide: bool | None = None) -> str:
         rows = [[key, format(norm, floatfmt), format(self.stderr[key], floatfmt),
                  format(self.stderr[key] / norm * 100, ".1f") if norm else "-"]
                 for key, norm in self.norms.items()]

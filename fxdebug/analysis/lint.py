@@ -36,6 +36,7 @@ import torch.fx as fx
 from tabulate import tabulate
 
 from ..passes.aliasing import _alias_inputs, inplace_requested, mutated_argument
+from ..runtime.report import Report
 from ..tracing import keyed_module
 from ..tracing.keys import INPLACE_OPERATORS, META_SOURCE, node_key, op_name
 from ..tracing.locations import format_location
@@ -97,29 +98,71 @@ class Hazard:
                 f"Fix: {self.fix}")
 
 
-class Hazards(list):
-    """The list :func:`lint_inplace` returns: :class:`Hazard` items in graph order.
+class Hazards(Report):
+    """What :func:`lint_inplace` returns: :class:`Hazard` items in graph order.
 
+    A sequence (``len``, ``for``, ``hazards[0]``) and a report: ``ok`` when
+    nothing breaks backward (warnings allowed), ``table()``, a one-line ``repr``.
+
+    >>> Hazards()
+    <Hazards 0 hazard(s), OK>
     >>> Hazards().table()
     'no in-place hazards'
     """
 
+    def __init__(self, hazards=()) -> None:
+        self.hazards: list[Hazard] = list(hazards)
+
+    def append(self, hazard: Hazard) -> None:
+        self.hazards.append(hazard)
+
+    def __iter__(self):
+        return iter(self.hazards)
+
+    def __len__(self) -> int:
+        return len(self.hazards)
+
+    def __getitem__(self, index):
+        return self.hazards[index]
+
+    def __bool__(self) -> bool:
+        return bool(self.hazards)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, Hazards):
+            other = other.hazards
+        return self.hazards == other
+
+    __hash__ = None  # type: ignore[assignment] - mutable, compared by its hazards
+
+    @property
+    def ok(self) -> bool:
+        """No hazard breaks backward (warnings may remain)."""
+        return not self.errors
+
+    def _size(self) -> str:
+        return f"{len(self.hazards)} hazard(s)"
+
+    def _finding(self) -> str:
+        first = (self.errors or self.hazards or [None])[0]
+        return "" if first is None else f"{first.severity} at {first.key} ({first.location})"
+
     @property
     def errors(self) -> list[Hazard]:
         """The hazards that break backward (or silently corrupt gradients)."""
-        return [hazard for hazard in self if hazard.severity == "error"]
+        return [hazard for hazard in self.hazards if hazard.severity == "error"]
 
     @property
     def warnings(self) -> list[Hazard]:
         """In-place writes that changed no saved value in the lint run."""
-        return [hazard for hazard in self if hazard.severity == "warning"]
+        return [hazard for hazard in self.hazards if hazard.severity == "warning"]
 
-    def table(self) -> str:
+    def table(self, wide: bool | None = None) -> str:
         """One row per hazard: severity, key, op, line, destroyed value, saved by, fix."""
-        if not self:
+        if not self.hazards:
             return "no in-place hazards"
         rows = [(h.severity, h.key, h.op, h.location, h.destroys or "-", h.saved_by or "-", h.fix)
-                for h in self]
+                for h in self.hazards]
         body = tabulate(rows, headers=("severity", "key", "op", "line", "destroys", "saved by",
                                        "fix"), tablefmt="simple", disable_numparse=True,
                         maxcolwidths=[None, None, None, None, None, None, 56])

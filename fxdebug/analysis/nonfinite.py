@@ -32,6 +32,7 @@ from tabulate import tabulate
 
 from ..errors import FxdebugError
 from ..runtime import Stats, tensor_stats
+from ..runtime.report import Report
 from ..tracing import keyed_module
 from ..tracing.keys import META_PASS, META_SOURCE, node_key, op_name
 from ..tracing.locations import format_location
@@ -111,9 +112,11 @@ class BackwardHit:
         return format_location(self.source)
 
 
-@dataclasses.dataclass
-class NonfiniteReport:
+@dataclasses.dataclass(repr=False)
+class NonfiniteReport(Report):
     """What :func:`find_nonfinite` found; ``ok`` when every value and gradient is finite."""
+
+    verdict_words = ("all finite", "NON-FINITE")
 
     forward: ForwardHit | None
     backward: BackwardHit | None
@@ -132,7 +135,19 @@ class NonfiniteReport:
     def ok(self) -> bool:
         return self.forward is None and self.backward is None and not self.parameter_grads
 
-    def table(self, floatfmt: str = ".4g") -> str:
+    def _size(self) -> str:
+        return self.model_name
+
+    def _finding(self) -> str:
+        if self.forward is not None:
+            return f"first non-finite output at {self.forward.key} ({self.forward.location})"
+        if self.backward is not None:
+            return f"first non-finite gradient at {self.backward.key} ({self.backward.location})"
+        if self.parameter_grads:
+            return f"non-finite parameter gradient {self.parameter_grads[0][0]}"
+        return ""
+
+    def table(self, floatfmt: str = ".4g", wide: bool | None = None) -> str:
         """The first forward and backward hits, what the forward hit received, what followed."""
         what = f"forward + backward of {self.loss}" if self.backward_ran else "forward only"
         lines = [f"find_nonfinite: {self.model_name}, inputs {self.inputs}, {self.mode} mode, "
@@ -183,8 +198,6 @@ class NonfiniteReport:
         lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.table()
 
 
 def _later(title: str, keys: list[str]) -> str:

@@ -34,6 +34,7 @@ import torch.fx as fx
 from ..errors import FxdebugError
 from ..passes.base import graph_source
 from ..runtime.fit import fit_table, table_width
+from ..runtime.report import Report
 from ..tracing.keys import META_PROVENANCE
 from .html import diff_html
 from .tabular import COLUMNS, NodeRef, NodeView, node_views, render_table
@@ -122,9 +123,14 @@ class DiffRow:
         return self.view.key
 
 
-@dataclasses.dataclass(frozen=True)
-class GraphDiff:
-    """Rows in graph order (removed nodes where they stood) and both graphs' snapshots."""
+@dataclasses.dataclass(frozen=True, repr=False)
+class GraphDiff(Report):
+    """Rows in graph order (removed nodes where they stood) and both graphs' snapshots.
+
+    A :class:`~fxdebug.runtime.report.Report` without a verdict: ``repr`` is one
+    line (``<GraphDiff 12 nodes: +4 -0 ~1>``), ``to_dict()`` lists the keys added,
+    removed and changed.
+    """
 
     rows: tuple[DiffRow, ...]
     before: GraphSnapshot
@@ -155,6 +161,17 @@ class GraphDiff:
 
     def summary(self) -> str:
         return f"+{len(self.added)} -{len(self.removed)} ~{len(self.changed)}"
+
+    def _size(self) -> str:
+        return f"{len(self.rows)} nodes"
+
+    def _finding(self) -> str:
+        return self.summary()
+
+    def _fields(self) -> dict:
+        return {"added": [row.key for row in self.added],
+                "removed": [row.key for row in self.removed],
+                "changed": {row.key: list(row.changes) for row in self.changed}}
 
     def table(self, unchanged: bool = False, wide: bool | None = None) -> str:
         """The rows in the tabular format; ``~`` rows say what changed.

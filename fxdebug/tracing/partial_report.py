@@ -11,6 +11,7 @@ import dataclasses
 import torch
 
 from ..errors import TraceFailure
+from ..runtime.report import Report
 from .keys import join_path
 from .locations import short_list
 
@@ -61,8 +62,8 @@ class EagerModule:
         return cls(path, type(module).__name__, failure.kind, failure.location, text)
 
 
-@dataclasses.dataclass
-class PartialReport:
+@dataclasses.dataclass(repr=False)
+class PartialReport(Report):
     """What a partially traced model traced, what ran eagerly and why; filled as it runs.
 
     ``parts``: :class:`TracedPart` in the order they were first called;
@@ -114,6 +115,19 @@ class PartialReport:
             if eager.export_reason:
                 lines.append(f"    export: {eager.export_reason}")
         return "\n".join(lines)
+
+    def table(self, wide: bool | None = None) -> str:
+        """The same as :meth:`summary`."""
+        return self.summary()
+
+    def _size(self) -> str:
+        return f"{self.model_type}, {len(self.parts)} traced part(s), {len(self.eager)} eager"
+
+    def _finding(self) -> str:
+        if not self.eager:
+            return ""
+        first = self.eager[0]
+        return f"{first.path or '(root)'} ({first.module_type}) eager: {first.kind}"
 
     def warning_text(self) -> str:
         """One line for the warning; :meth:`summary` has every part and reason in full."""

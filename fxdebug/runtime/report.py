@@ -1,0 +1,126 @@
+"""The one shape every fxdebug report has: a verdict, a table, a one-line repr, HTML, a dict.
+
+A report subclasses :class:`Report` and writes three things: :meth:`Report.table`
+(the text a person reads, drawn with :func:`fxdebug.runtime.fit.fit_table` so it
+fits 80 columns), :meth:`Report._size` and :meth:`Report._finding`. Everything
+else comes from here::
+
+    report.ok            True / False, where the report has a verdict (report.verdict(): None
+                         where it has none)
+    str(report)          report.table()
+    repr(report)         <EquivalenceReport 12 outputs, DIFFERENT: first divergence layer1.0.conv2 ...>
+    report._repr_html_() the table in a <pre> (Jupyter), unless the report draws its own
+    report.to_dict()     JSON-safe: kind, ok, size, finding and the report's fields
+                         (dataclass fields, tensors as shape and dtype, non-finite floats as text)
+
+>>> class Count(Report):
+...     def __init__(self, n): self.n = n
+...     ok = property(lambda self: self.n == 0)
+...     def table(self, wide=None): return f"{self.n} problem(s)"
+...     def _size(self): return "3 nodes"
+...     def _finding(self): return f"{self.n} problem(s)" if self.n else ""
+>>> Count(2)
+<Count 3 nodes, DIFFERENT: 2 problem(s)>
+>>> Count(0).to_dict()
+{'kind': 'Count', 'ok': True, 'size': '3 nodes', 'finding': '', 'n': 0}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import html
+import math
+from typing import Any
+
+__all__ = ["Report", "json_safe"]
+
+REPR_LIMIT = 160
+"""A report's repr is one line of at most this many characters."""
+
+
+class Report:
+    """Base class of fxdebug's reports (see the module docstring)."""
+
+    #: Words for ``ok`` in the one-line repr.
+    verdict_words: tuple[str, str] = ("OK", "DIFFERENT")
+
+    def verdict(self) -> bool | None:
+        """``self.ok`` where the report has a verdict (an attribute or property), else None."""
+        ok = getattr(self, "ok", None)
+        return None if ok is None else bool(ok)
+
+    def table(self, wide: bool | None = None) -> str:
+        """The report as text (fitted to the terminal unless ``wide=True``)."""
+        raise NotImplementedError(f"{type(self).__name__} must define table()")
+
+    def _size(self) -> str:
+        """How much the report covers, in a few words (``"75 nodes"``)."""
+        return ""
+
+    def _finding(self) -> str:
+        """The first finding in a few words (``"first divergence conv1 ..."``), or ``""``."""
+        return ""
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def __repr__(self) -> str:
+        ok = self.verdict()
+        verdict = None if ok is None else self.verdict_words[0 if ok else 1]
+        text = " ".join(part for part in (type(self).__name__, self._size()) if part)
+        text += f", {verdict}" if verdict else ""
+        finding = " ".join(self._finding().split())
+        text += f": {finding}" if finding else ""
+        if len(text) > REPR_LIMIT - 2:
+            text = text[:REPR_LIMIT - 3] + "…"
+        return f"<{text}>"
+
+    def _repr_html_(self) -> str:
+        return f"<pre>{html.escape(self.table(wide=True))}</pre>"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain data for a CI log (``json.dumps(report.to_dict())`` works)."""
+        out: dict[str, Any] = {"kind": type(self).__name__, "ok": self.verdict(),
+                               "size": self._size(),
+                               "finding": " ".join(self._finding().split())}
+        out.update(self._fields())
+        return json_safe(out)
+
+    def _fields(self) -> dict[str, Any]:
+        """The report's own data for :meth:`to_dict`: its dataclass fields or attributes."""
+        if dataclasses.is_dataclass(self):
+            return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                    if not field.name.startswith("_")}
+        return {name: value for name, value in vars(self).items() if not name.startswith("_")}
+
+
+def json_safe(value: Any, depth: int = 0) -> Any:
+    """``value`` as JSON-safe data: dataclasses and mappings as dicts, sequences as lists,
+    tensors as their shape and dtype, non-finite floats as text, anything else as ``str``.
+
+    >>> import torch
+    >>> json_safe({"t": torch.zeros(2, 3), "x": float("nan"), "xs": (1, "a")})
+    {'t': {'shape': [2, 3], 'dtype': 'float32'}, 'x': 'nan', 'xs': [1, 'a']}
+    """
+    if depth > 12:
+        return str(value)
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, Report):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {field.name: json_safe(getattr(value, field.name), depth + 1)
+                for field in dataclasses.fields(value) if not field.name.startswith("_")}
+    if isinstance(value, dict):
+        return {str(key): json_safe(item, depth + 1) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item, depth + 1) for item in value]
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:  # a tensor: its description, never its data
+        return {"shape": list(shape), "dtype": str(dtype).replace("torch.", "")}
+    return str(value)
