@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bdb
 import io
 import linecache
 import os
@@ -136,6 +137,17 @@ def test_breakpoint_pass_stops_before_the_node_with_its_inputs(monkeypatch, caps
     assert "(Pdb) torch.Size([1, 64, 16, 16])" in out.split("-> layer1_0_bn2")[1]  # after `n`
     with torch.no_grad():
         assert torch.equal(out_gm, model(x))
+
+
+def test_quitting_pdb_at_a_breakpoint_passes_through_without_a_note(monkeypatch, capsys):
+    _, gm, x = _resnet_with_breakpoint()
+    monkeypatch.delenv("PYTHONBREAKPOINT", raising=False)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("q\n"))
+    with pytest.raises(bdb.BdbQuit) as quit_:
+        with torch.no_grad():
+            gm(x)
+    assert not getattr(quit_.value, "__notes__", None)  # no "failed at node ... check the inputs"
+    assert torch.is_grad_enabled()
 
 
 def test_pythonbreakpoint_zero_disables_the_stop(monkeypatch, capsys):

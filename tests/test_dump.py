@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pathlib
@@ -295,10 +296,39 @@ def test_dumped_files_identical_across_hash_seeds(tmp_path):
                     tree[os.path.relpath(path, out)] = handle.read()
         trees.append(tree)
     assert trees[0].keys() == trees[1].keys() == trees[2].keys()
-    compared = [name for name in trees[0] if not name.endswith("weights.pt")]
-    assert len(compared) >= 3 * 7 + 1
+    # Code, inputs, breakpoints and READMEs must be byte-identical. expected.pt holds what the
+    # model computed: the processes ran side by side, and torch does not promise the same
+    # last bits of a reduction under another load or thread split, so its numbers are
+    # compared with torch.testing's tolerances, and its manifest line (a hash of them) is left out.
+    numeric = [name for name in trees[0] if name.endswith(("weights.pt", "expected.pt"))]
+    compared = [name for name in trees[0] if name not in numeric]
+    assert len(compared) >= 3 * 7
     for name in compared:
-        assert trees[0][name] == trees[1][name] == trees[2][name], name
+        first = trees[0][name]
+        if name.endswith("manifest.json"):
+            first, *others = (_without_expected_hash(tree[name]) for tree in trees)
+            assert all(other == first for other in others), name
+            continue
+        assert first == trees[1][name] == trees[2][name], name
+    for name in numeric:
+        if name.endswith("expected.pt"):
+            first, *others = (torch.load(io.BytesIO(tree[name]), weights_only=False)
+                              for tree in trees)
+            leaves, spec = torch.utils._pytree.tree_flatten(first)
+            for other in others:
+                other_leaves, other_spec = torch.utils._pytree.tree_flatten(other)
+                assert other_spec == spec, name
+                for got, want in zip(other_leaves, leaves):
+                    if isinstance(want, torch.Tensor):
+                        torch.testing.assert_close(got, want, equal_nan=True, msg=name)
+                    else:
+                        assert got == want, name
+
+
+def _without_expected_hash(manifest: bytes) -> dict:
+    files = json.loads(manifest)
+    files["files"].pop("expected.pt")
+    return files
 
 
 # -- failures: clear message, nothing half-written ------------------------------------------

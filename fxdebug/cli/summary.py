@@ -100,8 +100,10 @@ def _print(args, model, inputs, gm, rec) -> int:
         raise FxdebugError(f"nothing in {type(model).__name__} could be traced, so nothing was "
                            f"captured. {reasons}")
     grads_text = f", grads of {args.loss}" if args.grads else ""
-    print(f"{args.model}: {type(model).__name__}, input {describe_inputs(inputs)}, "
-          f"capture={args.capture}, mode={args.mode}{grads_text}")
+    from ..runtime.fit import fit_line, table_width
+    print(fit_line(f"{args.model}: {type(model).__name__}, input {describe_inputs(inputs)}, "
+                   f"capture={args.capture}, mode={args.mode}{grads_text}",
+                   table_width(args.wide)))
     print(rec.table(wide=args.wide))
     if report is not None:  # what was traced, what ran eagerly and why
         print(report.summary())

@@ -29,7 +29,7 @@ from typing import Sequence
 
 from tabulate import tabulate
 
-__all__ = ["table_width", "fit_table", "ellipsize"]
+__all__ = ["table_width", "fit_table", "ellipsize", "fit_line"]
 
 ELLIPSIS = "…"
 MIN_CELL = 12  # a truncated cell keeps at least this many characters
@@ -59,6 +59,31 @@ def table_width(wide: bool | None = None) -> int | None:
     except (AttributeError, ValueError):
         return None
     return shutil.get_terminal_size().columns
+
+
+def fit_line(text: str, width: int | None) -> str:
+    """``text`` broken after ``", "`` into lines of at most ``width`` characters (``None``: as is).
+
+    A title over a fitted table fits the same width; a piece longer than the
+    width keeps its own line rather than being cut.
+
+    >>> print(fit_line("torchvision.models:resnet18: ResNet, input 1x3x224x224, capture=modules", 40))
+    torchvision.models:resnet18: ResNet,
+      input 1x3x224x224, capture=modules
+    """
+    if width is None or len(text) <= width:
+        return text
+    lines: list[str] = []
+    current = ""
+    for piece in text.split(", "):
+        candidate = f"{current}, {piece}" if current else piece
+        if current and len(candidate) + 1 > width:  # + 1: the comma that ends a broken line
+            lines.append(current + ",")
+            current = "  " + piece
+        else:
+            current = candidate
+    lines.append(current)
+    return "\n".join(lines)
 
 
 def ellipsize(text: str, width: int) -> str:

@@ -19,6 +19,7 @@ It differs from a GraphModule in four ways only:
 
 from __future__ import annotations
 
+import bdb
 import contextlib
 import copy
 import hashlib
@@ -142,6 +143,9 @@ class DebugGraphModule(fx.GraphModule):
         try:
             with regions.installed(self) if regions is not None else contextlib.nullcontext():
                 return super().__call__(*args, **kwargs)
+        except bdb.BdbQuit:  # the user quit pdb at a breakpoint: not a failure of the model
+            torch.set_grad_enabled(grad_mode)
+            raise
         except Exception as exc:
             torch.set_grad_enabled(grad_mode)  # a grad-mode node's block may not have ended
             _annotate(self, exc, args, kwargs)
