@@ -38,15 +38,13 @@ from tabulate import tabulate
 from ..passes.aliasing import _alias_inputs, inplace_requested, mutated_argument
 from ..runtime.report import Report
 from ..tracing import keyed_module
-from ..tracing.keys import INPLACE_OPERATORS, META_SOURCE, node_key, op_name
+from ..runtime.inplace_ops import INPLACE_OPERATORS, OPERATOR_SYMBOLS
+from ..tracing.keys import META_SOURCE, node_key, op_name
 from ..tracing.locations import format_location
 
 __all__ = ["Hazard", "Hazards", "lint_inplace"]
 
 _NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad_", "record_stream_"})
-_OPERATOR_SYMBOLS = {"iadd": "+", "isub": "-", "imul": "*", "itruediv": "/", "ifloordiv": "//",
-                     "imod": "%", "ipow": "**", "imatmul": "@", "iand": "&", "ior": "|",
-                     "ixor": "^", "ilshift": "<<", "irshift": ">>"}
 _INPLACE_MESSAGE = "modified by an inplace operation"
 
 
@@ -253,7 +251,7 @@ def _fix(candidate: _Candidate, gm: fx.GraphModule) -> str:
             return f"use the out-of-place x = x.{name[:-1]}(...) instead of x.{name}(...)"
         return f"clone first: x = x.clone(); x.{name}(...)"
     if candidate.kind == "operator":
-        symbol = _OPERATOR_SYMBOLS.get(node.target.__name__, "+")
+        symbol = OPERATOR_SYMBOLS.get(node.target, "+")
         return f"write x = x {symbol} y instead of x {symbol}= y"
     if candidate.kind == "setitem":
         return "clone before the write (x = x.clone(); x[...] = v), or write before x is used"

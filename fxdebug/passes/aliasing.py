@@ -23,7 +23,8 @@ import torch
 import torch.fx as fx
 
 from .. import runtime
-from ..tracing.keys import INPLACE_OPERATORS, short_name
+from ..runtime.inplace_ops import INPLACE_OPERATORS
+from ..tracing.keys import short_name
 
 __all__ = ["AliasAnalysis", "mutated_argument", "inplace_requested", "opaque_writes",
            "is_fxdebug_read"]

@@ -23,7 +23,8 @@ from typing import Callable
 import torch.fx as fx
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from ..tracing.keys import INPLACE_OPERATORS, META_SOURCE, node_key
+from ..runtime.inplace_ops import INPLACE_OPERATORS
+from ..tracing.keys import META_SOURCE, node_key
 from ..tracing.locations import format_location
 
 __all__ = ["Pass", "PassResult", "as_pass", "FunctionPass", "graph_source", "unchanged_message"]

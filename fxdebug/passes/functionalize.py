@@ -48,8 +48,8 @@ import torch.nn.functional as F
 
 from ..errors import FidelityWarning
 from .aliasing import AliasAnalysis, _signature, inplace_requested, mutated_argument
-from ..tracing.keys import (INPLACE_OPERATORS, META_KEY, META_PASS, META_RETURNS, META_SOURCE, node_key,
-                    op_name)
+from ..runtime.inplace_ops import INPLACE_OPERATORS
+from ..tracing.keys import META_KEY, META_PASS, META_RETURNS, META_SOURCE, node_key, op_name
 from ..tracing.locations import caller_stacklevel, format_location
 from .base import Pass
 
@@ -63,9 +63,7 @@ normal_ uniform_ random_ cauchy_ exponential_ geometric_ log_normal_ copy_ map_ 
 fill_diagonal_ record_stream_
 """.split())
 
-_OUT_OF_PLACE_OPERATORS = {op: getattr(operator, op.__name__[1:] if op.__name__[1:] in dir(operator)
-                                       else op.__name__[1:] + "_")
-                           for op in INPLACE_OPERATORS}
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,8 +239,8 @@ class Functionalize(Pass):
             clone.meta[META_SOURCE] = node.meta.get(META_SOURCE)
             node.args = (clone,) + tuple(node.args[1:])
             return clone
-        if node.target in _OUT_OF_PLACE_OPERATORS:
-            node.target = _OUT_OF_PLACE_OPERATORS[node.target]
+        if node.target in INPLACE_OPERATORS:
+            node.target = INPLACE_OPERATORS[node.target]
             return node
         if inplace_requested(node):
             signature = _signature(node.target)

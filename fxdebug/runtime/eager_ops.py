@@ -41,6 +41,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .gradients import record_grads
+from .inplace_ops import INPLACE_NAMES
 from .parts import _PartRecords
 
 __all__ = ["EagerScope", "EagerKeys", "RegionForward", "RegionForwards", "REGIONS_ATTR", "OpRecorder",
@@ -70,8 +71,7 @@ def op_key_name(func) -> str:
         return getattr(owner, "__name__", "getattr")
     if name.startswith("__") and name.endswith("__") and len(name) > 4:
         name = name[2:-2]
-        if name.startswith("i") and name[1:] in ("add", "sub", "mul", "truediv", "matmul",
-                                                   "and", "or", "xor", "pow", "floordiv"):
+        if name in INPLACE_NAMES:
             return name  # iadd, imul...: operator.iadd in a graph
         name = _REFLECTED.get(name, name)
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name)

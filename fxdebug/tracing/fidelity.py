@@ -58,6 +58,7 @@ import torch.fx as fx
 from torch.overrides import TorchFunctionMode
 
 from ..runtime import torch_compat
+from ..runtime.inplace_ops import writes_in_place
 from ..runtime.torch_compat import tree_leaves
 
 __all__ = ["TracePatches", "UnfaithfulTrace", "traced_torch_functions", "traced_tensor_methods",
@@ -458,20 +459,12 @@ _HOLDERS = (fx.Proxy, list, dict)
 
 
 NOT_CONSTANT = object()
-_INPLACE_FUNCTIONS = ("iadd", "iand", "ifloordiv", "ilshift", "imod", "imul", "imatmul", "ior",
-                      "ipow", "irshift", "isub", "itruediv", "ixor", "setitem")
 
 
 def _is_random_target(node: fx.Node) -> bool:
     name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
     packet = _packet(str(name).strip("_") if str(name).startswith("__") else str(name))
     return packet is not None and _is_random(packet)
-
-
-def _writes_in_place(node: fx.Node) -> bool:
-    if node.op == "call_method":
-        return node.target.endswith("_") and not node.target.endswith("__")
-    return node.op == "call_function" and getattr(node.target, "__name__", "") in _INPLACE_FUNCTIONS
 
 
 def constant_value(node: fx.Node, root: torch.nn.Module):
@@ -503,7 +496,7 @@ def constant_value(node: fx.Node, root: torch.nn.Module):
             return NOT_CONSTANT  # a parameter or buffer: training may change it
         ancestors[current] = None
         stack.extend(current.all_input_nodes)
-    if any(_writes_in_place(user) and user not in ancestors
+    if any(writes_in_place(user) and user not in ancestors
            for ancestor in ancestors for user in ancestor.users):
         return NOT_CONSTANT
     values: dict[fx.Node, object] = {}

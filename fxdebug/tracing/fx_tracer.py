@@ -41,6 +41,7 @@ from torch.fx.proxy import Attribute
 
 from ..errors import EagerFallbackWarning
 from ..runtime import PROXY_IN_TEXT, Recorder, leaves, traced_message
+from ..runtime.inplace_ops import INPLACE_NAMES
 from .failure import explain_failure
 from .fidelity import (NOT_CONSTANT, TracePatches, UnfaithfulTrace, constant_value, real_values,
                        static_forward, take_leftover_proxies)
@@ -54,9 +55,6 @@ from .module_copy import shallow_module_copy
 __all__ = ["trace_fx"]
 
 log = logging.getLogger("fxdebug")
-
-_INPLACE_OPERATOR_NAMES = ("iadd", "iand", "ifloordiv", "ilshift", "imod", "imul",
-                           "imatmul", "ior", "ipow", "irshift", "isub", "itruediv", "ixor")
 
 
 class _InplaceMixin:
@@ -102,7 +100,7 @@ def _make_inplace(name: str):
     return method
 
 
-for _name in _INPLACE_OPERATOR_NAMES:
+for _name in INPLACE_NAMES:
     setattr(_InplaceMixin, f"__{_name}__", _make_inplace(_name))
 
 

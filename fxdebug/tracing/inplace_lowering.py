@@ -37,14 +37,15 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..runtime.inplace_ops import INPLACE_OPERATORS
 from .value_facts import ValueFacts, is_plain_torch_module
 
 __all__ = ["lower_inplace_operators", "LOWERED_OPERATORS", "META_LOWERED_FROM"]
 
 META_LOWERED_FROM = "fxdebug_lowered_from"
 
-LOWERED_OPERATORS = {operator.iadd: operator.add, operator.isub: operator.sub,
-                     operator.imul: operator.mul, operator.itruediv: operator.truediv}
+LOWERED_OPERATORS = {op: INPLACE_OPERATORS[op]
+                     for op in (operator.iadd, operator.isub, operator.imul, operator.itruediv)}
 
 # New tensors, aliasing nothing, whose backward does not need the output itself.
 _FRESH_MODULES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,

@@ -305,8 +305,3 @@ def prefix_keys(graph: fx.Graph, prefix: str) -> None:
             node.meta[META_RETURNS] = [type(ret)(join_path(prefix, ret.key), ret.module_type,
                                                  ret.items, ret.source) for ret in returns]
 
-
-# kept importable for callers that want the operator module's in-place names
-INPLACE_OPERATORS = tuple(getattr(operator, name) for name in (
-    "iadd", "iand", "ifloordiv", "ilshift", "imod", "imul", "imatmul", "ior",
-    "ipow", "irshift", "isub", "itruediv", "ixor"))

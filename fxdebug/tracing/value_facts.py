@@ -39,6 +39,8 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..runtime.inplace_ops import INPLACE_OPERATORS
+
 __all__ = ["ValueFacts", "Shape", "is_plain_torch_module", "is_autocast_node"]
 
 # In the lower-precision list of every autocast device (CPU, CUDA): all cast alike.
@@ -68,7 +70,6 @@ _SHAPE_KEEPING_METHODS = ("contiguous", "clone", "detach", "relu")
 ARITHMETIC = (operator.add, operator.sub, operator.mul, operator.truediv, torch.add,
               torch.sub, torch.mul, torch.div)
 _TRUE_DIVISIONS = (operator.truediv, torch.div)
-_INPLACE_ARITHMETIC = (operator.iadd, operator.isub, operator.imul, operator.itruediv)
 # In-place methods that change a tensor's shape or dtype.
 _RESHAPING_METHODS = frozenset(("resize_", "resize_as_", "set_", "as_strided_", "squeeze_",
                                 "unsqueeze_", "transpose_", "t_", "swapdims_", "swapaxes_"))
@@ -360,7 +361,7 @@ class ValueFacts:
         if target in _DTYPE_KEEPING_FUNCTIONS:
             shape = self.shape(first) if target in _SHAPE_KEEPING_FUNCTIONS else opaque
             return self.dtype(first), shape, self.floating(first)
-        if target in _INPLACE_ARITHMETIC:  # left in place: the result is the left operand
+        if target in INPLACE_OPERATORS:  # left in place: the result is the left operand
             return self.dtype(first), self.shape(first), self.floating(first)
         if target in ARITHMETIC and len(node.args) == 2:
             return self._arithmetic_facts(target, first, node.args[1], dtype, opaque)
