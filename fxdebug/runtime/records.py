@@ -68,6 +68,20 @@ class Record:
         return self.version is not None and self.value is not None \
             and _version_of(self.value) != self.version
 
+    def __getstate__(self) -> dict:
+        # A copy (pickle, torch.save, deepcopy, all_gather_object) holds a new tensor with a
+        # version counter of its own: keep how far the tensor moved since its capture instead.
+        state = dict(self.__dict__)
+        now = None if self.version is None or self.value is None else _version_of(self.value)
+        state["version"] = None if now is None else ("moved", now - self.version)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if isinstance(self.version, tuple):
+            now = _version_of(self.value)
+            self.version = None if now is None else now - self.version[1]
+
     def __repr__(self) -> str:
         stats = self.stats
         shape = _shape_text(self.shape)
