@@ -28,7 +28,7 @@ from ..errors import FxdebugError, TraceFailure
 from ..passes import Capture
 from ..runtime import RECORDER_ATTR
 from ..tracing import keyed_copy, keyed_module, trace
-from ..tracing.keys import META_SOURCE, node_key, op_name, target_name
+from ..tracing.keys import META_PROVENANCE, META_SOURCE, node_key, op_name, target_name
 from .activation_grads import activation_grads
 from .compare import Comparison, compare_tensors, compare_values, iter_tensors
 from .controlled_run import ControlledRuns
@@ -317,6 +317,24 @@ def _compare_node(ref: fx.Node, ref_gm, cand: fx.Node, cand_gm, how: str, ref_va
         shape=first_shape, dtype=rows[0].dtype if rows else "", detail=detail)
 
 
+def _changed_modules_note(matching: NodeMatching, owners: dict) -> str:
+    """What became of module calls whose module the candidate changed (a fusion, new weights)."""
+    described = []
+    for ref, cand in matching.changed_modules:
+        seen = owners.get(cand)
+        described.append(f"{node_key(ref)} (compared as {node_key(seen)})" if seen is not None
+                         else f"{node_key(ref)} (not compared)")
+    listed = ", ".join(described[:4]) + (f" and {len(described) - 4} more"
+                                         if len(described) > 4 else "")
+    return (f"the candidate changed the module of {len(described)} module call(s): its module "
+            f"at the same path has other parameters or buffers (a fusion, or new weights), so "
+            f"it computes another value under the same key: {listed}. Each is compared with "
+            f"the reference node whose value its users read, never with the reference node of "
+            f"its key. A pass can say what a new or changed node computes with "
+            f"fxdebug.keys.inherit_key(new_node, old_node) (a conv with a batch norm folded "
+            f"in: the batch norm's node).")
+
+
 def _localize(reference, candidate, runs: ControlledRuns, ref_out, cand_out, rtol, atol,
               equal_nan, notes: list[str]):
     ref_gm = _instrumented(reference, "reference", notes)
@@ -358,8 +376,15 @@ def _localize(reference, candidate, runs: ControlledRuns, ref_out, cand_out, rto
             compared.append(dataclasses.replace(
                 row, match="in its place", via=node_key(user),
                 detail=f"{detail}; {row.detail}" if row.detail else detail))
+    changed = {ref: None for ref, _ in matching.changed_modules}
     unmatched_ref = [node_key(n) for n in matching.unmatched_reference
-                     if n not in matching.seen_as and n.op != "get_attr"]
+                     if n not in matching.seen_as and n.op != "get_attr" and n not in changed]
+    if matching.changed_modules:
+        notes.append(_changed_modules_note(matching, owners))
+    elif unmatched_ref and not any(n.meta.get(META_PROVENANCE) for n in cand_gm.graph.nodes):
+        notes.append(f"a pass that replaces a node can pair the new node with the old one: "
+                     f"fxdebug.keys.inherit_key(new_node, old_node) gives it the old node's "
+                     f"key ({unmatched_ref[0]!r} and the others without a counterpart)")
     unmatched_cand = [node_key(n) for n in matching.unmatched_candidate
                       if n.op != "get_attr" and not any(
                           cand is n for entries in matching.seen_as.values()

@@ -120,18 +120,38 @@ class EquivalenceReport(Report):
 
     @property
     def divergences(self) -> list[NodeComparison]:
-        """Compared nodes out of tolerance, in the reference's execution order."""
-        return [node for node in self.nodes if not node.ok]
+        """Compared nodes out of tolerance, in the reference's execution order.
+
+        Empty when the outputs agree: a node beyond tolerance whose difference
+        does not reach the outputs (the rounding of a reordered computation,
+        such as weights a pass folded together) is in :attr:`beyond_tolerance`.
+        """
+        return [] if self._outputs_agree() else [node for node in self.nodes if not node.ok]
+
+    @property
+    def beyond_tolerance(self) -> list[NodeComparison]:
+        """Nodes out of tolerance although the outputs agree (not divergences of the model)."""
+        return [node for node in self.nodes if not node.ok] if self._outputs_agree() else []
 
     @property
     def first_divergence(self) -> NodeComparison | None:
-        """The first node (reference execution order) whose value differs, or None."""
-        return next((node for node in self.nodes if not node.ok), None)
+        """The first node (reference execution order) whose value differs, or None.
+
+        None whenever the outputs agree: a report never names a divergence of
+        a model it calls equivalent.
+        """
+        return next(iter(self.divergences), None)
 
     @property
     def first_grad_divergence(self) -> NodeComparison | None:
-        """The first node, in backward order, whose output gradient differs, or None."""
+        """The first node, in backward order, whose output gradient differs, or None
+        (None when every parameter gradient agrees)."""
+        if self.grads and all(c.ok for c in self.grads):
+            return None
         return next((node for node in self.grad_nodes if not node.ok), None)
+
+    def _outputs_agree(self) -> bool:
+        return all(c.ok for c in self.outputs)
 
     @property
     def max_error(self) -> float:
@@ -181,9 +201,17 @@ class EquivalenceReport(Report):
             lines.append(_node_table(bad_grads, wide))
             lines.append("")
         if self.localized:
-            bad = self.divergences
-            lines.append(f"nodes out of tolerance: {len(bad)} of {len(self.nodes)} compared "
-                         f"(reference execution order)")
+            bad, rounding = self.divergences, self.beyond_tolerance
+            if rounding:
+                lines.append(f"nodes out of tolerance: none that reaches the outputs; "
+                             f"{len(rounding)} of {len(self.nodes)} compared differ beyond "
+                             f"tolerance while the outputs agree within it (the rounding of a "
+                             f"reordered computation, such as folded weights, or a difference "
+                             f"the later nodes do not pass on):")
+                lines.append(_node_table(rounding, wide))
+            else:
+                lines.append(f"nodes out of tolerance: {len(bad)} of {len(self.nodes)} "
+                             f"compared (reference execution order)")
             if bad:
                 lines.append(_node_table(bad, wide))
             if self.unmatched_reference:
@@ -216,7 +244,8 @@ class EquivalenceReport(Report):
 
     def _fields(self) -> dict:
         fields = super()._fields()
-        fields["nodes"] = [node for node in self.nodes if not node.ok]  # the divergent ones
+        fields["nodes"] = self.divergences
+        fields["beyond_tolerance"] = self.beyond_tolerance
         fields["grad_nodes"] = [node for node in self.grad_nodes if not node.ok]
         fields["first_divergence"] = self.first_divergence
         fields["first_grad_divergence"] = self.first_grad_divergence

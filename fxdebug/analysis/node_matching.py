@@ -11,6 +11,13 @@ Three rules, tried in this order, never a guess by name similarity:
 3. **position**: both are unmatched and a matched pair of users reads them in
    the same argument slot (a node a pass replaced without carrying its key).
 
+A module call whose module the candidate changed (other parameters or buffers
+than the reference's module at the same path: a conv with a batch norm folded
+into its weights) computes another value under the same key, so it is never
+paired by key or by inputs, only by position: the fused ``conv1`` is compared
+with the reference's ``bn1``, whose value its users now read. A key given with
+:func:`fxdebug.keys.inherit_key` is always trusted.
+
 Besides its counterpart, a reference node can be *seen as* another candidate
 node by its users: a node a pass inserted in between (``conv1 -> mul -> bn1``),
 or, for a reference node the pass removed, whatever node its users read now.
@@ -25,9 +32,9 @@ import dataclasses
 import torch
 import torch.fx as fx
 
-from ..tracing.keys import META_PASS, node_key, op_name
+from ..tracing.keys import META_PASS, META_PROVENANCE, node_key, op_name
 
-__all__ = ["Match", "NodeMatching", "match_nodes", "value_nodes", "arg_slots"]
+__all__ = ["Match", "NodeMatching", "match_nodes", "module_changed", "value_nodes", "arg_slots"]
 
 VALUE_OPS = ("placeholder", "call_function", "call_method", "call_module", "get_attr")
 
@@ -48,6 +55,8 @@ class NodeMatching:
     seen_as: dict[fx.Node, list[tuple[fx.Node, fx.Node]]]  # ref node -> [(cand node, ref user)]
     unmatched_reference: list[fx.Node]
     unmatched_candidate: list[fx.Node]
+    changed_modules: list[tuple[fx.Node, fx.Node]] = dataclasses.field(default_factory=list)
+    # (reference node, candidate node): same key, but the candidate's module was changed
 
 
 def value_nodes(graph: fx.Graph) -> list[fx.Node]:
@@ -90,6 +99,44 @@ def _same_op(ref: fx.Node, ref_root: torch.nn.Module, cand: fx.Node,
     return ref.op == cand.op and op_name(ref, ref_root) == op_name(cand, cand_root)
 
 
+def _module_state(root: torch.nn.Module, node: fx.Node) -> list[tuple[str, torch.Tensor]]:
+    module = root.get_submodule(node.target)
+    return list(module.named_parameters()) + list(module.named_buffers())
+
+
+def module_changed(ref: fx.Node, ref_root: torch.nn.Module, cand: fx.Node,
+                   cand_root: torch.nn.Module) -> bool:
+    """Whether ``cand`` calls a module whose parameters or buffers differ from ``ref``'s module.
+
+    Only for module calls paired by an implicit key (the same module path, no
+    :func:`~fxdebug.keys.inherit_key`): a pass that folded a batch norm into a
+    conv kept the conv's path but changed what it computes.
+
+    >>> import copy, torch, fxdebug
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    >>> ref, cand = fxdebug.trace(model), fxdebug.trace(copy.deepcopy(model))
+    >>> ref_lin, cand_lin = [next(n for n in g.graph.nodes if n.op == "call_module")
+    ...                      for g in (ref, cand)]
+    >>> module_changed(ref_lin, ref, cand_lin, cand)        # a copy: the same weights
+    False
+    >>> with torch.no_grad():
+    ...     _ = cand.get_submodule("0").bias.add_(1)          # a pass re-weights it
+    >>> module_changed(ref_lin, ref, cand_lin, cand)
+    True
+    """
+    if ref.op != "call_module" or cand.op != "call_module" or cand.meta.get(META_PROVENANCE):
+        return False
+    ref_state, cand_state = _module_state(ref_root, ref), _module_state(cand_root, cand)
+    if [name for name, _ in ref_state] != [name for name, _ in cand_state]:
+        return True
+    for (_, a), (_, b) in zip(ref_state, cand_state):
+        if a is b:
+            continue
+        if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device or not torch.equal(a, b):
+            return True
+    return False
+
+
 def match_nodes(reference: fx.GraphModule, candidate: fx.GraphModule) -> NodeMatching:
     """Match the value nodes of ``candidate`` to those of ``reference`` (both keyed).
 
@@ -112,10 +159,15 @@ def match_nodes(reference: fx.GraphModule, candidate: fx.GraphModule) -> NodeMat
         owner[cand] = ref
 
     cand_by_key = {node_key(node): node for node in cand_nodes}
+    changed: list[tuple[fx.Node, fx.Node]] = []
     for ref in ref_nodes:
         cand = cand_by_key.get(node_key(ref))
         if cand is not None and cand not in owner:
-            pair(ref, cand, "key")
+            if module_changed(ref, reference, cand, candidate):
+                changed.append((ref, cand))  # paired by position only, if at all
+            else:
+                pair(ref, cand, "key")
+    position_only = {node: None for pair_ in changed for node in pair_}
 
     def pair_by_inputs() -> None:
         def signature(slots, translate):
@@ -129,13 +181,13 @@ def match_nodes(reference: fx.GraphModule, candidate: fx.GraphModule) -> NodeMat
 
         cand_sigs: dict[tuple, list[fx.Node]] = {}
         for cand in cand_nodes:
-            if cand not in owner:
+            if cand not in owner and cand not in position_only:
                 sig = signature(arg_slots(cand), lambda n: n if n in cand_set else None)
                 if sig is not None:
                     cand_sigs.setdefault(sig, []).append(cand)
         ref_sigs: dict[tuple, list[fx.Node]] = {}
         for ref in ref_nodes:
-            if ref not in counterpart:
+            if ref not in counterpart and ref not in position_only:
                 sig = signature(arg_slots(ref), lambda n: counterpart[n].candidate
                                 if n in counterpart else None)
                 if sig is not None:
@@ -173,4 +225,5 @@ def match_nodes(reference: fx.GraphModule, candidate: fx.GraphModule) -> NodeMat
         counterpart={ref: counterpart[ref] for ref in ref_nodes if ref in counterpart},
         seen_as={ref: seen_as[ref] for ref in ref_nodes if ref in seen_as},
         unmatched_reference=[ref for ref in ref_nodes if ref not in counterpart],
-        unmatched_candidate=[cand for cand in cand_nodes if cand not in owner])
+        unmatched_candidate=[cand for cand in cand_nodes if cand not in owner],
+        changed_modules=changed)
