@@ -38,6 +38,7 @@ import sys
 import traceback
 
 from ..errors import FxdebugError
+from .model_spec import command_search_path
 
 __all__ = ["main"]
 
@@ -67,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fxdebug`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
     try:
-        return args.run(args)
+        with command_search_path():  # the folders of model, loss and pass files, until the end
+            return args.run(args)
     except FxdebugError as exc:
         print(f"fxdebug: error: {_one_paragraph(exc)}", file=sys.stderr)
         return 1

@@ -4,10 +4,18 @@ A model is named ``package.module:factory`` or ``path/to/file.py:factory``;
 the factory is called with no arguments and returns an ``nn.Module`` or a
 ``(module, example_inputs)`` pair. Inputs are given as shapes:
 ``1,3,224,224`` (float, standard normal) or ``1,16:int64`` (integers 0..1).
+
+A file is loaded as ``python path/to/file.py`` would run it: its folder is
+searched first, so ``from helpers import Net`` finds ``helpers.py`` beside it
+(the current directory, for ``package.module``). The folder comes off
+``sys.path`` again after loading, or, inside :func:`command_search_path`
+(each CLI command), when the command ends: a factory or pass that imports
+its neighbours when called finds them too. sys.path ends as it began.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -17,7 +25,8 @@ import sys
 
 from ..errors import FxdebugError
 
-__all__ = ["DEFAULT_MODEL", "DEFAULT_INPUT", "load_model", "parse_input", "make_inputs"]
+__all__ = ["DEFAULT_MODEL", "DEFAULT_INPUT", "load_model", "parse_input", "make_inputs",
+           "command_search_path"]
 
 DEFAULT_MODEL = "torchvision.models:resnet18"
 DEFAULT_INPUT = "1,3,224,224"
@@ -33,6 +42,55 @@ _HINTS = {
 }
 
 
+_COMMAND_FOLDERS: list[list[str]] = []  # folders each running command put on sys.path
+
+
+@contextlib.contextmanager
+def command_search_path():
+    """Keep the folders that loading model, loss and pass files adds to ``sys.path`` until
+    the end of the block, then take them off (the CLI runs each command inside one).
+
+    >>> import sys
+    >>> before = list(sys.path)
+    >>> with command_search_path():
+    ...     with _searched_first("/nonexistent/models"):
+    ...         pass
+    ...     sys.path[0]
+    '/nonexistent/models'
+    >>> sys.path == before
+    True
+    """
+    added: list[str] = []
+    _COMMAND_FOLDERS.append(added)
+    try:
+        yield
+    finally:
+        _COMMAND_FOLDERS.remove(added)
+        for folder in reversed(added):
+            _take_off(folder)
+
+
+def _take_off(folder: str) -> None:
+    if folder in sys.path:
+        sys.path.remove(folder)
+
+
+@contextlib.contextmanager
+def _searched_first(folder: str):
+    """``folder`` first on ``sys.path`` while importing, as ``python file.py`` puts the
+    script's folder; taken off after (or at the end of the running command) if it was not there."""
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        if added and _COMMAND_FOLDERS:
+            _COMMAND_FOLDERS[-1].append(folder)
+        elif added:
+            _take_off(folder)
+
+
 def _import_file(path: str, what: str = "model"):
     if not os.path.isfile(path):
         raise FxdebugError(f"{what} file {path!r} does not exist. {_hint(what)}")
@@ -41,7 +99,16 @@ def _import_file(path: str, what: str = "model"):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    with _searched_first(os.path.dirname(os.path.realpath(path))):
+        try:
+            spec.loader.exec_module(module)
+        except BaseException as exc:
+            sys.modules.pop(name, None)
+            if isinstance(exc, ModuleNotFoundError):
+                exc.add_note(f"fxdebug: raised while loading {what} file {path!r}, with its "
+                             f"folder searched first as `python {path}` would: put the module "
+                             f"beside the file, install it, or add its folder to PYTHONPATH")
+            raise
     return module
 
 
@@ -51,15 +118,8 @@ def _hint(what: str) -> str:
 
 def _import_module(where: str):
     """Import ``where`` with the current directory searched first, as ``python -m`` would."""
-    cwd = os.getcwd()
-    added = cwd not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
-    try:
+    with _searched_first(os.getcwd()):
         return importlib.import_module(where)
-    finally:
-        if added and cwd in sys.path:
-            sys.path.remove(cwd)
 
 
 def load_object(spec: str, what: str = "model"):
@@ -94,13 +154,16 @@ def load_model(spec: str):
     ('Identity', None)
     """
     import torch
-    factory = load_object(spec, "model")
-    try:
-        made = factory()
-    except Exception as exc:
-        exc.add_note(f"fxdebug: raised while building the model: factory {spec!r} "
-                     f"(run with --traceback for every frame)")
-        raise
+    # the factory file's folder stays searched while the factory runs (a CLI command keeps it
+    # to the command's end)
+    with contextlib.nullcontext() if _COMMAND_FOLDERS else command_search_path():
+        factory = load_object(spec, "model")
+        try:
+            made = factory()
+        except Exception as exc:
+            exc.add_note(f"fxdebug: raised while building the model: factory {spec!r} "
+                         f"(run with --traceback for every frame)")
+            raise
     inputs = None
     if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
         made, inputs = made
