@@ -67,7 +67,10 @@ class ForwardHit:
     parameters and buffers of the module it calls (``call_module`` nodes).
     ``created`` is True when all of them were finite: this node made the
     non-finite values; False when it received them (from a parameter, a
-    buffer, or a value no node of the graph produced).
+    buffer, or a value no node of the graph produced). ``kind`` is
+    ``"input"`` when the hit is an input of forward (the data already held
+    NaN/Inf), ``"parameter"``, ``"buffer"`` or ``"attribute"`` for a tensor of
+    the model read as it is, else ``"node"``: then no node created them.
     """
 
     key: str
@@ -80,10 +83,15 @@ class ForwardHit:
     numel: int
     inputs: tuple[ValueStats, ...]
     parameters: tuple[ValueStats, ...]
+    kind: str = "node"
 
     @property
     def created(self) -> bool:
-        return all(v.finite for v in self.inputs + self.parameters)
+        return self.kind == "node" and all(v.finite for v in self.inputs + self.parameters)
+
+    def came_in(self) -> str:
+        """What held the values before forward ran (``"input x"``), or ``""`` for a node."""
+        return "" if self.kind == "node" else f"{self.kind} {self.key}"
 
     @property
     def location(self) -> str:
@@ -130,6 +138,7 @@ class NonfiniteReport(Report):
     loss: str
     notes: list[str] = dataclasses.field(default_factory=list)
     creators: list[str] = dataclasses.field(default_factory=list)
+    sources: list[str] = dataclasses.field(default_factory=list)  # inputs, parameters... with NaN/Inf
 
     @property
     def ok(self) -> bool:
@@ -139,6 +148,8 @@ class NonfiniteReport(Report):
         return self.model_name
 
     def _finding(self) -> str:
+        if self.forward is not None and self.forward.came_in():
+            return f"{self.forward.came_in()} already holds NaN/Inf (no node created them)"
         if self.forward is not None:
             return f"first non-finite output at {self.forward.key} ({self.forward.location})"
         if self.backward is not None:
@@ -155,12 +166,15 @@ class NonfiniteReport(Report):
         hit = self.forward
         if hit is None:
             lines.append("forward: every node output is finite")
+        elif hit.came_in():
+            lines += _came_in_lines(hit)
         else:
             lines.append(f"forward: first non-finite output at {hit.key} ({hit.op}, "
                          f"{hit.location}): {hit.shape} {hit.dtype}, {hit.nan} NaN and {hit.inf} "
                          f"Inf of {hit.numel}")
             lines.append("  it CREATED them: everything it received was finite" if hit.created
                          else "  it RECEIVED them: a value it read was already non-finite")
+        if hit is not None:
             received = [("input", v) for v in hit.inputs] + [("parameter", v)
                                                              for v in hit.parameters]
             if received:
@@ -174,6 +188,9 @@ class NonfiniteReport(Report):
             lines.append(_later("  later nodes with non-finite outputs", self.later_forward))
             lines.append(_later("  every node that CREATED non-finite values (all it received "
                                 "was finite)", self.creators))
+            if self.sources:
+                lines.append(_later("  non-finite before forward ran (inputs, parameters, "
+                                    "buffers)", self.sources))
         if self.backward_ran:
             grad = self.backward
             if grad is None:
@@ -198,6 +215,22 @@ class NonfiniteReport(Report):
         lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
 
+
+
+def _came_in_lines(hit: ForwardHit) -> list[str]:
+    """A hit on an input, parameter or buffer: the values were non-finite before forward ran."""
+    counts = f"{hit.nan} NaN and {hit.inf} Inf of {hit.numel} ({hit.shape} {hit.dtype})"
+    if hit.kind == "input":
+        return [f"forward: the input {hit.key} of forward already holds non-finite values: "
+                f"{counts}",
+                f"  no node created them: they came in with the data. Check the batch "
+                f"(torch.isfinite({hit.key}).all()) and the code or data loader that made it; "
+                f"ignore=[{hit.key!r}] if they are there on purpose"]
+    return [f"forward: {hit.kind} {hit.key} of the model already holds non-finite values: "
+            f"{counts}",
+            f"  no node created them: it was non-finite before this forward (an optimizer step, "
+            f"a checkpoint load, a write into it); fxdebug.watch_nonfinite(model) names the "
+            f"step that made it so"]
 
 
 def _later(title: str, keys: list[str]) -> str:
@@ -372,7 +405,7 @@ def find_nonfinite(model: torch.nn.Module, *inputs, backward: bool = True,
         backward_ran = runs.run(lambda *args: _run_once(gm, watch, args, backward, loss, notes,
                                                         parameter_grads), grad=backward)
         forward_hit, later = _forward_search(gm, runs, watch, ignore)
-        creators = _creators(gm, runs, ignore) if forward_hit is not None else []
+        creators, sources = _creators(gm, runs, ignore) if forward_hit is not None else ([], [])
         backward_hit, later_grads = _backward_search(gm, runs, watch, ignore, loss)
     if forward_hit is not None and backward_ran:
         notes.append("the backward ran through a non-finite forward; fix the forward first")
@@ -380,7 +413,7 @@ def find_nonfinite(model: torch.nn.Module, *inputs, backward: bool = True,
                            later_backward=later_grads, parameter_grads=parameter_grads,
                            backward_ran=backward_ran, model_name=type(model).__name__,
                            inputs=_describe_inputs(inputs), mode=mode, loss=loss_text,
-                           notes=notes, creators=creators)
+                           notes=notes, creators=creators, sources=sources)
 
 
 def _run_once(gm: fx.GraphModule, watch: _Watch, args: tuple, backward: bool, loss,
@@ -423,8 +456,9 @@ def _forward_search(gm: fx.GraphModule, runs: ControlledRuns, watch: _Watch,
     return hit, later
 
 
-def _creators(gm: fx.GraphModule, runs: ControlledRuns, ignore) -> list[str]:
-    """Keys of every node whose output is non-finite while all it received was finite.
+def _creators(gm: fx.GraphModule, runs: ControlledRuns, ignore) -> tuple[list[str], list[str]]:
+    """Keys of every node whose output is non-finite while all it received was finite, and
+    of the inputs, parameters and buffers that were non-finite before forward ran.
 
     One more forward, checking every value exactly (not by its sum). What a node
     received: the nodes it reads (a node whose value was not checked, being ignored
@@ -438,14 +472,16 @@ def _creators(gm: fx.GraphModule, runs: ControlledRuns, ignore) -> list[str]:
     flags = torch.stack([flag.to("cpu") for _, flag in exact.finite]).tolist() if exact.finite else []
     for (node, _), ok in zip(exact.finite, flags):
         finite[node] = finite.get(node, True) and bool(ok)
-    found = []
+    found, sources = [], []
     for node, ok in finite.items():
+        if not ok and node.op in ("placeholder", "get_attr"):
+            sources.append(node_key(node))
         if ok or node.op in ("placeholder", "get_attr"):
             continue
         if all(finite.get(arg, True) for arg in node.all_input_nodes) and all(
                 v.finite for v in _module_stats(gm, node)):
             found.append(node_key(node))
-    return found
+    return found, sources
 
 
 def _backward_search(gm: fx.GraphModule, runs: ControlledRuns, watch: _Watch, ignore,
@@ -498,7 +534,22 @@ def _replay(gm: fx.GraphModule, runs: ControlledRuns, node: fx.Node, ignore) -> 
     return ForwardHit(key=node_key(node), op=op_name(node, gm), source=node.meta.get(META_SOURCE),
                       shape=shape_text(first.shape), dtype=dtype_text(first.dtype), nan=nan,
                       inf=inf, numel=sum(t.numel() for t in tensors), inputs=watch.received,
-                      parameters=_module_stats(gm, node))
+                      parameters=_module_stats(gm, node), kind=_kind(gm, node))
+
+
+def _kind(gm: fx.GraphModule, node: fx.Node) -> str:
+    """``"input"``, ``"parameter"``, ``"buffer"``, ``"attribute"`` (read as it is) or ``"node"``."""
+    if node.op == "placeholder":
+        return "input"
+    if node.op != "get_attr":
+        return "node"
+    owner, _, name = str(node.target).rpartition(".")
+    try:
+        module = gm.get_submodule(owner)
+    except AttributeError:
+        return "attribute"
+    return ("parameter" if name in module._parameters else
+            "buffer" if name in module._buffers else "attribute")
 
 
 def _backward_hit(gm: fx.GraphModule, node: fx.Node, watch: _Watch,
