@@ -163,7 +163,8 @@ class CompiledReport:
         compiled = flatten_outputs(tuple(value.detach().clone() if isinstance(value, torch.Tensor)
                                          else value for value in piece.compiled))
         buffer = io.BytesIO()
-        torch.save({"outputs": compiled, "grads": {}, "backward_error": ""}, buffer)
+        torch.save({"outputs": compiled, "grads": {}, "backward_error": "", "expect": "different",
+                    "about": f"backend {self.backend!r} (expected.pt)"}, buffer)
         with open(os.path.join(path, "expected.pt"), "wb") as handle:
             handle.write(buffer.getvalue())
         first = self.first_divergence
@@ -171,7 +172,8 @@ class CompiledReport:
             handle.write(f"\n## Compiled divergence\n\nThis piece of dynamo graph {first.graph} "
                          f"computes `{first.key}` ({first.location}). `expected.pt` holds what "
                          f"backend `{self.backend}` gave for it; `run.py` runs it eagerly, so "
-                         f"the difference it prints is the compiler's (max abs "
+                         f"the difference it prints is the compiler's, and it says REPRODUCED "
+                         f"(exit status 0) while there is one (max abs "
                          f"{format_error(first.max_abs)} when dumped).\n")
         return path
 

@@ -1,4 +1,7 @@
-"""``fxdebug dump [MODEL] FOLDER``: instrument the model and write it to a folder that round-trips."""
+"""``fxdebug dump [MODEL] FOLDER``: instrument the model and write it to a folder that round-trips.
+
+``--standalone`` leaves fxdebug's nodes out: the folder then needs torch, not fxdebug.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +26,10 @@ def register(subparsers) -> None:
     parser.add_argument("--allow-pickle", action="store_true",
                         help="pickle submodules that cannot be written as code (loading the folder "
                              "then unpickles them with weights_only=False); default: refuse")
+    parser.add_argument("--standalone", action="store_true",
+                        help="leave out fxdebug's capture nodes, so the folder runs where "
+                             "fxdebug is not installed (default: keep them; the folder then "
+                             "imports fxdebug)")
     parser.set_defaults(run=run)
 
 
@@ -37,10 +44,13 @@ def run(args) -> int:
     for warning in caught:
         print(f"note: {warning.message}")
     dump(gm, args.folder, *inputs, overwrite=args.overwrite,
-         allow_pickled_modules=args.allow_pickle)
+         allow_pickled_modules=args.allow_pickle, standalone=args.standalone)
     print(f"{args.model}: {type(model).__name__}, input {describe_inputs(inputs)}, "
-          f"capture={args.capture}")
+          f"capture={'none (standalone)' if args.standalone else args.capture}")
     run_py = os.path.join(args.folder, "run.py")
     print(f"wrote {args.folder}: python {run_py} runs it; "
           f"fxdebug debug {args.folder} --break KEY steps through it in pdb")
+    if not args.standalone and capture != []:
+        print("note: module.py keeps the capture nodes, which call fxdebug: the folder runs where "
+              "fxdebug is installed; --standalone writes one that needs only torch")
     return 0

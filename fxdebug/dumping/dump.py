@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import inspect
 import io
 import json
 import os
@@ -51,9 +50,10 @@ from ..runtime import clone_inputs
 from ..tracing import trace
 from ..tracing.keys import META_PASS, node_key
 from .expected import expected_results
-from .folder_runtime import GRADIENT_SCALE, compare, first_line, flatten_outputs, loss_of, tolerance
+from .folder_runtime import first_line, run_py_source
 from .forward import (PICKLED_FILE, class_name, forward_code, module_py, template, weights)
 from .literals import Imports
+from .standalone import standalone_copy
 from .structure import Structure, tensor_file
 from .writer import MANIFEST, prepare_destination, write_atomically
 
@@ -111,6 +111,11 @@ def _readme(cls: str, inputs: tuple, structure: Structure,
               "## What must be importable", "",
               "module.py imports `torch`" + "".join(f", `{name}`" for name in imports.top_level_packages())
               + "; run it where these import as they did when it was dumped."]
+    if "fxdebug" in imports.top_level_packages():
+        lines += ["", "It keeps fxdebug's nodes (captures, gradient hooks, breakpoints), which call "
+                  "`fxdebug.runtime`: install fxdebug where it runs. `fxdebug dump --standalone` "
+                  "(`fxdebug.dump(..., standalone=True)`) writes a folder without them, which "
+                  "needs torch and the model's own packages but not fxdebug."]
     if wrapped:
         lines += ["", "Functions kept as single calls with `torch.fx.wrap`: "
                   + ", ".join(f"`{name}`" for name in wrapped) + "."]
@@ -193,7 +198,7 @@ def _refuse_pickling(structure: Structure) -> FxdebugError:
 
 
 def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
-         allow_pickled_modules: bool = False) -> str:
+         allow_pickled_modules: bool = False, standalone: bool = False) -> str:
     """Write ``gm`` to ``folder`` as a package that runs on its own and round-trips.
 
     Args:
@@ -208,6 +213,12 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
         allow_pickled_modules: pickle the submodules that cannot be rebuilt
             from code into pickled_modules.pt (loading it unpickles with
             ``weights_only=False``); without it, such a module is an error.
+        standalone: leave out fxdebug's capture, gradient-recording and
+            breakpoint nodes, so the folder runs where torch is installed and
+            fxdebug is not (module.py then imports no fxdebug). Without it, a
+            dump of an instrumented module imports ``fxdebug.runtime`` and
+            says so in its README; a node that changes values (a gradient
+            edit, a checkpoint) cannot be left out: an error names it.
 
     Returns:
         The absolute path of the folder. ``python FOLDER/run.py`` runs it;
@@ -241,6 +252,8 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
     prepare_destination(folder, overwrite, KNOWN, hashes=False)  # before the work; again when writing
     if not isinstance(gm, fx.GraphModule):
         gm = trace(gm)
+    if standalone:
+        gm = standalone_copy(gm)
     pytree_inputs = isinstance(gm.graph._codegen, _PyTreeCodeGen)  # placeholders are the leaves
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     required = [n for n in placeholders if not n.args and not str(n.target).startswith("*")]
@@ -265,12 +278,7 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
     files = {
         "__init__.py": template("package_init.py.tmpl").format(cls=cls).encode(),
         "module.py": module_text.encode(),
-        "run.py": template("run.py.tmpl").format(
-            cls=cls, flatten=inspect.getsource(flatten_outputs).rstrip(),
-            loss=inspect.getsource(loss_of).rstrip(),
-            first_line=inspect.getsource(first_line).rstrip(),
-            tolerance=inspect.getsource(tolerance).rstrip(), gradient_scale=GRADIENT_SCALE,
-            compare=inspect.getsource(compare)).encode(),
+        "run.py": template("run.py.tmpl").format(cls=cls, runtime=run_py_source()).encode(),
         "breakpoints.json": _breakpoints_json(forward_line, node_lines).encode(),
         "README.md": _readme(cls, inputs, structure, imports, _example_key(gm),
                              forward.wrapped, forward.script.names()).encode(),

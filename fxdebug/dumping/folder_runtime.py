@@ -6,10 +6,12 @@ itself uses the same functions to record what the folder must reproduce.
 """
 
 import dataclasses
+import inspect
 
 import torch
 
-__all__ = ["flatten_outputs", "loss_of", "first_line", "tolerance", "GRADIENT_SCALE", "compare"]
+__all__ = ["flatten_outputs", "loss_of", "first_line", "tolerance", "GRADIENT_SCALE",
+           "nonfinite_text", "compare_tensor", "compare", "run_py_source"]
 
 
 def flatten_outputs(value, prefix="output"):
@@ -64,21 +66,77 @@ def tolerance(want, scaled):
     ``scaled`` (gradients) adds ``GRADIENT_SCALE * rtol * max|want|`` to atol: a
     gradient sums many terms, and the order of that sum (it changes with the
     number of threads, the machine, the BLAS) moves every element by a few
-    roundings of the largest one, however small the element itself is.
+    roundings of the largest one, however small the element itself is. The
+    largest *finite* element: NaN and Inf (a NaN repro's gradients) are
+    compared by place, not by size.
 
     >>> tolerance(torch.tensor([1.0, -50.0]), scaled=True)
+    (1.3e-06, 0.00027)
+    >>> tolerance(torch.tensor([1.0, -50.0, float("nan"), float("inf")]), scaled=True)
     (1.3e-06, 0.00027)
     """
     rtol, atol = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5),
                   torch.float32: (1.3e-6, 1e-5), torch.float64: (1e-7, 1e-7),
                   torch.complex64: (1.3e-6, 1e-5), torch.complex128: (1e-7, 1e-7)
                   }.get(want.dtype, (0.0, 0.0))
-    if scaled and want.numel() and (rtol or atol):
-        atol += GRADIENT_SCALE * rtol * want.abs().max().item()
+    finite = want[torch.isfinite(want)] if want.is_floating_point() or want.is_complex() else want
+    if scaled and finite.numel() and (rtol or atol):
+        atol += GRADIENT_SCALE * rtol * finite.abs().max().item()
     return rtol, float(f"{atol:.2g}")
 
 
 GRADIENT_SCALE = 4
+
+
+def nonfinite_text(want):
+    """``"2 NaN, 1 Inf"`` for the non-finite elements of ``want`` (``""`` when none).
+
+    >>> nonfinite_text(torch.tensor([1.0, float("nan"), float("-inf")]))
+    '1 NaN, 1 Inf'
+    """
+    if not (want.is_floating_point() or want.is_complex()):
+        return ""
+    nan, inf = int(torch.isnan(want).sum()), int(torch.isinf(want).sum())
+    return ", ".join(f"{n} {word}" for n, word in ((nan, "NaN"), (inf, "Inf")) if n)
+
+
+def compare_tensor(want, have, scaled=False):
+    """The verdict for one tensor: ``"equal"``, ``"close (...)"`` or ``"DIFFERENT (...)"``.
+
+    NaN and Inf are compared by place (a NaN where a NaN was, the same Inf),
+    the finite elements by value; a difference is never printed as NaN.
+
+    >>> compare_tensor(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, float("nan")]))
+    'equal (1 NaN at the same places)'
+    >>> compare_tensor(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 2.0]))
+    'DIFFERENT (1 NaN expected, none got: not at the same places)'
+    """
+    if have.shape != want.shape or have.dtype != want.dtype:
+        return (f"DIFFERENT (shape {tuple(have.shape)} {have.dtype}, "
+                f"expected {tuple(want.shape)} {want.dtype})")
+    if torch.equal(have, want):
+        return "equal"
+    floating = want.is_floating_point() or want.is_complex()
+    same_places = ""
+    if floating:
+        bad_want, bad_have = ~torch.isfinite(want), ~torch.isfinite(have)
+        expected, got = nonfinite_text(want), nonfinite_text(have)
+        if expected or got:
+            inf = torch.isinf(want)
+            if not torch.equal(bad_want, bad_have) or not torch.equal(have[inf], want[inf]):
+                return (f"DIFFERENT ({expected or 'no NaN/Inf'} expected, {got or 'none'} got: "
+                        f"not at the same places)")
+            same_places = f"{expected} at the same places"
+            want, have = want[~bad_want], have[~bad_want]
+            if torch.equal(have, want):
+                return f"equal ({same_places})"
+    diff = (have.double() - want.double()).abs().max().item() if want.numel() else 0.0
+    rtol, atol = tolerance(want, scaled)
+    figures = f"max abs diff {diff:.3g}; rtol {rtol:.2g}, atol {atol:.2g}"
+    figures += f"; {same_places}" if same_places else ""
+    if floating and torch.allclose(have, want, rtol=rtol, atol=atol):
+        return f"close ({figures})"
+    return f"DIFFERENT ({figures})"
 
 
 def compare(title, expected, got, scaled=False):
@@ -86,7 +144,8 @@ def compare(title, expected, got, scaled=False):
 
     Tensors are equal, or close: ``|got - want| <= atol + rtol * |want|`` with
     :func:`tolerance`'s figures (``scaled=True`` for gradients), printed with the
-    largest difference.
+    largest difference; NaN and Inf must sit at the same places (see
+    :func:`compare_tensor`).
 
     >>> compare("outputs", {"y": torch.ones(2)}, {"y": torch.ones(2) + 1e-7})
     outputs: 1 close
@@ -97,23 +156,12 @@ def compare(title, expected, got, scaled=False):
     for key, want in expected.items():
         have = got.get(key)
         if not isinstance(want, torch.Tensor):
-            verdicts[key] = "equal" if have == want else f"DIFFERENT ({have!r} != {want!r})"
+            same = have == want or (have != have and want != want)  # NaN == NaN here
+            verdicts[key] = "equal" if same else f"DIFFERENT ({have!r} != {want!r})"
         elif not isinstance(have, torch.Tensor):
             verdicts[key] = "MISSING"
-        elif have.shape != want.shape or have.dtype != want.dtype:
-            verdicts[key] = (f"DIFFERENT (shape {tuple(have.shape)} {have.dtype}, "
-                             f"expected {tuple(want.shape)} {want.dtype})")
-        elif torch.equal(have, want):
-            verdicts[key] = "equal"
         else:
-            diff = (have.double() - want.double()).abs().max().item() if want.numel() else 0.0
-            rtol, atol = tolerance(want, scaled)
-            figures = f"max abs diff {diff:.3g}; rtol {rtol:.2g}, atol {atol:.2g}"
-            if (want.is_floating_point() or want.is_complex()) and torch.allclose(
-                    have, want, rtol=rtol, atol=atol, equal_nan=True):
-                verdicts[key] = f"close ({figures})"
-            else:
-                verdicts[key] = f"DIFFERENT ({figures})"
+            verdicts[key] = compare_tensor(want, have, scaled)
     counts = {}
     for verdict in verdicts.values():
         word = verdict.split(" ")[0]
@@ -122,4 +170,13 @@ def compare(title, expected, got, scaled=False):
     for key, verdict in verdicts.items():
         if verdict != "equal" or len(verdicts) <= 8:
             print(f"  {key}: {verdict}")
-    return all(v == "equal" or v.startswith("close") for v in verdicts.values())
+    return all(v.startswith(("equal", "close")) for v in verdicts.values())
+
+
+def run_py_source():
+    """The source run.py carries: every function above, and GRADIENT_SCALE."""
+    functions = (flatten_outputs, loss_of, first_line, tolerance, nonfinite_text, compare_tensor,
+                 compare)
+    parts = [inspect.getsource(function).rstrip() for function in functions]
+    parts.insert(4, f"GRADIENT_SCALE = {GRADIENT_SCALE}")
+    return "\n\n\n".join(parts) + "\n"

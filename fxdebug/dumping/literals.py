@@ -71,6 +71,24 @@ def importable(obj) -> tuple[str, str] | str:
     return module, qualname
 
 
+FXDEBUG_MISSING = (
+    "this folder's module.py keeps fxdebug's nodes (captures, gradient hooks, breakpoints, "
+    "assertion messages), which call fxdebug.runtime, and fxdebug is not installed here: "
+    "install it (pip install fxdebug), or dump again with `fxdebug dump --standalone` / "
+    "fxdebug.dump(..., standalone=True), a folder that needs only torch")
+
+
+def _split(text: str, width: int = 80) -> list[str]:
+    """``text`` in pieces of about ``width`` characters that join back to it (at spaces)."""
+    pieces, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + len(word) > width:
+            pieces.append(line)
+            line = ""
+        line += word + " "
+    return pieces + [line[:-1]]
+
+
 class Imports:
     """The import block of module.py: lines and module-level assignments, sorted."""
 
@@ -93,7 +111,19 @@ class Imports:
         plain = sorted(line for line in self.lines if line.startswith("import "))
         froms = sorted(line for line in self.lines if line.startswith("from "))
         others = [line for line in self.lines if not line.startswith(("import ", "from "))]
-        return "\n".join(plain + froms + others + list(self.assignments))
+        ours = [line for line in plain + froms if line.split()[1].split(".")[0] == "fxdebug"]
+        lines = [line for line in plain + froms if line not in ours] + others
+        if ours:  # where fxdebug is not installed, say what to do instead of No module named
+            lines += ["", "try:  # fxdebug's nodes (captures, gradient hooks, breakpoints) call it",
+                      *(f"    {line}" for line in ours),
+                      "except ImportError as exc:",
+                      "    if not (exc.name or '').startswith('fxdebug'):",
+                      "        raise",
+                      "    raise ImportError(",
+                      *(f"        {part!r}" for part in _split(FXDEBUG_MISSING)),
+                      "        , name=exc.name) from exc",
+                      ""]
+        return "\n".join(lines + list(self.assignments))
 
     def top_level_packages(self) -> list[str]:
         found: dict[str, None] = {}
