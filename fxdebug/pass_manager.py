@@ -62,6 +62,17 @@ class Stage:
     diff: GraphDiff | None
     equivalence: object | None  # an EquivalenceReport when check_inputs were given
 
+    def __repr__(self) -> str:
+        """One line: the pass, whether it changed the graph, its diff and verdict in short."""
+        parts = [repr(self.name), "modified" if self.modified else "unchanged",
+                 f"{len(self.snapshot.views)} nodes"]
+        if self.diff is not None:
+            parts.append(self.diff.summary())
+        verdict = getattr(self.equivalence, "ok", None)
+        if verdict is not None:
+            parts.append("EQUIVALENT" if verdict else "DIFFERENT")
+        return f"<Stage {', '.join(parts)}>"
+
 
 @dataclasses.dataclass(repr=False)
 class PassReport(Report):
@@ -145,6 +156,11 @@ class PassManager:
             check_inputs = (check_inputs,)
         self.check_inputs = check_inputs
         self.rtol, self.atol = rtol, atol
+
+    def __repr__(self) -> str:
+        names = ", ".join(step.name for step in self.passes)
+        checked = "checked" if self.check_inputs is not None else "unchecked"
+        return f"<PassManager {len(self.passes)} pass(es), {checked}: {names}>"
 
     def run(self, model: torch.nn.Module) -> tuple[fx.GraphModule, PassReport]:
         """Trace ``model`` (or copy a GraphModule) and run every pass on it."""

@@ -7,6 +7,8 @@
       │                                line, each ending in ``# [node key] file:line``
       ├─ structure.py                  submodules rebuilt by code, or pickled (and why)
       ├─ literals.py                   values and import names written as code
+      ├─ standalone.py                 standalone=True: fxdebug's observing nodes left out,
+      │                                so the folder runs where fxdebug is not installed
       ├─ folder_runtime.py             the functions run.py carries (flatten, compare)
       ├─ templates/*.tmpl              the fixed text of module.py, run.py, __init__.py
       └─ writer.py                     all or nothing: a temporary folder, then a rename

@@ -80,6 +80,15 @@ class GraphSnapshot:
     def table(self) -> str:
         return render_table([view.row() for view in self.views], COLUMNS)
 
+    def __repr__(self) -> str:
+        """One line: the name and the size (``table()`` and ``code`` hold the graph).
+
+        >>> import torch
+        >>> snapshot(torch.fx.symbolic_trace(torch.nn.ReLU()), "relu")
+        <GraphSnapshot 'relu': 3 nodes>
+        """
+        return f"<GraphSnapshot {self.name!r}: {len(self.views)} nodes>"
+
 
 class GraphChangedError(FxdebugError, RuntimeError):
     """A diff's code was asked for after its GraphModule changed."""

@@ -7,6 +7,7 @@ as ``model.fxdebug_partial`` (``print(model.fxdebug_partial.summary())``).
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 
@@ -18,6 +19,9 @@ from .locations import short_list
 __all__ = ["PartialReport", "TracedPart", "EagerModule", "is_partial", "REPORT_ATTR"]
 
 REPORT_ATTR = "fxdebug_partial"
+
+# A key/value cache object (transformers' DynamicCache, StaticCache...) named in a reason.
+_CACHE = re.compile(r"\b(\w*Cache)\b")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +118,27 @@ class PartialReport(Report):
                          f"{eager.reason}")
             if eager.export_reason:
                 lines.append(f"    export: {eager.export_reason}")
+        lines.extend(f"hint: {hint}" for hint in self.hints())
         return "\n".join(lines)
+
+    def hints(self) -> list[str]:
+        """What would let the model trace whole, where the reasons show it (a key/value cache).
+
+        >>> report = PartialReport("GPT2Model", eager=[EagerModule(
+        ...     "h.0", "GPT2Block", "", None, "argument 'past_key_values' holds a value of type "
+        ...     "DynamicCache, which is neither a tensor, a container of tensors nor a constant")])
+        >>> print(report.hints()[0][:60])
+        1 module(s) ran eagerly because of a key/value cache (Dynami
+        """
+        caches = [e for e in self.eager if _CACHE.search(f"{e.reason} {e.export_reason}")]
+        if not caches:
+            return []
+        name = _CACHE.search(f"{caches[0].reason} {caches[0].export_reason}").group(1)
+        return [f"{len(caches)} module(s) ran eagerly because of a key/value cache ({name}: "
+                f"transformers' use_cache=True, the default), which neither symbolic tracing "
+                f"nor torch.export takes as an argument or output. Build the model with "
+                f"use_cache=False in its config, or call it with use_cache=False, to trace it "
+                f"whole."]
 
     def table(self, wide: bool | None = None) -> str:
         """The same as :meth:`summary`."""
@@ -138,7 +162,8 @@ class PartialReport(Report):
         return (f"fxdebug could not trace {self.model_type} as a whole: traced "
                 f"{len(self.parts)} part(s){by_export}, ran {len(self.eager)} module(s) eagerly "
                 f"({eager}); "
-                f"print(model.{REPORT_ATTR}.summary()) says why.")
+                f"print(model.{REPORT_ATTR}.summary()) says why."
+                + "".join(f" {hint}" for hint in self.hints()))
 
 
 def is_partial(module: torch.nn.Module) -> bool:
