@@ -43,10 +43,9 @@ import os
 
 import torch
 import torch.fx as fx
-from torch.fx.graph import _PyTreeCodeGen
 
 from ..errors import FxdebugError
-from ..runtime import clone_inputs
+from ..runtime import clone_inputs, torch_compat
 from ..tracing import trace
 from ..tracing.keys import META_PASS, node_key
 from .expected import expected_results
@@ -254,7 +253,7 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
         gm = trace(gm)
     if standalone:
         gm = standalone_copy(gm)
-    pytree_inputs = isinstance(gm.graph._codegen, _PyTreeCodeGen)  # placeholders are the leaves
+    pytree_inputs = torch_compat.pytree_specs(gm.graph) is not None  # placeholders are the leaves
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     required = [n for n in placeholders if not n.args and not str(n.target).startswith("*")]
     varargs = any(str(n.target).startswith("*") for n in placeholders)

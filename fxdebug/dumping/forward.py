@@ -20,10 +20,9 @@ from importlib import resources
 
 import torch
 import torch.fx as fx
-from torch.fx.graph import _custom_builtins
 
 from ..errors import FxdebugError
-from ..runtime import Recorder
+from ..runtime import Recorder, torch_compat
 from ..tracing.keys import META_PASS, META_SOURCE, node_key, op_name
 from .literals import Imports, importable, literal
 from .script_source import ScriptSource, is_script_object
@@ -102,18 +101,19 @@ def _node_comment(node: fx.Node | None) -> str:
 def forward_code(gm: fx.GraphModule, imports: Imports) -> Forward:
     code = gm.graph.python_code(root_module="self")
     src_lines = code.src.split("\n")
-    def_index = code._prologue_start - 1
+    def_index = torch_compat.def_line(code.src)
     if not src_lines[def_index].startswith("def forward"):
         raise FxdebugError("fxdebug.dump does not understand the code torch.fx generated for this "
                            "graph (no 'def forward' where expected); please report it with the model.")
     wrapped = re.findall(r'wrap\("(\w+)"\)', "\n".join(src_lines[:def_index]))
     nodes = list(gm.graph.nodes)
+    lines_to_nodes = torch_compat.lineno_map(code)
     lines: list[tuple[str, fx.Node | None]] = []
     for offset, raw in enumerate(src_lines[def_index + 1:], start=1):
         text = raw.strip()
         if not text or text.startswith("#"):
             continue
-        index = (code._lineno_map or {}).get(offset)
+        index = lines_to_nodes.get(offset)
         node = nodes[index] if index is not None and 0 <= index < len(nodes) else None
         parts = text.split(";  ")
         lines.append((parts[0], node))
@@ -124,11 +124,12 @@ def forward_code(gm: fx.GraphModule, imports: Imports) -> Forward:
     used = dict.fromkeys(_IDENTIFIER.findall(body))
     script = ScriptSource(imports, reserved=(class_name(gm),))
     renamed: dict[str, str] = {}
+    builtins = torch_compat.custom_builtin_imports()
     for name, obj in code.globals.items():
         if name not in used or name == "wrap":
             continue
-        if name in _custom_builtins:
-            imports.lines[_custom_builtins[name].import_str] = None
+        if name in builtins:
+            imports.lines[builtins[name]] = None
             continue
         if isinstance(obj, types.ModuleType):
             imports.lines[f"import {obj.__name__}" + ("" if name == obj.__name__ else f" as {name}")] = None

@@ -21,7 +21,8 @@ import torch.utils._pytree as _pytree  # no public pytree module up to torch 2.1
 
 __all__ = ["torch_version", "tree_leaves", "is_op_packet", "op_schema", "SET_GRAD_ENABLED",
            "ENTER_AUTOCAST", "EXIT_AUTOCAST", "AUTOCAST_NODE_FUNCTIONS", "CODE_ONLY_MODULE",
-           "autocast_arguments"]
+           "autocast_arguments", "lineno_map", "pytree_specs", "custom_builtin_imports",
+           "def_line", "is_persistent_buffer"]
 
 tree_leaves = _pytree.tree_leaves
 """``torch.utils._pytree.tree_leaves`` (checked on 2.9.1 and 2.14.1; torch has no public twin)."""
@@ -51,6 +52,85 @@ def autocast_arguments(autocast: torch.autocast) -> tuple:
     enabled = getattr(autocast, "_enabled", True)
     cache = getattr(autocast, "_cache_enabled", torch.is_autocast_cache_enabled())
     return (autocast.device, autocast.fast_dtype, enabled, cache)
+
+
+def lineno_map(code_owner) -> dict[int, int | None]:
+    r"""``{line of the generated forward: node index}`` of a GraphModule or ``PythonCode``.
+
+    Lines count from the ``def forward`` line (0). Reads the private ``_lineno_map``
+    that torch.fx sets on both (checked on 2.9.1 and 2.14.1); ``{}`` where it is gone
+    (errors then name no node, nothing else changes).
+
+    >>> gm = fx.symbolic_trace(torch.nn.ReLU())
+    >>> lines, names = gm.code.split("\n"), [node.name for node in gm.graph.nodes]
+    >>> [(names[index], lines[def_line(gm.code) + line].strip()[:16])
+    ...  for line, index in lineno_map(gm).items() if index is not None][:2]
+    [('input_1', 'input_1 = input'), ('relu', 'relu = torch.nn.')]
+    """
+    return dict(getattr(code_owner, "_lineno_map", None) or {})
+
+
+def def_line(code: str) -> int:
+    r"""Index of the ``def forward`` line in generated code (public text; no private offset).
+
+    torch 2.14 keeps it as ``PythonCode._prologue_start``; 2.9 has no such field.
+
+    >>> def_line("import torch\n\ndef forward(self, x):\n    return x")
+    2
+    """
+    for index, line in enumerate(code.split("\n")):
+        if line.startswith("def forward"):
+            return index
+    return 0
+
+
+def is_persistent_buffer(module: torch.nn.Module, name: str) -> bool:
+    """Whether buffer ``name`` of ``module`` goes into its ``state_dict``.
+
+    Reads ``module._non_persistent_buffers_set`` (2.9.1, 2.14.1); where it is gone,
+    asks the public ``state_dict`` (slower, same answer).
+
+    >>> bn = torch.nn.Module()
+    >>> bn.register_buffer("kept", torch.zeros(1)); bn.register_buffer("scratch", torch.zeros(1), persistent=False)
+    >>> is_persistent_buffer(bn, "kept"), is_persistent_buffer(bn, "scratch")
+    (True, False)
+    """
+    private = getattr(module, "_non_persistent_buffers_set", None)
+    if private is not None:
+        return name not in private
+    return name in module.state_dict(keep_vars=True)
+
+
+def pytree_specs(graph: fx.Graph):
+    """``(in_spec, out_spec)`` of a graph whose code flattens pytree inputs, else None.
+
+    torch.fx's ``_PyTreeCodeGen`` holds them in ``pytree_info`` (2.9.1, 2.14.1); the
+    check is on that public attribute, not the private class.
+
+    >>> pytree_specs(fx.symbolic_trace(torch.nn.ReLU()).graph) is None
+    True
+    """
+    info = getattr(getattr(graph, "_codegen", None), "pytree_info", None)
+    if info is None:
+        return None
+    return info.in_spec, info.out_spec
+
+
+def custom_builtin_imports() -> dict[str, str]:
+    """``{name: import line}`` of what torch.fx's generated code uses without importing
+    (``inf``, ``nan``, ``device``, ``torch``...): ``torch.fx.graph._custom_builtins``
+    (2.9.1, 2.14.1); the known ones where it is gone.
+
+    >>> custom_builtin_imports()["inf"]
+    'from math import inf'
+    """
+    builtins = getattr(fx.graph, "_custom_builtins", None)
+    if builtins is None:
+        return {"inf": "from math import inf", "nan": "from math import nan",
+                "NoneType": "NoneType = type(None)", "torch": "import torch",
+                "device": "from torch import device", "fx_pytree": "import torch.fx._pytree as fx_pytree",
+                "pytree": "import torch.utils._pytree as pytree"}
+    return {name: builtin.import_str for name, builtin in builtins.items()}
 
 
 def is_op_packet(value) -> bool:

@@ -30,10 +30,8 @@ import weakref
 
 import torch
 import torch.fx as fx
-from torch.fx.graph import _PyTreeCodeGen
-from torch.fx.graph_module import _forward_from_src
-
 from .. import runtime
+from ..runtime import torch_compat
 from .keys import META_KEY, META_SOURCE, assign_missing_keys, op_name
 from .locations import format_location
 
@@ -91,8 +89,7 @@ class DebugGraphModule(fx.GraphModule):
             cls = type(self)  # torch makes one class per instance, named after the model
             filename = generated_filename(cls.__name__, self._code)
             _register_source(filename, self._code)
-            cls.forward = _forward_from_src(self._code, python_code.globals,
-                                            {"co_filename": filename})
+            cls.forward = _compile_forward(self._code, python_code.globals, filename)
         finally:
             self.__dict__.pop("_fxdebug_compiling", None)
         self.__dict__.pop("_fxdebug_pending", None)  # only now: other threads wait until here
@@ -109,10 +106,9 @@ class DebugGraphModule(fx.GraphModule):
         """
         self.__dict__["_fxdebug_pending"] = True
         type(self).forward = _PendingForward(self)
-        codegen = self._graph._codegen
-        if isinstance(codegen, _PyTreeCodeGen):  # what torch's recompile sets besides the code
-            self._in_spec = codegen.pytree_info.in_spec
-            self._out_spec = codegen.pytree_info.out_spec
+        specs = torch_compat.pytree_specs(self._graph)
+        if specs is not None:  # what torch's recompile sets besides the code
+            self._in_spec, self._out_spec = specs
 
     def _realize(self) -> None:
         if self.__dict__.get("_fxdebug_pending"):
@@ -158,6 +154,13 @@ class DebugGraphModule(fx.GraphModule):
                       {k: v for k, v in node.meta.items() if k.startswith("fxdebug_")})
                      for node in self.graph.nodes)
         return (_rebuild, (rebuild, rebuild_args, meta, dict(self.meta)))
+
+
+def _compile_forward(code: str, globals_: dict, filename: str):
+    """The ``forward`` function of generated ``code``, compiled under ``filename``."""
+    namespace = dict(globals_)
+    exec(compile(code, filename, "exec"), namespace)  # noqa: S102 - torch.fx's own generated code
+    return namespace["forward"]
 
 
 class _PendingForward:
@@ -220,8 +223,8 @@ def _failing_node(gm: fx.GraphModule, exc: BaseException):
         tb = tb.tb_next
     if found is None:
         return None, {}
-    lineno_map = getattr(gm, "_lineno_map", None) or {}
-    index = lineno_map.get(found.tb_lineno - getattr(gm, "_prologue_start", 0))
+    first_line = torch_compat.def_line(gm.__dict__.get("_code", "")) + 1  # 1-based, as tb_lineno
+    index = torch_compat.lineno_map(gm).get(found.tb_lineno - first_line)
     if index is None:
         return None, {}
     nodes = list(gm.graph.nodes)
@@ -266,9 +269,28 @@ def lazy_graph_module(root, graph: fx.Graph, class_name: str, lazy: bool = True
     """``DebugGraphModule(root, graph, class_name)``, its code generated on first use if ``lazy``."""
     DebugGraphModule._defer_recompile = lazy
     try:
-        return DebugGraphModule(root, graph, class_name=class_name)
+        gm = DebugGraphModule(root, graph, class_name=class_name)
     finally:
         DebugGraphModule._defer_recompile = False
+    if isinstance(root, torch.nn.Module):
+        _keep_non_persistent_buffers(root, gm)
+    return gm
+
+
+def _keep_non_persistent_buffers(root: torch.nn.Module, gm: fx.GraphModule) -> None:
+    """A buffer ``root`` keeps out of its ``state_dict`` stays out of ``gm``'s (torch 2.9's
+    GraphModule copies every buffer as persistent; later releases keep the flag)."""
+    for node in gm.graph.find_nodes(op="get_attr"):
+        owner_path, _, name = str(node.target).rpartition(".")
+        try:
+            owner, copy_owner = root.get_submodule(owner_path), gm.get_submodule(owner_path)
+        except AttributeError:
+            continue
+        if owner is copy_owner or name not in dict(owner.named_buffers(recurse=False)):
+            continue  # a module gm shares with root is right already
+        if not torch_compat.is_persistent_buffer(owner, name) and \
+                torch_compat.is_persistent_buffer(copy_owner, name):
+            copy_owner.register_buffer(name, getattr(copy_owner, name), persistent=False)
 
 
 def keyed_copy(gm: fx.GraphModule, recompile: bool = True) -> DebugGraphModule:
