@@ -78,7 +78,7 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
     compiled code computes (every capture equals eager's up to the
     compiler's float error; in tensor mode a copy, never a view; with
     ``grads=True`` each gradient-recording node is a graph break, the hooks
-    are registered eagerly). ``instrument(torch.compile(model))`` instruments
+    are registered eagerly; ``fullgraph=True`` refuses that, saying why). ``instrument(torch.compile(model))`` instruments
     the module inside and returns an eager module, with one
     :class:`~fxdebug.errors.EagerFallbackWarning` saying so;
     ``torch.compile(model, backend=fxdebug.backend(...))`` records the

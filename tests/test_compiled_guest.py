@@ -313,3 +313,10 @@ def test_compiled_grads_equal_eager_gradients(capfd):
     for key, value in expected.items():
         torch.testing.assert_close(rec.grads[key], value, msg=key)
     _no_graph_break_output(capfd.readouterr().err)
+
+
+def test_compiled_grads_with_fullgraph_are_refused_saying_why():
+    gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(2, 2)), grads=True)
+    with pytest.raises(Exception, match="fxdebug registers the gradient hooks") as failure:
+        torch.compile(gm, backend="eager", fullgraph=True)(torch.ones(1, 2))
+    assert "fullgraph=True" in str(failure.value)

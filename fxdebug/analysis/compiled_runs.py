@@ -114,7 +114,8 @@ _BACKENDS: dict[Any, tuple[Any, WatchingBackend]] = {}
 def watching(key, inner: Callable) -> WatchingBackend:
     """The process's one WatchingBackend for ``key`` (a backend name and mode, or the function).
 
-    >>> watching(("eager", None), print) is watching(("eager", None), print)
+    >>> first = watching(("an example", None), lambda gm, example_inputs: gm.forward)
+    >>> watching(("an example", None), print) is first   # the first one made for the key
     True
     """
     with _LOCK:

@@ -19,14 +19,20 @@ imports dynamo, which ``import fxdebug`` does not).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
 
-__all__ = ["register_grad_hooks"]
+__all__ = ["register_grad_hooks", "REASON"]
 
 
-@torch.compiler.disable
+REASON = ("fxdebug registers the gradient hooks of instrument(..., grads=True) eagerly, on the "
+          "tensors autograd sees: a graph break per gradient-recording node. Compile without "
+          "fullgraph=True, or instrument with grads=False.")
+
+
+@functools.partial(torch.compiler.disable, reason=REASON)
 def register_grad_hooks(fn: Callable, recorder, value: Any, key: str, op: str,
                         stats_only: bool) -> None:
     """``fn(recorder, value, key, op, stats_only)``, never compiled (dynamo runs it eagerly).
