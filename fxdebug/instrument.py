@@ -3,6 +3,7 @@
 Call tree::
 
     instrument(model)
+      ├─ tracing.unwrap_compiled(model)    torch.compile(m) given: instrument m, one warning
       ├─ tracing.trace(model)              unless it is a GraphModule already
       │    └─ TraceFailure of the root:     tracing.instrument_parts(model, _instrument_part):
       │                                     each module traced when first called, specialised
@@ -16,6 +17,9 @@ Call tree::
       ├─ user passes                       run in the order given
       └─ graph.lint(); recompile()         once, after every pass
     gm(x)                                  begin_run, then every capture node
+    torch.compile(gm)(x)                   the same nodes as custom ops in the compiled
+                                           graphs: the compiled code's values (see
+                                           runtime/compiled_ops.py)
     records(gm)                            the Records of that run
 """
 
@@ -30,7 +34,8 @@ import torch.fx as fx
 from .errors import FxdebugError, TraceFailure
 from .passes import Capture, EagerRegions, GradHooks, as_pass
 from .runtime import RECORDER_ATTR, Recorder, Records
-from .tracing import instrument_parts, is_partial, keyed_copy, trace
+from .runtime.torch_compat import compiled_inner
+from .tracing import instrument_parts, is_partial, keyed_copy, trace, unwrap_compiled
 from .tracing.graph_module import DebugGraphModule
 from .tracing.selection import candidates
 
@@ -67,6 +72,16 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
         :mod:`fxdebug.tracing.partial`); a warning after its first run lists
         what ran eagerly and why, and ``records()`` works the same.
 
+    Compiled models: ``torch.compile(instrument(model))`` records what the
+    compiled code computes (every capture equals eager's up to the
+    compiler's float error; in tensor mode a copy, never a view; with
+    ``grads=True`` each gradient-recording node is a graph break, the hooks
+    are registered eagerly; ``fullgraph=True`` refuses that, saying why). ``instrument(torch.compile(model))`` instruments
+    the module inside and returns an eager module, with one
+    :class:`~fxdebug.errors.EagerFallbackWarning` saying so;
+    ``torch.compile(model, backend=fxdebug.backend(...))`` records the
+    compiled graphs without instrumenting the model.
+
     Example::
 
         >>> import torch, torchvision, fxdebug
@@ -79,6 +94,7 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fxdebug.instrument expects an nn.Module or a GraphModule, "
                         f"got {type(model).__name__}.")
+    model = unwrap_compiled(model, "fxdebug.instrument")
     arguments = dict(capture=capture, depth=depth, include=include, exclude=exclude,
                      grads=grads, mode=mode)
     user_passes = [as_pass(p) for p in passes]
@@ -171,6 +187,7 @@ def records(gm: torch.nn.Module) -> Records:
         >>> fxdebug.records(gm)["0"].shape
         torch.Size([3, 2])
     """
+    gm = compiled_inner(gm) or gm  # torch.compile(instrument(model)): the module inside
     recorder = getattr(gm, RECORDER_ATTR, None)
     if not isinstance(recorder, Recorder) and isinstance(gm, fx.GraphModule):
         call = getattr(gm, "fxdebug_instrumented", None)
@@ -225,6 +242,7 @@ def accumulate_stats(gm: torch.nn.Module, enabled: bool = True) -> Records:
         >>> fxdebug.records(gm).runs, s.mean, s.max, s.zeros_pct
         (2, 2.25, 5.0, 25.0)
     """
+    gm = compiled_inner(gm) or gm
     recorder = getattr(gm, RECORDER_ATTR, None)
     if not isinstance(recorder, Recorder) or isinstance(getattr(recorder, "shared", None), Recorder):
         raise FxdebugError(

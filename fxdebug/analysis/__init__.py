@@ -9,7 +9,8 @@ names nodes by key and the user's ``file:line``::
       └─ localise: Capture("all") on both, match_nodes  node_matching.py
            (grads=True: activation_grads, in backward order)  activation_grads.py
     check_compiled(model, *inputs, backend=...)         compiled.py
-      ├─ graph breaks: torch._dynamo.explain
+      ├─ compiled run: fxdebug's own entry point, no dynamo reset  compiled_runs.py
+      ├─ graph breaks: the reason dynamo gives each graph it ends
       └─ localise: dynamo graphs keyed (dynamo_graphs.py), compiled piece by piece
            against fxdebug's eager captures            compiled_localise.py
     backend(inner="inductor")                           compiled_backend.py

@@ -4,9 +4,11 @@ Call tree::
 
     check_compiled(model, *inputs, backend="inductor")
       ├─ ControlledRuns                 same RNG state, buffers and fresh inputs every run
-      ├─ eager run, compiled run        torch.compile(model, backend=..., mode=...)
-      │    └─ compare_values(outputs)   (+ parameter gradients with grads=True)
-      ├─ torch._dynamo.explain           graph breaks: reason and the user's file:line
+      ├─ eager run, compiled run        compiled_runs.watched_run: torch.compile of fxdebug's
+      │    │                            own entry point with the backend under test; the
+      │    │                            user's compiled functions stay compiled (no reset)
+      │    ├─ compare_values(outputs)   (+ parameter gradients with grads=True)
+      │    └─ the graphs that ran       graph count, graph breaks: reason and user file:line
       └─ outputs differ: localise        compiled_localise.py
            ├─ capture_graphs             the graphs dynamo captured, keyed, and their inputs
            └─ localise(graph)            first divergent node by bisection over prefixes,
@@ -31,6 +33,7 @@ from ..tracing.locations import format_location, is_user_file
 from .compare import Comparison, compare_values, format_error, iter_tensors
 from .compiled_backend import resolve_backend
 from .compiled_localise import Localised, capture_graphs, localise
+from .compiled_runs import GraphRun, watched_run, watching
 from .controlled_run import ControlledRuns
 
 __all__ = ["check_compiled", "CompiledReport", "CompiledDivergence", "GraphBreak"]
@@ -197,27 +200,30 @@ def _param_grads(model: torch.nn.Module, output: Any) -> dict:
     return {name: grad for (name, _), grad in zip(named, found)}
 
 
-def _graph_breaks(model, runs: ControlledRuns) -> tuple[list[GraphBreak], int]:
-    torch._dynamo.reset()
-    try:
-        explained = runs.run(lambda *args: torch._dynamo.explain(model)(*args))
-    finally:
-        torch._dynamo.reset()
+def _graph_breaks(ran: list[GraphRun]) -> list[GraphBreak]:
+    """The graph breaks behind the graphs a compiled run ran: reason and the user's line."""
     breaks: list[GraphBreak] = []
-    for reason in explained.break_reasons:
-        lines = [line.strip() for line in str(reason.reason).splitlines() if line.strip()]
+    for graph in ran:
+        if graph.reason is None:
+            continue
+        reason, stack = graph.reason
+        lines = [line.strip() for line in reason.splitlines() if line.strip()]
         text = lines[0] if lines else "unknown"
         explanation = next((line for line in lines if line.startswith("Explanation:")), "")
         if explanation:
             text = f"{text}: {explanation[len('Explanation:'):].strip()}"
         source = None
-        for frame in reason.user_stack or ():
+        for frame in stack:
             if is_user_file(frame.filename):
                 source = (frame.filename, frame.lineno)
         entry = GraphBreak(text, source)
         if entry not in breaks:
             breaks.append(entry)
-    return breaks, int(explained.graph_count)
+    return breaks
+
+
+def _backend_key(backend, mode):
+    return backend if callable(backend) else (backend, mode)
 
 
 def check_compiled(model: torch.nn.Module, *inputs, backend="inductor", mode: str | None = None,
@@ -232,8 +238,12 @@ def check_compiled(model: torch.nn.Module, *inputs, backend="inductor", mode: st
     compiled piece by piece with the same backend on the eager values of its
     inputs, and compared with fxdebug's eager captures of the same nodes: the
     first node that differs is named by key and the user's ``file:line``.
-    Dynamo's caches are reset (``torch._dynamo.reset()``) before and after
-    each compiled run, so other compiled functions recompile on their next call.
+    Dynamo's caches are never reset: functions you compiled before stay
+    compiled, and a cache entry another backend compiled is never used for
+    this check (dynamo guards entries by backend). Each check compiles its own
+    entry point; frames inside the model that dynamo compiles on their own
+    (after a graph break) keep one entry for this backend, reused by the next
+    check (see :mod:`fxdebug.analysis.compiled_runs`).
 
     Args:
         backend: a dynamo backend name or your own ``(gm, example_inputs) ->
@@ -265,17 +275,14 @@ def check_compiled(model: torch.nn.Module, *inputs, backend="inductor", mode: st
     with ControlledRuns([model], inputs, train=None) as runs:
         eager_out = runs.run(model, grad=grads)
         eager_grads = _param_grads(model, eager_out) if grads else {}
-        torch._dynamo.reset()
         try:
-            compiled = torch.compile(model, backend=backend, mode=mode)
-            compiled_out = runs.run(compiled, grad=grads)
+            compiled_out, ran = watched_run(model, runs, watching(_backend_key(backend, mode),
+                                                                  compile_piece), grad=grads)
             compiled_grads = _param_grads(model, compiled_out) if grads else {}
         except Exception as exc:
             exc.add_note(f"fxdebug.check_compiled: raised while running torch.compile(model, "
                          f"backend={_backend_name(backend)!r}); the eager model ran fine")
             raise
-        finally:
-            torch._dynamo.reset()
         outputs = compare_values(eager_out, compiled_out, "out", rtol, atol)
         grad_rows = []
         for name, ref in eager_grads.items():
@@ -287,7 +294,7 @@ def check_compiled(model: torch.nn.Module, *inputs, backend="inductor", mode: st
                                             detail="a gradient reaches it on one side only"))
         outputs_ok = all(c.ok for c in outputs)
         ok = outputs_ok and all(c.ok for c in grad_rows)
-        breaks, graph_count = _graph_breaks(model, runs)
+        breaks, graph_count = _graph_breaks(ran), len(ran)
         if not outputs_ok:
             graphs = capture_graphs(model, runs)
             for graph in graphs:

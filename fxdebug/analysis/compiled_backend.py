@@ -31,6 +31,7 @@ import torch.fx as fx
 from ..errors import FxdebugError
 from ..passes import Capture
 from ..runtime import RECORDER_ATTR, Recorder, Records
+from ..runtime.torch_compat import dynamo_frame_id, inductor_backend, lookup_backend
 from ..tracing import keyed_copy
 from ..tracing.keys import META_PASS
 from .dynamo_graphs import key_dynamo_graph
@@ -52,17 +53,11 @@ def resolve_backend(inner, mode: str | None = None):
         if inner != "inductor":
             raise FxdebugError(f"mode={mode!r} applies to the inductor backend only, not "
                                f"{inner!r}. Drop mode= or use backend='inductor'.")
-        from torch._inductor import list_mode_options
-        from torch._inductor.compile_fx import compile_fx
-        options = list_mode_options(mode)
-
-        def inductor_with_mode(gm, example_inputs):
-            return compile_fx(gm, example_inputs, config_patches=options)
-        return inductor_with_mode
+        return inductor_backend(mode)
     try:
-        return torch._dynamo.lookup_backend(inner)
+        return lookup_backend(inner)
     except Exception as exc:  # dynamo's InvalidBackend: say which names exist
-        names = ", ".join(torch._dynamo.list_backends(exclude_tags=()))
+        names = ", ".join(torch.compiler.list_backends(exclude_tags=()))
         raise FxdebugError(f"backend {inner!r} is not a registered dynamo backend; known: "
                            f"{names}. Or pass your own function (gm, example_inputs) -> "
                            f"callable.") from exc
@@ -101,7 +96,7 @@ class InstrumentingBackend:
         return getattr(self, RECORDER_ATTR).latest
 
     def __call__(self, gm: fx.GraphModule, example_inputs):
-        frame = _frame_id(gm)
+        frame = dynamo_frame_id(gm)
         if frame is not None and (self._first_frame is None or frame < self._first_frame):
             self._first_frame = frame
         instrumented, captures, outputs = self._instrument(gm)
@@ -165,11 +160,6 @@ class InstrumentingBackend:
             recorder.latest.add(key, capture.op, value, stats_only=capture.stats_only)
 
 
-def _frame_id(gm: fx.GraphModule) -> int | None:
-    compile_id = getattr(gm, "meta", {}).get("dynamo_compile_id")
-    return getattr(compile_id, "frame_id", None)
-
-
 def backend(inner="inductor", capture="modules", depth: int | None = None, include=None,
             exclude=None, mode: str = "tensor") -> InstrumentingBackend:
     """A dynamo backend that records each compiled graph's values by key, then runs ``inner``.
@@ -194,7 +184,6 @@ def backend(inner="inductor", capture="modules", depth: int | None = None, inclu
         >>> _ = torch.compile(model, backend=be)(torch.ones(1, 2))
         >>> fxdebug.records(be).keys(), fxdebug.records(be)["0"].shape
         (['0', '1'], torch.Size([1, 3]))
-        >>> torch._dynamo.reset()
     """
     return InstrumentingBackend(inner, capture, depth, include, exclude, mode)
 

@@ -4,6 +4,7 @@ Call tree::
 
     capture_graphs(model, runs)        torch.compile with a backend that keeps each graph
                                        dynamo captured and the real inputs of its first call
+                                       (compiled_runs.py: the user's dynamo caches untouched)
     localise(graph, compile_piece)
       ├─ eager values                  keyed copy + Capture("all"): fxdebug's captures of
       │                                every node; an Interpreter for the inputs of pieces
@@ -13,7 +14,7 @@ Call tree::
       └─ shrink the start              the latest start s whose piece nodes[s..k] still
                                        differs: the smallest divergent subgraph (the repro)
 
-As torch's accuracy minifier (``torch._dynamo.repro.after_dynamo``), bisection
+As torch's accuracy minifier (dynamo's ``repro.after_dynamo``), bisection
 assumes a value that differs makes the values computed from it differ too;
 unlike the minifier it compares every piece with fxdebug's captures of the
 same nodes and reports fxdebug keys and source lines.
@@ -35,8 +36,8 @@ from ..runtime import RECORDER_ATTR, clone_inputs
 from ..tracing import keyed_copy
 from ..tracing.keys import META_KEY, META_SOURCE, node_key, op_name
 from .compare import Comparison, compare_tensors
+from .compiled_runs import keeping, watched_run
 from .controlled_run import ControlledRuns
-from .dynamo_graphs import key_dynamo_graph
 
 __all__ = ["CapturedGraph", "Piece", "PieceResult", "capture_graphs", "localise", "build_piece"]
 
@@ -49,29 +50,13 @@ class CapturedGraph:
 
     index: int
     gm: fx.GraphModule
-    inputs: tuple | None  # real values of its first call; None if it never ran
+    inputs: tuple | None  # real values of its first call in the run
 
 
 def capture_graphs(model: torch.nn.Module, runs: ControlledRuns) -> list[CapturedGraph]:
     """Run ``torch.compile(model)`` once with a backend that keeps the graphs (run eagerly)."""
-    graphs: list[CapturedGraph] = []
-
-    def keep(gm: fx.GraphModule, example_inputs):
-        entry = CapturedGraph(len(graphs), key_dynamo_graph(gm), None)
-        graphs.append(entry)
-
-        def run(*args):
-            if entry.inputs is None:
-                entry.inputs = clone_inputs(tuple(args))
-            return gm.forward(*args)
-        return run
-
-    torch._dynamo.reset()
-    try:
-        runs.run(torch.compile(model, backend=keep))
-    finally:
-        torch._dynamo.reset()
-    return graphs
+    _, ran = watched_run(model, runs, keeping(), keep_inputs=True)
+    return [CapturedGraph(index, graph.gm, graph.inputs) for index, graph in enumerate(ran)]
 
 
 @dataclasses.dataclass

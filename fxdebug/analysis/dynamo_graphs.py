@@ -1,4 +1,4 @@
-"""Keys and source lines for the graphs ``torch._dynamo`` captures, as fxdebug gives traced graphs.
+"""Keys and source lines for the graphs ``torch.compile`` captures, as fxdebug gives traced graphs.
 
 Dynamo inlines every module call into plain torch calls, but it records where
 each node came from: ``node.meta["nn_module_stack"]`` (the module calls the
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 
+import torch
 import torch.fx as fx
 
 from ..tracing.keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator,
@@ -34,7 +35,7 @@ _GETATTR = re.compile(r"getattr\(([^()]*?),\s*['\"]([^'\"]+)['\"]\)")
 _MODULES_ITEM = re.compile(r"\._modules\[['\"]([^'\"]+)['\"]\]")
 _ITEM = re.compile(r"\[['\"]?([^\]'\"]+)['\"]?\]")
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
-_LIFTED = re.compile(r"^l_[a-z0-9]*?_((?:modules_.+?_)*?)(parameters|buffers)_(.+)_$",
+_LIFTED = re.compile(r"^[lg]_[a-z0-9]*?_((?:modules_.+?_)*?)(parameters|buffers)_(.+)_$",
                      re.IGNORECASE)
 
 
@@ -109,7 +110,6 @@ def key_dynamo_graph(gm: fx.GraphModule) -> fx.GraphModule:
     >>> _ = torch.compile(model, backend=keep)(torch.ones(1, 2))
     >>> [n.meta["fxdebug_key"] for n in key_dynamo_graph(graphs[0]).graph.nodes][-3:]
     ['0', '1', 'output']
-    >>> torch._dynamo.reset()
     """
     nodes = [node for node in gm.graph.nodes if node.op not in ("placeholder", "output")]
     members: dict[str, list[fx.Node]] = {}
@@ -132,15 +132,30 @@ def key_dynamo_graph(gm: fx.GraphModule) -> fx.GraphModule:
         calls = _calls(node)
         scope = calls[-1][1] if calls else ""
         node.meta[META_MODULE] = scope
-        own_op = node.meta.get("source_fn_stack") or []
-        if (calls and scope and len(members[calls[-1][0]]) == 1 and own_op
-                and isinstance(own_op[-1][1], type)):
+        if calls and scope and len(members[calls[-1][0]]) == 1 and _own_op(node, calls[-1][2]):
             node.meta[META_KEY] = call_keys[calls[-1][0]]  # the module's one op: its path
             continue
         name = short_name(node.op, node.target)
         node.meta[META_KEY] = keys.allocate(f"{scope}.{name}" if scope else name)
     _mark_module_returns(gm, members, call_info, call_keys)
     return gm
+
+
+def _own_op(node: fx.Node, cls: type) -> bool:
+    """Whether ``node`` is what a leaf module (``Linear``, ``ReLU``) computes, as fx keeps it.
+
+    torch 2.14 names the module class in ``source_fn_stack``; torch 2.9 names
+    the function it calls (``F.relu``), so a module of ``torch.nn`` (not a
+    container) whose call is this one op counts too.
+    """
+    own_op = node.meta.get("source_fn_stack") or []
+    if not own_op:
+        return False
+    if isinstance(own_op[-1][1], type):
+        return True
+    return (isinstance(cls, type) and cls.__module__.startswith("torch.nn.")
+            and not issubclass(cls, (torch.nn.Sequential, torch.nn.ModuleList,
+                                     torch.nn.ModuleDict)))
 
 
 def _mark_module_returns(gm, members, call_info, call_keys) -> None:

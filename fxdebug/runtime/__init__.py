@@ -19,6 +19,9 @@ these functions, and the functions write into the module's Recorder::
                                                 leaf modules): module calls and ops
     records(gm)                                recorder.latest: the Records of the calling
                                                thread's latest run
+    torch.compile(gm)(x)                       the same node functions, traced by dynamo, emit
+                                               custom ops (fxdebug::begin_run, ::capture):
+                                               compiled_ops.py; gradient hooks: compiled_grads.py
 
 Every node function is registered with ``torch.fx.node.has_side_effect`` and
 emits itself again under re-tracing. They are published here, as

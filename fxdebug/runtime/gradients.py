@@ -19,6 +19,7 @@ shared parameters never get a hook.
 from __future__ import annotations
 
 import torch
+from torch.compiler import is_compiling
 from torch.fx.node import has_side_effect
 from torch.overrides import TorchFunctionMode
 
@@ -87,6 +88,10 @@ def record_grads(recorder: Recorder, value, key: str, op: str, stats_only: bool 
     A leaf tensor (one the caller owns) never gets a hook: the GradHooks pass
     records inputs through :func:`own_value`; a leaf met here is noted.
     """
+    if is_compiling():  # torch.compile traces: register the hooks eagerly (a graph break)
+        from .compiled_grads import register_grad_hooks  # imports dynamo: only when compiling
+        register_grad_hooks(record_grads, recorder, value, key, op, stats_only)
+        return None
     kwargs = {"stats_only": True} if stats_only else {}
     emitted = emit_if_tracing(record_grads, (recorder, value, key, op), kwargs)
     if emitted is not None:

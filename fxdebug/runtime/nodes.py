@@ -13,7 +13,10 @@ Generated code looks like this (resnet18, ``capture="modules"``)::
 Each function is registered with ``torch.fx.node.has_side_effect`` so
 ``eliminate_dead_code`` keeps the node, and emits itself again when called
 with fx Proxies, so re-tracing (and ``torch.load`` of a saved GraphModule,
-which re-traces) keeps the nodes. The runtime never imports the passes.
+which re-traces) keeps the nodes. While ``torch.compile`` traces them
+(``torch.compiler.is_compiling()``), they emit fxdebug's custom ops instead,
+which record what the compiled code computed (:mod:`.compiled_ops`). The
+runtime never imports the passes.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ import threading
 
 import torch
 import torch.fx as fx
+from torch.compiler import is_compiling
 from torch.fx.node import has_side_effect, map_aggregate
 
+from .compiled_ops import (ID_ATTR, compiled_begin_run, compiled_capture, register_recorder,
+                           start_run)
 from .records import Records
 
 __all__ = ["Recorder", "RECORDER_ATTR", "begin_run", "capture", "capture_stats",
@@ -54,6 +60,7 @@ class Recorder(torch.nn.Module):
         self.records_grads = False  # set by the GradHooks pass: Records.grads explains its absence
         self._per_thread = threading.local()
         self._started_last = Records(grads_recorded=False)
+        register_recorder(self)  # the id compiled code finds it by (fxdebug_compiled_id)
 
     @property
     def latest(self) -> Records:
@@ -73,6 +80,7 @@ class Recorder(torch.nn.Module):
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
         state = dict(state)
         state.pop("_per_thread", None)
+        state.pop(ID_ATTR, None)  # a copy registers itself anew
         state["_started_last"] = Records(grads_recorded=state.get("records_grads", False))
         return state
 
@@ -84,6 +92,7 @@ class Recorder(torch.nn.Module):
         state.pop("latest", None)
         super().__setstate__(state)
         self._per_thread = threading.local()
+        register_recorder(self)
 
 
 def _first_proxy(*values):
@@ -109,14 +118,13 @@ def emit_if_tracing(fn, args, kwargs):
 @has_side_effect
 def begin_run(recorder: Recorder, inputs: tuple):
     """Start a new Records for this forward; ``inputs`` are the placeholders (kept for re-tracing)."""
+    if is_compiling():  # torch.compile traces: the compiled code starts the run
+        compiled_begin_run(recorder)
+        return None
     emitted = emit_if_tracing(begin_run, (recorder, inputs), {})
     if emitted is not None:
         return emitted
-    if recorder.latest.accumulating:
-        recorder.latest.start_run()  # statistics merge over runs (fxdebug.accumulate_stats)
-    else:
-        recorder.latest = Records(grads_recorded=getattr(recorder, "records_grads", None))
-        recorder.latest.notes.extend(getattr(recorder, "notes", ()))
+    start_run(recorder)
     return None
 
 
@@ -125,11 +133,18 @@ def capture(recorder: Recorder, value, key: str, op: str, clone: bool = False):
     """Keep ``value`` (a tensor or nested structure of tensors) under ``key``.
 
     Tensors are stored as detached views; ``clone=True`` (set by the capture
-    pass when a later in-place op writes to the value) stores a copy.
+    pass when a later in-place op writes to the value) stores a copy. Under
+    ``torch.compile`` the compiled code's value is always copied (see
+    :mod:`.compiled_ops`).
     """
-    emitted = emit_if_tracing(capture, (recorder, value, key, op), {"clone": clone} if clone else {})
-    if emitted is not None:
-        return emitted
+    if is_compiling():  # torch.compile traces: a custom op records the compiled value
+        compiled_capture(recorder, value, key, op, False)
+        return None
+    if not isinstance(value, torch.Tensor):  # fx re-tracing hands over a Proxy
+        emitted = emit_if_tracing(capture, (recorder, value, key, op),
+                                  {"clone": clone} if clone else {})
+        if emitted is not None:
+            return emitted
     recorder.latest.add(key, op, value, clone=clone)
     return None
 
@@ -137,8 +152,12 @@ def capture(recorder: Recorder, value, key: str, op: str, clone: bool = False):
 @has_side_effect
 def capture_stats(recorder: Recorder, value, key: str, op: str):
     """Keep only summary statistics of ``value`` under ``key`` (constant memory per node)."""
-    emitted = emit_if_tracing(capture_stats, (recorder, value, key, op), {})
-    if emitted is not None:
-        return emitted
+    if is_compiling():  # torch.compile traces: a custom op summarizes the compiled value
+        compiled_capture(recorder, value, key, op, True)
+        return None
+    if not isinstance(value, torch.Tensor):  # fx re-tracing hands over a Proxy
+        emitted = emit_if_tracing(capture_stats, (recorder, value, key, op), {})
+        if emitted is not None:
+            return emitted
     recorder.latest.add(key, op, value, stats_only=True)
     return None

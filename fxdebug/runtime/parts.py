@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.fx.node import has_side_effect
 
+from .compiled_ops import register_recorder
 from .nodes import Recorder, begin_run, emit_if_tracing
 from .records import Records
 
@@ -91,6 +92,7 @@ class PartRecorder(Recorder):
 
     def __init__(self, shared: SharedRecorder, path: str, plan: dict | None = None) -> None:
         torch.nn.Module.__init__(self)
+        register_recorder(self)  # the id compiled code finds it by
         object.__setattr__(self, "shared", shared)  # not a submodule: the root owns it
         self.path = path
         self.plan = dict(plan or {})

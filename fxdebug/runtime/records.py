@@ -160,12 +160,18 @@ class Records:
 
     # -- writing (called by fxdebug.runtime) -------------------------------------------
     def add(self, key: str, op: str, value: Any, *, clone: bool = False,
-            stats_only: bool = False, via: str = "graph") -> None:
+            stats_only: bool = False, via: str = "graph", reuse: bool = True) -> None:
+        """File ``value`` (nested tensors) under ``key``: a view, a copy or statistics.
+
+        ``reuse=False`` never reuses a summary taken this run of the same
+        tensor object: compiled code may write a buffer without bumping its
+        version counter.
+        """
         tensors: list[tuple[str, torch.Tensor]] = []
         flatten_into(value, key, tensors, self.notes)
         for name, tensor in tensors:
             if stats_only:
-                summary = self._summary(tensor)
+                summary = self._summary(tensor) if reuse else summarize(tensor)
                 old = self._records.get(name) if self.accumulating else None
                 if old is not None and old.summary is not None:
                     summary = combine(old.summary, summary)

@@ -33,11 +33,11 @@ GraphModule fxdebug returns) and module copies that share parameters.
 """
 
 from . import keys, partial
-from .frontends import keyed_module, trace
+from .frontends import keyed_module, trace, unwrap_compiled
 from .graph_module import DebugGraphModule, keyed_copy
 from .partial import instrument_parts, is_partial, part_inputs, traced_parts
 from .partial_report import EagerModule, PartialReport, TracedPart
 
-__all__ = ["trace", "keyed_module", "keys", "partial", "DebugGraphModule", "keyed_copy", "instrument_parts",
+__all__ = ["trace", "keyed_module", "unwrap_compiled", "keys", "partial", "DebugGraphModule", "keyed_copy", "instrument_parts",
            "is_partial", "part_inputs", "traced_parts", "PartialReport", "TracedPart",
            "EagerModule"]

@@ -3,6 +3,7 @@
 Call tree::
 
     trace(model, *example_inputs, frontend="fx")
+      ├─ unwrap_compiled(model)                       torch.compile(m) given: m, one warning
       ├─ "fx":     fx_tracer.trace_fx(model)          symbolic tracing, auto-leaf
       ├─ "export": export.export_trace(model, *example_inputs)
       └─ "auto":   fx, else export, else partial.trace_parts(model)
@@ -17,6 +18,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import EagerFallbackWarning, TraceFailure
+from ..runtime.torch_compat import compiled_inner
 from .export import export_trace
 from .fx_tracer import trace_fx
 from .graph_module import keyed_copy
@@ -25,7 +27,7 @@ from .locations import caller_stacklevel
 from .partial import trace_parts
 from .partial_report import is_partial
 
-__all__ = ["trace", "keyed_module"]
+__all__ = ["trace", "keyed_module", "unwrap_compiled"]
 
 _FRONTENDS = ("fx", "export", "auto")
 
@@ -62,6 +64,10 @@ def trace(model: torch.nn.Module, *example_inputs, leaf_modules: Iterable = (),
         With ``frontend="auto"`` and neither fx nor export working, the
         partially traced model (an ``nn.Module``; pass it to ``instrument``).
 
+        A module returned by ``torch.compile`` is traced through: the module
+        it compiles is traced, and the result runs eagerly (one
+        :class:`~fxdebug.errors.EagerFallbackWarning` says so).
+
     Raises:
         TraceFailure: naming the module, the user's ``file:line``, the kind of
             failure and the fix.
@@ -73,6 +79,7 @@ def trace(model: torch.nn.Module, *example_inputs, leaf_modules: Iterable = (),
         >>> [n.meta["fxdebug_key"] for n in gm.graph.nodes][5:9]
         ['layer1.0.conv1', 'layer1.0.bn1', 'layer1.0.relu', 'layer1.0.conv2']
     """
+    model = unwrap_compiled(model, "fxdebug.trace")
     if is_partial(model):
         raise TraceFailure(
             f"fxdebug cannot trace {type(model).__name__} as one graph: it is the part-by-part "
@@ -90,6 +97,34 @@ def trace(model: torch.nn.Module, *example_inputs, leaf_modules: Iterable = (),
     if frontend == "auto":
         return _trace_auto(model, example_inputs, leaf_modules, concrete_args, auto_leaf)
     return trace_fx(model, leaf_modules, concrete_args, auto_leaf)
+
+
+def unwrap_compiled(model: torch.nn.Module, caller: str) -> torch.nn.Module:
+    """The module inside ``torch.compile(module)`` (with one warning line), else ``model``.
+
+    fx cannot trace the wrapper torch.compile returns, and a graph fxdebug
+    rewrites is not the graph dynamo compiled: fxdebug works on the module
+    inside, whose result runs eagerly until it is compiled again.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     inner = unwrap_compiled(torch.compile(torch.nn.ReLU()), "fxdebug.trace")
+    >>> inner, caught[0].category.__name__
+    (ReLU(), 'EagerFallbackWarning')
+    """
+    inner = compiled_inner(model)
+    if inner is None:
+        return model
+    then = (f"compile the result again (torch.compile({caller}(model)) records what the "
+            f"compiled code computes), or record compiled graphs with torch.compile(model, "
+            f"backend=fxdebug.backend(inner=...))" if caller == "fxdebug.instrument" else
+            f"compile the result again if it must run compiled; fxdebug.backend(inner=...) "
+            f"records what compiled graphs compute")
+    warnings.warn(f"{caller} got a torch.compile'd module: it works on the module inside "
+                  f"({type(inner).__name__}, OptimizedModule._orig_mod) and returns an eager "
+                  f"module; {then}.", EagerFallbackWarning, stacklevel=caller_stacklevel())
+    return inner
 
 
 def _trace_auto(model, example_inputs, leaf_modules, concrete_args, auto_leaf):

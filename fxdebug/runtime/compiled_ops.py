@@ -1,0 +1,186 @@
+"""What fxdebug's nodes do while ``torch.compile`` traces them: custom ops the compiled code calls.
+
+Call tree::
+
+    torch.compile(fxdebug.instrument(model))(x)
+      dynamo traces gm.forward; each node function sees torch.compiler.is_compiling():
+      ├─ begin_run(recorder, inputs)        -> fxdebug::begin_run(token, recorder id)
+      ├─ capture(recorder, v, key, op)      -> fxdebug::capture(token, t, id, key, op, False)
+      ├─ capture_stats(recorder, v, ...)    -> fxdebug::capture(token, t, id, key, op, True)
+      │                                        (one per tensor t of v, keys as Records.add
+      │                                        names them; fxdebug::note for a skipped leaf)
+      └─ record_grads(recorder, v, ...)     -> compiled_grads.register_grad_hooks: runs
+                                               eagerly (torch.compiler.disable: a graph break)
+    the compiled code runs
+      └─ each op, with the real tensor:     the Recorder (found by its id) .latest.add(...):
+                                            a copy (tensor mode) or statistics (stats mode)
+
+Dynamo, AOTAutograd and inductor handle a custom op by design: it is one node
+of the graph, run where the program runs it, with the value the compiled code
+computed at that point (after functionalization: an in-place op later in the
+graph cannot change what the op was handed). Inside an inductor graph that
+tensor may live in a buffer inductor reuses later, so the op keeps a copy, or
+takes its statistics at once; it never keeps a view.
+
+An op with no output would be dead code. Every op here writes to one token
+tensor (``mutates_args``), so fx, AOTAutograd and inductor keep it (an op
+registered with ``torch.fx.node.has_side_effect`` alone is dropped by
+inductor's scheduler on torch 2.9) and run the ops in program order (each
+depends on the one before through the token). The token holds no data.
+
+The ops are tagged ``cudagraph_unsafe``: a CUDA graph replay would skip
+them, so inductor runs them outside CUDA graphs (``mode="reduce-overhead"``).
+They are registered once per process, when the first Recorder is made (not
+at import: registering costs milliseconds).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from typing import Any
+
+import torch
+
+from .records import Records
+from .values import children
+
+__all__ = ["register_recorder", "ensure_ops", "start_run", "compiled_begin_run",
+           "compiled_capture"]
+
+# Every op writes this tensor: nothing is dead code, everything runs in program order.
+_TOKEN = torch.empty(0)
+_RECORDERS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_IDS = itertools.count(1)
+_LOCK = threading.Lock()
+_OPS: dict[str, Any] = {}
+ID_ATTR = "fxdebug_compiled_id"
+
+
+def register_recorder(recorder) -> int:
+    """Give ``recorder`` a process-wide id the compiled ops find it by; registers the ops too.
+
+    >>> from fxdebug.runtime import Recorder
+    >>> rec = Recorder()
+    >>> _RECORDERS[register_recorder(rec)] is rec
+    True
+    """
+    ensure_ops()
+    number = next(_IDS)
+    _RECORDERS[number] = recorder
+    object.__setattr__(recorder, ID_ATTR, number)
+    return number
+
+
+def _recorder(number: int):
+    found = _RECORDERS.get(number)
+    if found is None:
+        raise RuntimeError(f"fxdebug: the compiled code records into recorder {number}, which no "
+                           f"longer exists (its module was deleted); compile the instrumented "
+                           f"module again.")
+    return found
+
+
+def start_run(recorder) -> None:
+    """A new Records in ``recorder.latest`` (or the next run of an accumulation): a forward starts.
+
+    >>> from fxdebug.runtime import Recorder
+    >>> rec = Recorder()
+    >>> before = rec.latest
+    >>> start_run(rec); rec.latest is before
+    False
+    """
+    if recorder.latest.accumulating:
+        recorder.latest.start_run()  # statistics merge over runs (fxdebug.accumulate_stats)
+    else:
+        recorder.latest = Records(grads_recorded=getattr(recorder, "records_grads", None))
+        recorder.latest.notes.extend(getattr(recorder, "notes", ()))
+
+
+def _begin_run(token: torch.Tensor, recorder: int) -> None:
+    start_run(_recorder(recorder))
+
+
+def _capture(token: torch.Tensor, value: torch.Tensor, recorder: int, key: str, op: str,
+             stats_only: bool) -> None:
+    records = _recorder(recorder).latest
+    if stats_only:  # at once: the buffer may hold another value later
+        records.add(key, op, value, stats_only=True, reuse=False)
+    else:  # a copy: the buffer may hold another value later
+        records.add(key, op, value, clone=True)
+
+
+def _note(token: torch.Tensor, recorder: int, text: str) -> None:
+    _recorder(recorder).latest.notes.append(text)
+
+
+def ensure_ops() -> None:
+    """Register ``fxdebug::begin_run``, ``fxdebug::capture`` and ``fxdebug::note`` (once).
+
+    >>> ensure_ops()
+    >>> str(torch.ops.fxdebug.capture.default._schema).split("(")[0]
+    'fxdebug::capture'
+    """
+    if _OPS:
+        return
+    with _LOCK:
+        if _OPS:
+            return
+        ops = {}
+        for name, fn in (("begin_run", _begin_run), ("capture", _capture), ("note", _note)):
+            try:
+                op = torch.library.custom_op(f"fxdebug::{name}", fn, mutates_args=("token",),
+                                             tags=(torch.Tag.cudagraph_unsafe,))
+                op.register_fake(_nothing)
+            except RuntimeError:  # registered by another copy of fxdebug in this process
+                pass
+            ops[name] = getattr(torch.ops.fxdebug, name)
+        _OPS.update(ops)
+
+
+def _nothing(*args, **kwargs) -> None:
+    return None
+
+
+def _flatten(value: Any, key: str, out: list, skipped: list) -> None:
+    """Records.add's keys (``key/0``, ``key/1/b``), read while dynamo traces."""
+    if isinstance(value, torch.Tensor):
+        out.append((key, value))
+        return
+    items = children(value)
+    if items is None:
+        if value is not None:
+            skipped.append(f"{key}: {type(value).__name__} is not a tensor, skipped")
+        return
+    for name, item in items:
+        _flatten(item, f"{key}/{name}", out, skipped)
+
+
+def compiled_begin_run(recorder) -> None:
+    """``begin_run`` as dynamo records it: one op, run where the compiled code starts a forward.
+
+    Called while dynamo traces (see :func:`compiled_capture` for an example).
+    """
+    _OPS["begin_run"](_TOKEN, getattr(recorder, ID_ATTR))
+
+
+def compiled_capture(recorder, value: Any, key: str, op: str, stats_only: bool) -> None:
+    """``capture``/``capture_stats`` as dynamo records them: one op per tensor of ``value``.
+
+    >>> import fxdebug
+    >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU(inplace=True)))
+    >>> _ = torch.compile(gm, backend="aot_eager")(torch.tensor([-1.0, 2.0]))
+    >>> fxdebug.records(gm)["0"].tolist()   # what the compiled in-place ReLU wrote
+    [0.0, 2.0]
+    >>> fxdebug.records(gm).record("0").copied   # compiled code's value: always a copy
+    True
+    """
+    number = getattr(recorder, ID_ATTR)
+    tensors: list = []
+    skipped: list = []
+    _flatten(value, key, tensors, skipped)
+    for name, tensor in tensors:
+        _OPS["capture"](_TOKEN, tensor, number, name, op, stats_only)
+    for text in skipped:
+        _OPS["note"](_TOKEN, number, text)
