@@ -15,6 +15,7 @@ names nodes by key and the user's ``file:line``::
     backend(inner="inductor")                           compiled_backend.py
     find_nonfinite(model, *inputs)                      nonfinite.py
     watch_nonfinite(model): a flag per step, find_nonfinite on the first bad one  watch.py
+      (torch.distributed: the flag all-reduced, every rank's finding gathered)   watch_ranks.py
     compare_ranks(records_or_module): fingerprints gathered, majority per key   ranks.py
       (the group, DDP unwrapped, DTensor shards: rank_group.py; the report: ranks_report.py)
     lint_inplace(model, *inputs)                        lint.py (passes/aliasing.py)
@@ -37,9 +38,11 @@ from .ranks import compare_ranks
 from .ranks_report import RankEntry, RankReport
 from .vjp import vjp
 from .watch import NonfiniteWatch, watch_nonfinite
+from .watch_ranks import RankFinding, RankNonfiniteReport
 
 __all__ = ["check_equivalence", "EquivalenceReport", "NodeComparison", "find_nonfinite",
            "NonfiniteReport", "lint_inplace", "Hazard", "Hazards", "vjp", "jacobian_norms",
            "JacobianNorms", "check_compiled", "CompiledReport", "CompiledDivergence",
            "GraphBreak", "backend", "InstrumentingBackend",
-           "watch_nonfinite", "NonfiniteWatch", "compare_ranks", "RankReport", "RankEntry"]
+           "watch_nonfinite", "NonfiniteWatch", "RankFinding", "RankNonfiniteReport",
+           "compare_ranks", "RankReport", "RankEntry"]
