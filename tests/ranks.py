@@ -71,7 +71,8 @@ class _World:
             except queue.Empty:
                 waiting = [r for r in range(self.world) if r not in found]
                 raise TimeoutError(f"{fn.__name__}: rank(s) {waiting} did not answer within "
-                                   f"{timeout} s (a collective that not every rank called?)") from None
+                                   f"{timeout} s (a collective that not every rank called?)"
+                                   ) from None
             found[rank] = (ok, value)
             if not ok:
                 raise AssertionError(f"{fn.__name__} failed on rank {rank}:\n{value}")

@@ -25,7 +25,7 @@ import torch
 
 from ..errors import FxdebugError
 
-__all__ = ["RankGroup", "distributed_ready", "unwrap", "local_view", "ranks_text"]
+__all__ = ["RankGroup", "distributed_ready", "unwrap", "local_view", "ranks_text", "on_ranks"]
 
 _NOT_READY = (
     "{what} is a collective: every rank calls it, after "
@@ -77,9 +77,10 @@ class RankGroup:
         members = tuple(int(r) for r in dist.get_process_group_ranks(group))
         me = dist.get_rank()
         if me not in members:
+            at = f" ({where})" if where else ""
             raise FxdebugError(f"{what}: rank {me} is not a member of the process group it was "
-                               f"given (ranks {ranks_text(members)}){f' ({where})' if where else ''}; "
-                               f"call it on the group's ranks only, or pass group=None.")
+                               f"given (ranks {ranks_text(members)}){at}; call it on the "
+                               f"group's ranks only, or pass group=None.")
         return cls(group, members, members.index(me))
 
     def gather(self, obj: Any) -> list[Any]:
@@ -141,3 +142,13 @@ def ranks_text(ranks) -> str:
     ('0, 2', 'none')
     """
     return ", ".join(str(r) for r in ranks) or "none"
+
+
+def on_ranks(ranks) -> str:
+    """``rank 1`` or ``ranks 0, 2``.
+
+    >>> on_ranks([1]), on_ranks((0, 2))
+    ('rank 1', 'ranks 0, 2')
+    """
+    ranks = list(ranks)
+    return f"rank{'' if len(ranks) == 1 else 's'} {ranks_text(ranks)}"

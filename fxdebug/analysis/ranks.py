@@ -35,7 +35,7 @@ from ..errors import FxdebugError
 from ..runtime import Records
 from ..tracing.locations import format_location, user_location
 from .compare import dtype_text, shape_text
-from .rank_group import RankGroup, local_view, ranks_text, unwrap
+from .rank_group import RankGroup, local_view, on_ranks, unwrap
 from .ranks_report import RankEntry, RankReport
 
 __all__ = ["compare_ranks", "Fingerprint", "fingerprints"]
@@ -151,7 +151,7 @@ def fingerprints(obj) -> tuple[str, tuple[Fingerprint, ...], tuple[str, ...]]:
     notes: list[str] = []
     if isinstance(obj, Records):
         grads = obj.grads
-        for records, kind in ((obj, "activation"), (grads, "activation grad")):
+        for records, kind in ((obj, "activation"), (grads, "grad")):
             for key in records.keys():
                 record = records.record(key)
                 if record.stale:
@@ -187,7 +187,7 @@ def fingerprints(obj) -> tuple[str, tuple[Fingerprint, ...], tuple[str, ...]]:
 
 
 def compare_ranks(obj, group=None, *, rtol: float | None = None) -> RankReport:
-    """Compare activations or weights across the ranks of a process group: who went out of sync, where.
+    """Compare activations or weights across the ranks of a group: which rank differs, where.
 
     A collective: every rank of ``group`` calls it (with the same kind of object).
     Each rank hashes its tensors and sends the hashes and norms (never the tensors);
@@ -300,49 +300,47 @@ def _entry(key: str, kind: str, fps: list[Fingerprint | None], world: tuple[int,
         best, tie = _majority(_groups([fp is not None for fp in fps], slots))
         differ = [s for s in slots if s not in best]
         missing = [world[s] for s in slots if fps[s] is None]
-        text = (f"missing on rank(s) {ranks_text(missing)}" if fps[differ[0]] is None
-                else f"only on rank(s) {ranks_text(world[s] for s in differ)}")
-        return make("missing", differ, best, text + (" (no majority: the lowest rank's group "
-                                                     "taken as reference)" if tie else ""))
+        text = (f"missing on {on_ranks(missing)}" if fps[differ[0]] is None
+                else f"only on {on_ranks(world[s] for s in differ)}")
+        return make("missing", differ, best, text + (" (a tie: the lowest rank is the "
+                                                     "reference)" if tie else ""))
     stale = [s for s in slots if fps[s].state == "stale"]
     if stale:
-        return make("stale", stale, [], f"written in place after its capture on rank(s) "
-                                        f"{ranks_text(world[s] for s in stale)}: not compared")
+        return make("stale", stale, [], f"written in place after its capture on "
+                                        f"{on_ranks(world[s] for s in stale)}: not compared")
     classes: dict[tuple, list[int]] = {}
     for slot in slots:
         classes.setdefault(fps[slot].replica, []).append(slot)
     signatures = [(fp.shape, fp.dtype, fp.digest) for fp in fps]
     differ: list[int] = []
     majority: list[int] = []
-    details: list[str] = []
-    statuses: list[str] = []
+    found: list[tuple[str, list[int], list[int], str, bool]] = []  # status, group, best, ...
     for members in classes.values():
         if len(members) < 2:
             continue
         groups = _groups(signatures, members)
         best, tie = _majority(groups)
         majority += best
-        ref = fps[best[0]]
         for group in groups:
-            if group is best:
-                continue
-            other = fps[group[0]]
-            status, detail = _difference(ref, other, rtol)
-            statuses.append(status)
-            if status != "close":
-                differ += group
-            details.append(f"rank(s) {ranks_text(world[s] for s in group)}: {detail} on rank(s) "
-                           f"{ranks_text(world[s] for s in best)}"
-                           + (" (no majority: the lowest rank's group taken as reference)"
-                              if tie else ""))
+            if group is not best:
+                status, detail = _difference(fps[best[0]], fps[group[0]], rtol)
+                found.append((status, group, best, detail, tie))
+                if status != "close":
+                    differ += group
     if not majority:
         return make("equal" if len(world) == 1 else "one copy", (), (),
                     "" if len(world) == 1 else f"sharded ({first.placement}): each element on "
                                                f"one rank only, nothing to compare")
-    for status in ("shape", "differs", "close"):
-        if status in statuses:
-            return make(status, sorted(differ), sorted(majority), "; ".join(details))
-    return make("equal", (), sorted(majority))
+    if not found:
+        return make("equal", (), sorted(majority))
+    details = []
+    for _, group, best, detail, tie in found:
+        against = f"on {on_ranks(world[s] for s in best)}" + (
+            " (a tie: the lowest rank is the reference)" if tie else "")
+        details.append((f"{on_ranks(world[s] for s in group)}: " if len(found) > 1
+                        else "") + f"{detail} {against}")
+    status = next(s for s in ("shape", "differs", "close") if any(f[0] == s for f in found))
+    return make(status, sorted(differ), sorted(majority), "; ".join(details))
 
 
 def _difference(ref: Fingerprint, other: Fingerprint, rtol: float | None) -> tuple[str, str]:
@@ -351,7 +349,7 @@ def _difference(ref: Fingerprint, other: Fingerprint, rtol: float | None) -> tup
         return "shape", (f"{shape_text(other.shape)} {other.dtype} vs {shape_text(ref.shape)} "
                          f"{ref.dtype}")
     detail = (f"norm {_number(other.norm)} vs {_number(ref.norm)}" if _number(other.norm)
-              != _number(ref.norm) else f"bits differ, norm {_number(ref.norm)} on both")
+              != _number(ref.norm) else f"bits differ, norm {_number(ref.norm)} vs the same")
     if other.max_abs != ref.max_abs:
         detail += f", max|x| {_number(other.max_abs)} vs {_number(ref.max_abs)}"
     if other.nonfinite != ref.nonfinite:

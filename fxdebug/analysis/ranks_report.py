@@ -24,7 +24,7 @@ import dataclasses
 
 from ..runtime.fit import fit_table, table_width
 from ..runtime.report import Report
-from .rank_group import ranks_text
+from .rank_group import on_ranks, ranks_text
 
 __all__ = ["RankReport", "RankEntry", "DIVERGENT", "STATUS_TEXT"]
 
@@ -69,8 +69,7 @@ class RankEntry:
 
     def describe(self) -> str:
         """``fc.weight (parameter) on rank 1: norm 2.5 vs 2``."""
-        where = f" on rank{'s' if len(self.ranks) > 1 else ''} {ranks_text(self.ranks)}" \
-            if self.ranks else ""
+        where = f" on {on_ranks(self.ranks)}" if self.ranks else ""
         return f"{self.key} ({self.kind}){where}: {self.detail or STATUS_TEXT[self.status]}"
 
 
@@ -130,7 +129,8 @@ class RankReport(Report):
 
     def table(self, wide: bool | None = None) -> str:
         """Verdict, first divergence, and every key that is not equal on every rank."""
-        how = "bitwise" if self.rtol is None else f"bitwise, or norm and max|x| within rtol={self.rtol:g}"
+        how = ("bitwise" if self.rtol is None
+               else f"bitwise, or norm and max|x| within rtol={self.rtol:g}")
         lines = [f"compare_ranks: {self.what}; ranks {ranks_text(self.world)}"
                  f"{f' ({self.backend})' if self.backend else ''}; compared {how}"]
         counts: dict[str, int] = {}
@@ -142,7 +142,7 @@ class RankReport(Report):
                          f"{len(self.entries)} keys agree on all {len(self.world)} ranks")
         else:
             lines.append(f"verdict: DIFFERENT: {len(bad)} of {len(self.entries)} keys differ, "
-                         f"on rank(s) {ranks_text(self.ranks)}")
+                         f"on {on_ranks(self.ranks)}")
             lines.append(f"first divergence: {bad[0].describe()}")
         shown = [e for e in self.entries if e.status != "equal"]
         if shown:
@@ -150,7 +150,7 @@ class RankReport(Report):
                      else "-", e.detail] for e in shown]
             lines.append("")
             lines.append(fit_table(rows, ["key", "kind", "shape", "status", "ranks", "detail"],
-                                   width=table_width(wide), drop=("detail", "kind", "shape"),
+                                   width=table_width(wide), drop=("shape",),
                                    truncate=("key", "detail")))
         summary = ", ".join(f"{counts[status]} {text}" for status, text in STATUS_TEXT.items()
                             if status in counts)

@@ -238,7 +238,8 @@ def _read(outputs: torch.Tensor | None, grads) -> list[float]:
     return torch.stack([t.to(device, torch.float64) for t in terms]).tolist()
 
 
-def _replay_call(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[torch.nn.Module, tuple]:
+def _replay_call(module: torch.nn.Module, args: tuple,
+                 kwargs: dict) -> tuple[torch.nn.Module, tuple]:
     """What find_nonfinite replays, ``(module or graph, positional arguments)``: every
     argument bound to its place in ``forward``'s signature (defaults filled in), the
     module traced with the non-tensor ones as constants (``concrete_args``), so that a

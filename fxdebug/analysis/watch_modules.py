@@ -53,7 +53,8 @@ def _source(module: torch.nn.Module) -> tuple[str, int] | None:
 
 
 def _stats(name: str, tensor: torch.Tensor) -> ValueStats:
-    return ValueStats(name, shape_text(tensor.shape), dtype_text(tensor.dtype), tensor_stats(tensor))
+    return ValueStats(name, shape_text(tensor.shape), dtype_text(tensor.dtype),
+                      tensor_stats(tensor))
 
 
 class _Hooks:

@@ -45,7 +45,7 @@ import torch
 from ..runtime.fit import fit_table, table_width
 from ..runtime.report import Report
 from .nonfinite import NonfiniteReport
-from .rank_group import RankGroup, ranks_text
+from .rank_group import RankGroup, on_ranks, ranks_text
 
 __all__ = ["RankFlags", "RankFinding", "RankNonfiniteReport"]
 
@@ -231,7 +231,7 @@ class RankNonfiniteReport(Report):
         made = [f for f in self.findings if f.made_here]
         if made:
             return f"made on rank {made[0].rank}: {made[0].describe()}"
-        return f"non-finite on rank(s) {ranks_text(self.flagged)}; no replay found the node"
+        return f"non-finite on {on_ranks(self.flagged)}; no replay found the node"
 
     def _fields(self) -> dict:
         fields = super()._fields()
@@ -242,8 +242,8 @@ class RankNonfiniteReport(Report):
         """The step, each flagged rank's finding, then this rank's own replay."""
         made = [f for f in self.findings if f.made_here]
         lines = [f"watch_nonfinite: step {self.step} on ranks {ranks_text(self.world)}: non-finite "
-                 f"values on rank(s) {ranks_text(self.flagged)}",
-                 f"made on rank(s) {ranks_text(self.ranks)}" if made else
+                 f"values on {on_ranks(self.flagged)}",
+                 f"made on {on_ranks(self.ranks)}" if made else
                  "made on: no rank's replay found the node (see the findings)"]
         rows = [[str(f.rank), f.nonfinite_in, "yes" if f.made_here else "no", f.where,
                  f.key or "-", f.op or "-", f.location or "-", f.detail] for f in self.findings]
