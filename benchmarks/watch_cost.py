@@ -12,8 +12,8 @@ per step, by the wall clock and in CPU time of the process):
    ``fixed cost`` row gives it in microseconds per step (median and min difference).
 2. **DDP, 2 gloo ranks**: the same model in ``DistributedDataParallel`` on 2 processes
    (gloo, CPU, FileStore), plain and watched; the watch adds one all-reduce of a
-   2-number vector per step, started after the forward so that it runs during the
-   backward. A row times a synchronous all-reduce of that size alone.
+   world-sized vector per step, started after the forward so that it runs during
+   the backward. A row times a synchronous all-reduce of that size alone.
 
 Run (from the repository root)::
 
@@ -115,7 +115,7 @@ def _rank(rank, world, folder, shape, count, repeats, warmup, threads):
     found = {"DDP step": found["training step (loss.backward())"],
              "DDP step + watch_nonfinite (flag all-reduced)": found["watch_nonfinite step (+ check())"]}
     times = timed(found, repeats, warmup)  # the same order on every rank
-    vector = torch.zeros(4)
+    vector = torch.zeros(world)
     reduce_times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -123,7 +123,7 @@ def _rank(rank, world, folder, shape, count, repeats, warmup, threads):
             dist.all_reduce(vector)
         reduce_times.append((time.perf_counter() - start) / count)
     if rank == 0:
-        extra = [["gloo all_reduce of 4 floats (alone, synchronous)",
+        extra = [[f"gloo all_reduce of {world} floats (alone, synchronous)",
                   f"{statistics.median(reduce_times) * 1e3:.3f}", f"{min(reduce_times) * 1e3:.3f}",
                   "", "", "", ""]]
         with open(os.path.join(folder, "table.md"), "w") as out:

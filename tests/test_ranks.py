@@ -100,6 +100,19 @@ def test_ddp_weight_out_of_sync_on_rank_1_found_at_its_key():
     assert results[0][1][1]["repr"].count("\n") == 0
 
 
+def _own_batches(rank, world):
+    model = torch.nn.parallel.DistributedDataParallel(make_net())
+    model(torch.randn(5, 4, generator=torch.Generator().manual_seed(rank))).sum().backward()
+    return summary(fxdebug.compare_ranks(model))
+
+
+def test_ddp_buffers_of_each_ranks_own_batch_are_resynced_not_out_of_sync():
+    first, second = on_ranks(_own_batches, 2)
+    assert first == second and first["ok"]
+    assert "2 resynced" in first["table"] and "broadcast_buffers=True" in first["table"]
+    assert "1.running_mean" in first["table"]
+
+
 def _running_stat(rank, world):
     model = make_net().eval()
     with torch.no_grad():

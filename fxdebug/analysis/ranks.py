@@ -61,7 +61,8 @@ class Fingerprint:
     nonfinite: int
     replica: tuple = ()
     placement: str = ""
-    state: str = ""  # "", "stale" (written after its capture), "stats" (statistics only)
+    state: str = ""  # "", "stale" (written after its capture), "stats" (statistics only),
+    #                  "broadcast" (a buffer DDP copies from rank 0 at every forward)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,12 +107,12 @@ class _Builder:
         self.rows: list[dict[str, Any]] = []
         self.pending: list[tuple[int, torch.Tensor]] = []
 
-    def tensor(self, key: str, kind: str, tensor: torch.Tensor) -> None:
+    def tensor(self, key: str, kind: str, tensor: torch.Tensor, state: str = "") -> None:
         local, replica, placement = local_view(tensor)
         self.pending.append((len(self.rows), _numbers(local)))
         self.rows.append(dict(key=key, kind=kind, shape=tuple(tensor.shape),
                               dtype=dtype_text(tensor.dtype), digest=_digest(local),
-                              replica=replica, placement=placement))
+                              replica=replica, placement=placement, state=state))
 
     def stats(self, key: str, kind: str, record) -> None:
         stats = record.stats
@@ -166,6 +167,7 @@ def fingerprints(obj) -> tuple[str, tuple[Fingerprint, ...], tuple[str, ...]]:
     if wrapper:
         notes.append(f"{wrapper}: the parameters of the module it wraps ({type(module).__name__}), "
                      f"named without the 'module.' prefix")
+    broadcast = "broadcast" if getattr(obj, "broadcast_buffers", False) is True else ""
     seen: set[int] = set()
     owned: list[tuple[str, torch.nn.Parameter]] = []
     for prefix, sub in module.named_modules():
@@ -177,7 +179,7 @@ def fingerprints(obj) -> tuple[str, tuple[Fingerprint, ...], tuple[str, ...]]:
         for name, buffer in sub.named_buffers(recurse=False):
             if buffer is not None and id(buffer) not in seen:
                 seen.add(id(buffer))
-                builder.tensor(f"{prefix}.{name}" if prefix else name, "buffer", buffer)
+                builder.tensor(f"{prefix}.{name}" if prefix else name, "buffer", buffer, broadcast)
     with_grad = [(name, param.grad) for name, param in owned if param.grad is not None]
     for name, grad in with_grad:
         builder.tensor(name, "grad", grad)
@@ -340,6 +342,8 @@ def _entry(key: str, kind: str, fps: list[Fingerprint | None], world: tuple[int,
         details.append((f"{on_ranks(world[s] for s in group)}: " if len(found) > 1
                         else "") + f"{detail} {against}")
     status = next(s for s in ("shape", "differs", "close") if any(f[0] == s for f in found))
+    if status == "differs" and all(fp.state == "broadcast" for fp in fps):
+        return make("resynced", sorted(differ), sorted(majority), "; ".join(details))
     return make(status, sorted(differ), sorted(majority), "; ".join(details))
 
 
@@ -361,6 +365,10 @@ def _difference(ref: Fingerprint, other: Fingerprint, rtol: float | None) -> tup
     return "differs", detail
 
 
+def _first(keys: list[str]) -> str:
+    return keys[0] + (", ..." if len(keys) > 1 else "")
+
+
 def _notes(entries: list[RankEntry], size: int) -> list[str]:
     notes = []
     if size == 1:
@@ -368,14 +376,21 @@ def _notes(entries: list[RankEntry], size: int) -> list[str]:
     sharded = [e.key for e in entries if e.status == "one copy"]
     if sharded:
         notes.append(
-            f"{len(sharded)} sharded tensor(s) ({sharded[0]}{', ...' if len(sharded) > 1 else ''}; "
+            f"{len(sharded)} sharded tensor(s) ({_first(sharded)}; "
             f"DTensor, e.g. FSDP2's parameters and gradients) hold each element on one rank "
             f"only: there is no second copy to compare, and the full tensor each rank would "
             f"gather is the same one on every rank. Compared instead: replicas of a shard "
             f"(HSDP's replicate dimension), buffers and unsharded parameters, and, with the "
             f"same input on every rank, activations")
+    resynced = [e.key for e in entries if e.status == "resynced"]
+    if resynced:
+        notes.append(f"{len(resynced)} buffer(s) differ ({_first(resynced)}) "
+                     f"that DistributedDataParallel(broadcast_buffers=True) copies from rank 0 "
+                     f"at the start of every forward: between steps each rank holds its own "
+                     f"last update (BatchNorm statistics of its own batch), so they are not "
+                     f"counted as out of sync")
     stale = [e.key for e in entries if e.status == "stale"]
     if stale:
-        notes.append(f"{len(stale)} stale capture(s) not compared ({stale[0]}, ...): read "
+        notes.append(f"{len(stale)} stale capture(s) not compared ({_first(stale)}): read "
                      f"fxdebug.records(gm) before anything writes to the model's tensors")
     return notes

@@ -39,6 +39,7 @@ STATUS_TEXT = {
     "missing": "MISSING",        # the key is absent on some ranks
     "stale": "stale",            # a capture written in place after it was taken: not compared
     "one copy": "one copy",      # sharded: each element is held by one rank only
+    "resynced": "resynced",      # a buffer DDP copies from rank 0 at every forward
 }
 
 
@@ -66,6 +67,9 @@ class RankEntry:
     @property
     def ok(self) -> bool:
         return self.status not in DIVERGENT
+
+    def __str__(self) -> str:
+        return self.describe()
 
     def describe(self) -> str:
         """``fc.weight (parameter) on rank 1: norm 2.5 vs 2``."""
@@ -131,15 +135,17 @@ class RankReport(Report):
         """Verdict, first divergence, and every key that is not equal on every rank."""
         how = ("bitwise" if self.rtol is None
                else f"bitwise, or norm and max|x| within rtol={self.rtol:g}")
-        lines = [f"compare_ranks: {self.what}; ranks {ranks_text(self.world)}"
+        lines = [f"compare_ranks: {self.what}; {on_ranks(self.world)}"
                  f"{f' ({self.backend})' if self.backend else ''}; compared {how}"]
         counts: dict[str, int] = {}
         for entry in self.entries:
             counts[entry.status] = counts.get(entry.status, 0) + 1
         bad = self.divergences
         if not bad:
-            lines.append(f"verdict: EQUAL: {counts.get('equal', 0) + counts.get('close', 0)} of "
-                         f"{len(self.entries)} keys agree on all {len(self.world)} ranks")
+            agree = sum(counts.get(status, 0) for status in ("equal", "close", "resynced"))
+            lines.append(f"verdict: EQUAL: {agree} of {len(self.entries)} keys agree on "
+                         + (f"all {len(self.world)} ranks" if len(self.world) > 1 else
+                            "the one rank"))
         else:
             lines.append(f"verdict: DIFFERENT: {len(bad)} of {len(self.entries)} keys differ, "
                          f"on {on_ranks(self.ranks)}")

@@ -45,7 +45,7 @@ import torch
 from ..runtime.fit import fit_table, table_width
 from ..runtime.report import Report
 from .nonfinite import NonfiniteReport
-from .rank_group import RankGroup, on_ranks, ranks_text
+from .rank_group import RankGroup, on_ranks
 
 __all__ = ["RankFlags", "RankFinding", "RankNonfiniteReport"]
 
@@ -241,7 +241,7 @@ class RankNonfiniteReport(Report):
     def table(self, wide: bool | None = None) -> str:
         """The step, each flagged rank's finding, then this rank's own replay."""
         made = [f for f in self.findings if f.made_here]
-        lines = [f"watch_nonfinite: step {self.step} on ranks {ranks_text(self.world)}: non-finite "
+        lines = [f"watch_nonfinite: step {self.step} on {on_ranks(self.world)}: non-finite "
                  f"values on {on_ranks(self.flagged)}",
                  f"made on {on_ranks(self.ranks)}" if made else
                  "made on: no rank's replay found the node (see the findings)"]
