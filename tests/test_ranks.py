@@ -46,6 +46,7 @@ def summary(report) -> dict:
             "first": None if first is None else (first.key, first.kind, first.ranks),
             "bad": [(e.key, e.kind, e.ranks) for e in report.divergences],
             "keys": [(e.key, e.kind) for e in report.entries], "table": report.table(wide=True),
+            "status": {e.key: (e.status, e.ranks) for e in report.entries if e.status != "equal"},
             "dict": json.dumps(report.to_dict(), sort_keys=True), "repr": repr(report)}
 
 
@@ -111,6 +112,33 @@ def test_ddp_buffers_of_each_ranks_own_batch_are_resynced_not_out_of_sync():
     assert first == second and first["ok"]
     assert "2 resynced" in first["table"] and "broadcast_buffers=True" in first["table"]
     assert "1.running_mean" in first["table"]
+
+
+def _tolerance_and_stale(rank, world):
+    model = make_net()
+    with torch.no_grad():
+        if rank == 1:  # one ulp-sized change, as a non-deterministic kernel makes
+            model[0].weight[0, 0] = torch.nextafter(model[0].weight[0, 0], torch.tensor(2.0))
+    exact, close = fxdebug.compare_ranks(model), fxdebug.compare_ranks(model, rtol=1e-6)
+    gm = fxdebug.instrument(model)
+    out = gm(same_input())
+    if rank == 1:
+        with torch.no_grad():
+            out.mul_(2)  # written after its capture: that record is stale on rank 1
+    return summary(exact), summary(close), [(e.key, e.status) for e in close.entries][:1], \
+        summary(fxdebug.compare_ranks(fxdebug.records(gm)))
+
+
+def test_rtol_accepts_bits_that_differ_and_a_stale_capture_is_not_compared():
+    first, second = on_ranks(_tolerance_and_stale, 2)
+    assert first == second
+    exact, close, statuses, records = first
+    assert exact["first"] == ("0.weight", "parameter", (1,))
+    assert close["ok"] and statuses == [("0.weight", "close")]
+    assert "within rtol=1e-06" in close["table"]
+    # the last module's capture is a view of the output rank 1 wrote to
+    assert records["status"] == {"5": ("stale", (1,))} and records["ok"]
+    assert "1 stale capture(s) not compared (5)" in records["table"]
 
 
 def _running_stat(rank, world):

@@ -149,3 +149,29 @@ def test_instrumented_ddp_trains_bitwise_like_ddp_with_captures_per_rank():
     for same, captures_differ, kind in on_ranks(_instrumented_ddp, 2):
         assert all(same) and all(captures_differ)
         assert kind == "DistributedDataParallel"
+
+
+def _fsdp2(rank, world):
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    net = LogNet()
+    fully_shard(net)
+    watch = fxdebug.watch_nonfinite(net)
+    for step in range(1, 6):
+        net.zero_grad()
+        watch(step_input(rank, step)).sum().backward()
+        report = watch.check()
+        if report is not None:
+            break
+    return step, report.flagged, [(f.rank, f.where, f.nonfinite_in) for f in report.findings]
+
+
+def test_fsdp2_ranks_stop_on_the_same_step_without_a_replay_that_would_wait():
+    first, second = on_ranks(_fsdp2, 2)
+    assert first == second
+    step, flagged, findings = first
+    assert step == 3 and 1 in flagged
+    # rank 1's own outputs went non-finite; gradient shards wherever the NaN was reduced to
+    assert [(where, what.startswith("outputs")) for rank, where, what in findings
+            if rank == 1] == [("not replayed", True)]
+    assert all(where == "not replayed" for _, where, _ in findings)

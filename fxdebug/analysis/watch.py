@@ -137,9 +137,19 @@ class NonfiniteWatch:
         for p in self.model.parameters():
             grad = p.grad
             if grad is not None and _is_float(grad):
-                grads.append(grad if type(grad) is torch.Tensor or not hasattr(grad, "to_local")
-                             else grad.to_local())  # a DTensor (FSDP2): its local shard
+                if type(grad) is not torch.Tensor and hasattr(grad, "to_local"):
+                    grad = grad.to_local()  # a DTensor (FSDP2): its local shard
+                if grad.numel():  # max|g| of nothing has no value (an empty shard)
+                    grads.append(grad)
         return grads
+
+    def sharded_parameter(self) -> str:
+        """The name of a DTensor parameter (FSDP2 shards), or ``""``: such a model's forward
+        runs collectives, so a replay on some ranks only would wait for the others."""
+        for name, p in self.module.named_parameters():
+            if type(p) is not torch.nn.Parameter and hasattr(p, "to_local"):
+                return name
+        return ""
 
     def _grad_max(self) -> torch.Tensor | list[torch.Tensor] | None:
         """max|g| over every parameter gradient (exact: no overflow, NaN where one is NaN);

@@ -174,7 +174,12 @@ class RankFlags:
         finding: RankFinding | None = None
         local: NonfiniteReport | None = None
         error: BaseException | None = None
-        if mine is not None and watch._confirmed():
+        sharded = watch.sharded_parameter()
+        if mine is not None and watch._confirmed() and sharded:
+            finding = RankFinding(me, mine, False, "not replayed", detail=(
+                f"{sharded} is a DTensor (FSDP2): replaying the step would run its collectives "
+                f"on the flagged ranks only; find_nonfinite on an unsharded copy names the node"))
+        elif mine is not None and watch._confirmed():
             try:
                 local = watch.replay(loss)
                 finding = _finding(me, mine, local)
@@ -244,7 +249,7 @@ class RankNonfiniteReport(Report):
         lines = [f"watch_nonfinite: step {self.step} on {on_ranks(self.world)}: non-finite "
                  f"values on {on_ranks(self.flagged)}",
                  f"made on {on_ranks(self.ranks)}" if made else
-                 "made on: no rank's replay found the node (see the findings)"]
+                 "made on: no rank's replay named a node (see each rank's finding)"]
         rows = [[str(f.rank), f.nonfinite_in, "yes" if f.made_here else "no", f.where,
                  f.key or "-", f.op or "-", f.location or "-", f.detail] for f in self.findings]
         lines.append("")
