@@ -98,6 +98,8 @@ def test_ddp_weight_out_of_sync_on_rank_1_found_at_its_key():
         assert "DistributedDataParallel(Sequential)" in module["table"]
     # every rank gets the same report
     assert results[0][1] == results[1][1]
+    as_data = json.loads(results[0][1][1]["dict"])
+    assert as_data["first_divergence"]["key"] == "3.weight" and as_data["ranks"] == [1]
     assert results[0][1][1]["repr"].count("\n") == 0
 
 

@@ -7,6 +7,7 @@ operation whose output is non-finite while its input is finite, and its line.
 from __future__ import annotations
 
 import inspect
+import json
 
 import torch
 
@@ -74,7 +75,8 @@ def _watch(rank, world, wrap_ddp):
                 local_forward=None if local is None or local.forward is None else
                 (local.forward.key, local.forward.created, local.forward.location),
                 local_ok=None if local is None else local.ok, truth=truth,
-                table=report.table(wide=True), repr=repr(report), again=watch.check() is report)
+                table=report.table(wide=True), repr=repr(report), again=watch.check() is report,
+                json=json.dumps(report.to_dict()), html=report._repr_html_()[:5])
 
 
 def test_nan_on_rank_1_at_step_3_stops_every_ddp_rank_at_step_3_naming_rank_1_and_the_node():
@@ -91,6 +93,7 @@ def test_nan_on_rank_1_at_step_3_stops_every_ddp_rank_at_step_3_naming_rank_1_an
         assert rank1[4].endswith(f"test_watch_ranks.py:{LOG_LINE}")
         assert rank1[5] == "outputs and parameter gradients"
         assert "made on rank 1: forward log" in found["repr"] and "\n" not in found["repr"]
+        assert json.loads(found["json"])["ranks"] == [1] and found["html"] == "<pre>"
     # the node, from rank 1's own replay, as eager says
     assert second["truth"] == "log" and first["truth"] is None
     assert second["local_forward"][:2] == ("log", True)

@@ -237,8 +237,8 @@ def compare_ranks(obj, group=None, *, rtol: float | None = None) -> RankReport:
                            f"Every rank must pass a Records, or every rank a module.")
     import torch.distributed as dist
     report_notes = list(dict.fromkeys(note for p in payloads for note in p.notes))
-    entries = [_entry(key, kind_, [by.get((kind_, key)) for by in _indexed(payloads)],
-                      ranks.members, rtol)
+    indexed = _indexed(payloads)
+    entries = [_entry(key, kind_, [by.get((key, kind_)) for by in indexed], ranks.members, rtol)
                for key, kind_ in _merged_order([p.fingerprints for p in payloads])]
     report_notes.extend(_notes(entries, ranks.size))
     return RankReport(what=payloads[0].what, world=ranks.members, entries=entries,
@@ -246,25 +246,38 @@ def compare_ranks(obj, group=None, *, rtol: float | None = None) -> RankReport:
 
 
 def _indexed(payloads: list[_Payload]) -> list[dict[tuple[str, str], Fingerprint]]:
-    return [{(fp.kind, fp.key): fp for fp in payload.fingerprints} for payload in payloads]
+    return [{(fp.key, fp.kind): fp for fp in payload.fingerprints} for payload in payloads]
 
 
 def _merged_order(per_rank: list[tuple[Fingerprint, ...]]) -> list[tuple[str, str]]:
     """Every ``(key, kind)`` once: the first rank's order, each other rank's extra keys
-    inserted after the key that precedes them on that rank."""
-    order: list[tuple[str, str]] = []
-    for fps in per_rank:
+    inserted after the key that precedes them on that rank.
+
+    >>> fp = lambda key: Fingerprint(key, "activation", (), "float32", "", 0.0, 0.0, 0)
+    >>> [key for key, _ in _merged_order([(fp("a"), fp("d")), (fp("a"), fp("b"), fp("c"), fp("d")),
+    ...                                   (fp("x"), fp("a"), fp("d"))])]
+    ['x', 'a', 'b', 'c', 'd']
+    """
+    order: list[tuple[str, str]] = [(fp.key, fp.kind) for fp in per_rank[0]] if per_rank else []
+    for fps in per_rank[1:]:
         idents = [(fp.key, fp.kind) for fp in fps]
         if idents == order:
             continue
-        position = {ident: i for i, ident in enumerate(order)}
-        previous = None
+        known = set(order)
+        after: dict[tuple[str, str] | None, list[tuple[str, str]]] = {}
+        anchor = None  # the last key of this rank already in the order
         for ident in idents:
-            if ident not in position:
-                at = position[previous] + 1 if previous is not None else 0
-                order.insert(at, ident)
-                position = {item: i for i, item in enumerate(order)}
-            previous = ident
+            if ident in known:
+                anchor = ident
+            else:
+                known.add(ident)
+                after.setdefault(anchor, []).append(ident)
+        if after:
+            merged = list(after.get(None, []))
+            for ident in order:
+                merged.append(ident)
+                merged.extend(after.get(ident, []))
+            order = merged
     return order
 
 
