@@ -13,7 +13,8 @@ per step, by the wall clock and in CPU time of the process):
 2. **DDP, 2 gloo ranks**: the same model in ``DistributedDataParallel`` on 2 processes
    (gloo, CPU, FileStore), plain and watched; the watch adds one all-reduce of a
    world-sized vector per step, started after the forward so that it runs during
-   the backward. A row times a synchronous all-reduce of that size alone.
+   the backward. One row adds only that collective to a DDP step; another times a
+   synchronous all-reduce of that size alone.
 
 Run (from the repository root)::
 
@@ -84,7 +85,7 @@ def timed(variants, repeats: int, warmup: int) -> dict[str, tuple[list[float], l
     return found
 
 
-def rows_of(times, count, base, extra_rows=()):
+def rows_of(times, count, base, watched, extra_rows=()):
     """Rows per variant (ms per step), then the watch's fixed cost in microseconds."""
     wall = {label: median(t[0]) / count for label, t in times.items()}
     least = {label: min(t[0]) / count for label, t in times.items()}
@@ -92,7 +93,6 @@ def rows_of(times, count, base, extra_rows=()):
     rows = [[label, f"{wall[label] * 1e3:.3f}", f"{least[label] * 1e3:.3f}",
              f"{cpu[label] * 1e3:.3f}", f"{wall[label] / wall[base]:.3f}x",
              f"{cpu[label] / cpu[base]:.3f}x", base] for label in times]
-    watched = [label for label in times if label != base][0]
     fixed = {name: (clock[watched] - clock[base]) * 1e6
              for name, clock in (("wall", wall), ("min", least), ("cpu", cpu))}
     rows.append([f"watch fixed cost per step: {fixed['wall']:.0f} us (min {fixed['min']:.0f}, "
@@ -112,10 +112,23 @@ def _rank(rank, world, folder, shape, count, repeats, warmup, threads):
                             rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     model = torch.nn.parallel.DistributedDataParallel(tiny_cnn())
     found = variants(model, shape, count)
+    x = torch.randn(shape)
+    y = torch.randint(0, 10, (shape[0],), generator=torch.Generator().manual_seed(0))
+    vector, pending = torch.zeros(world), []
+
+    def with_collective(x):  # what the watch adds to the collectives, and nothing else
+        out = model(x)
+        pending.append(dist.all_reduce(vector, async_op=True))
+        return out
+
+    def wait():
+        pending.pop().wait()
+
     found = {"DDP step": found["training step (loss.backward())"],
-             "DDP step + watch_nonfinite (flag all-reduced)": found["watch_nonfinite step (+ check())"]}
+             "DDP step + watch_nonfinite (flag all-reduced)": found["watch_nonfinite step (+ check())"],
+             "DDP step + one async all_reduce (the collective alone)":
+                 steps(model, with_collective, x, y, count, wait)}
     times = timed(found, repeats, warmup)  # the same order on every rank
-    vector = torch.zeros(world)
     reduce_times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -127,7 +140,9 @@ def _rank(rank, world, folder, shape, count, repeats, warmup, threads):
                   f"{statistics.median(reduce_times) * 1e3:.3f}", f"{min(reduce_times) * 1e3:.3f}",
                   "", "", "", ""]]
         with open(os.path.join(folder, "table.md"), "w") as out:
-            out.write(table(rows_of(times, count, "DDP step", extra), HEADERS))
+            out.write(table(rows_of(times, count, "DDP step",
+                                    "DDP step + watch_nonfinite (flag all-reduced)", extra),
+                            HEADERS))
     dist.destroy_process_group()
 
 
@@ -139,7 +154,8 @@ def main():
     print(header(args, f"{count} steps per timed call"))
     times = timed(variants(tiny_cnn(), args.shape, count), args.repeats, args.warmup)
     print("\n### tiny CNN (1 process)\n")
-    print(table(rows_of(times, count, "training step (loss.backward())"), HEADERS))
+    print(table(rows_of(times, count, "training step (loss.backward())",
+                        "watch_nonfinite step (+ check())"), HEADERS))
     threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory() as folder:
         mp.start_processes(_rank, args=(2, folder, args.shape, count, args.repeats, args.warmup,
