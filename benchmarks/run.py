@@ -6,6 +6,8 @@ Runs, each in its own interpreter (so no benchmark warms another's caches)::
                                        mode vs eager, forward hooks, feature extractor
     gradient     grad_overhead.py      gradient capture vs plain backward, retain_grad
     non-finite   nonfinite_cost.py     find_nonfinite, watch_nonfinite vs detect_anomaly
+    watch        watch_cost.py         watch_nonfinite's fixed cost per step on a tiny CNN;
+                                       on 2 gloo ranks against a plain DDP step
     checkpoint   checkpoint_memory.py  memory of the checkpoint pass vs eager
     scaling      scaling.py            10k-node graph vs symbolic_trace, dump vs to_folder
 
@@ -43,6 +45,7 @@ BENCHMARKS = [
                                         "--repeats", "10"], ["--quick", "--models", "resnet50"]),
     ("gradient", "grad_overhead.py", [], ["--quick"]),
     ("non-finite", "nonfinite_cost.py", ["--models", "resnet18"], ["--quick", "--models", "resnet18"]),
+    ("watch", "watch_cost.py", [], ["--quick"]),
     ("checkpoint", "checkpoint_memory.py", [], ["--quick"]),
     ("scaling", "scaling.py", [], ["--quick"]),
 ]

@@ -298,6 +298,16 @@ def _entry_points(tmp_path):
         compiled = torch.compile(model, backend=fxdebug.backend(inner="eager"))
         compiled(x)
 
+    def ranks():  # a world of one rank, started and ended around the calls
+        import torch.distributed as dist
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            fxdebug.compare_ranks(model)
+            fxdebug.compare_ranks(fxdebug.records(instrumented))
+            watch()  # a collective check() under torch.distributed
+        finally:
+            dist.destroy_process_group()
+
     def plot():
         pytest.importorskip("matplotlib")
         fxdebug.plots.plot_norms(fxdebug.records(instrumented), str(tmp_path / "n.png"))
@@ -321,6 +331,7 @@ def _entry_points(tmp_path):
         "dump": lambda: fxdebug.dump(instrumented, tmp_path / "dump", x, overwrite=True),
         "report": lambda: fxdebug.report(instrumented, tmp_path / "report.html"),
         "watch_nonfinite": watch,
+        "compare_ranks, watch_nonfinite under torch.distributed": ranks,
         "accumulate_stats": accumulate,
         "partial instrumentation": partial,
         "check_compiled": lambda: fxdebug.check_compiled(model, x, backend="eager"),
@@ -341,7 +352,9 @@ def test_every_public_entry_point_leaves_the_process_state_unchanged(tmp_path):
             warnings.simplefilter("ignore", fxdebug.FxdebugWarning)
             for name, call in _entry_points(tmp_path).items():
                 for grad_mode in (True, False):
-                    if not grad_mode and name in ("instrument + run + backward", "watch_nonfinite"):
+                    if not grad_mode and name in ("instrument + run + backward", "watch_nonfinite",
+                                                  "compare_ranks, watch_nonfinite under "
+                                                  "torch.distributed"):
                         continue  # they call backward: the user's code needs grad mode
                     with torch.set_grad_enabled(grad_mode):
                         before = _state()

@@ -240,3 +240,27 @@ def test_locations_prefer_site_packages_over_the_working_directory(tmp_path, mon
     monkeypatch.syspath_prepend(str(site))
     assert format_location((str(site / "pkg" / "model.py"), 3)) == "pkg/model.py:3"
     assert format_location((str(tmp_path / "mine.py"), 5)) == "mine.py:5"
+
+
+class KeywordsFromAValue(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 2)
+
+    def call(self, **kwargs):
+        return self.fc(kwargs["x"])
+
+    def forward(self, options):
+        return self.call(**options)  # `**` on a traced value: fx asks the tracer for keys()
+
+
+def test_double_star_on_a_traced_value_names_the_real_failure():
+    # DistributedDataParallel.forward does `self.module(*inputs, **kwargs)` on what
+    # _pre_forward returned; the tracer's own attributes must not shadow Tracer.keys
+    with pytest.raises(fxdebug.TraceFailure) as failure:
+        fxdebug.trace(KeywordsFromAValue())
+    assert "KeyAllocator" not in str(failure.value)
+    assert "iteration over a traced value" in str(failure.value)
+    lines, start = inspect.getsourcelines(KeywordsFromAValue.forward)
+    line = start + next(i for i, text in enumerate(lines) if "**options" in text)
+    assert failure.value.location.endswith(f"test_trace.py:{line}")

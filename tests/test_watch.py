@@ -7,6 +7,7 @@ holds a non-finite value given finite inputs, the line it is on, and with
 
 import inspect
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -102,3 +103,111 @@ def test_replay_uses_the_steps_random_state():
     assert report.forward.key == "log"
     assert report.forward.inf == int(torch.isinf(out).sum()) > 0
     assert watch.check() is report  # the first bad step's report, kept
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+
+    def forward(self, x, mask=None, scale=1.0, flip=False):
+        h = self.fc(x) * scale
+        if mask is not None:
+            h = h * mask
+        if flip:  # a Python flag: the replay traces it as a constant
+            h = -h
+        return torch.log(h)  # NaN where h is negative
+
+
+def test_keyword_and_non_tensor_arguments_are_passed_on_and_replayed():
+    net = Scaled()
+    with torch.no_grad():
+        net.fc.weight.copy_(torch.eye(3))
+        net.fc.bias.zero_()
+    watch = fxdebug.watch_nonfinite(net)
+    x, mask = torch.rand(2, 3) + 0.5, torch.ones(2, 3)
+    out = watch(x, mask=mask, scale=2.0)
+    assert torch.equal(out, net(x, mask=mask, scale=2.0))  # watch(...) is net(...)
+    out.sum().backward()
+    assert watch.check() is None
+    net.zero_grad()
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, -1.0, 1.0]])
+    watch(x=x, mask=mask, scale=2.0, flip=False).nan_to_num().sum().backward()
+    report = watch.check()
+    # independent: the product is finite, its log is not
+    h = net.fc(x) * 2.0 * mask
+    assert torch.isfinite(h).all() and not torch.isfinite(torch.log(h)).all()
+    assert report.forward.key == "log" and report.forward.created
+    assert report.forward.nan == int(torch.isnan(torch.log(h)).sum())
+    assert report.forward.location.endswith(f"test_watch.py:{line_of(Scaled, 'torch.log')}")
+
+
+def test_data_parallel_wrapper_replays_its_module():
+    net = Scaled()
+    with torch.no_grad():
+        net.fc.weight.copy_(-torch.eye(3))
+        net.fc.bias.zero_()
+    watch = fxdebug.watch_nonfinite(torch.nn.DataParallel(net))  # on the CPU: runs net
+    watch(torch.rand(2, 3) + 0.5, flip=True).sum().backward()
+    assert watch.check() is None
+    net.zero_grad()
+    watch(torch.rand(2, 3) + 0.5).nan_to_num().sum().backward()
+    report = watch.check()
+    assert report.forward.key == "log"
+    assert "the module inside DataParallel" in report.table()
+
+
+class Gated(torch.nn.Module):
+    """A root torch.fx cannot trace (a branch on a tensor): replayed module by module."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+        self.act = torch.nn.Softplus()
+        self.head = torch.nn.Linear(3, 1)
+
+    def forward(self, x, scale=1.0):
+        if x.sum() > 0:
+            x = x * scale
+        return self.head(self.act(self.fc(x)))
+
+
+def test_untraceable_model_is_replayed_module_by_module():
+    net = Gated()
+    watch = fxdebug.watch_nonfinite(net)
+    watch(torch.rand(2, 3), scale=2.0).sum().backward()
+    assert watch.check() is None
+    with torch.no_grad():
+        net.fc.weight[1, 2] = float("inf")  # a weight gone bad between two steps
+    net.zero_grad()
+    x = torch.rand(2, 3)
+    watch(x, scale=2.0).sum().backward()
+    report = watch.check()
+    # independent: fc is the first module whose output is non-finite; it received an Inf
+    assert not torch.isfinite(net.fc(x * 2.0)).all()
+    assert report.forward.key == "fc" and not report.forward.created
+    assert [v.name for v in report.forward.parameters if not v.finite] == ["fc.weight"]
+    assert report.later_forward[:2] == ["act", "head"]
+    assert "module by module" in report.table() and "cannot trace Gated" in report.table()
+    assert report.forward.location.endswith(f"linear.py:{inspect.getsourcelines(torch.nn.Linear.forward)[1]}")
+
+
+def test_hugging_face_keywords_watched_and_replayed():
+    from tiny_transformers import quiet
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64,
+                                     max_position_embeddings=64, attn_implementation="eager")
+    model = transformers.BertForSequenceClassification(config)
+    watch = fxdebug.watch_nonfinite(model)
+    ids, labels = torch.randint(0, 100, (2, 8)), torch.tensor([0, 1])
+    quiet(watch, input_ids=ids, labels=labels).loss.backward()
+    assert watch.check(loss=lambda out: out.loss) is None
+    with torch.no_grad():
+        model.bert.encoder.layer[1].output.dense.bias[3] = float("nan")
+    model.zero_grad()
+    quiet(watch, input_ids=ids, labels=labels).loss.backward()
+    report = quiet(watch.check, loss=lambda out: out.loss)
+    assert report.forward.key == "bert.encoder.layer.1.output.dense"
+    assert [v.name for v in report.forward.parameters if not v.finite] == [
+        "bert.encoder.layer.1.output.dense.bias"]

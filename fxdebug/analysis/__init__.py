@@ -16,6 +16,9 @@ names nodes by key and the user's ``file:line``::
     backend(inner="inductor")                           compiled_backend.py
     find_nonfinite(model, *inputs)                      nonfinite.py
     watch_nonfinite(model): a flag per step, find_nonfinite on the first bad one  watch.py
+      (torch.distributed: the flag all-reduced, every rank's finding gathered)   watch_ranks.py
+    compare_ranks(records_or_module): fingerprints gathered, majority per key   ranks.py
+      (the group, DDP unwrapped, DTensor shards: rank_group.py; the report: ranks_report.py)
     lint_inplace(model, *inputs)                        lint.py (passes/aliasing.py)
     vjp(model, inputs, of, wrt)                         vjp.py    } live.py: values with
     jacobian_norms(model, *inputs)                      jacobian.py } their autograd graph
@@ -32,11 +35,15 @@ from .equivalence import EquivalenceReport, NodeComparison, check_equivalence
 from .jacobian import JacobianNorms, jacobian_norms
 from .lint import Hazard, Hazards, lint_inplace
 from .nonfinite import NonfiniteReport, find_nonfinite
+from .ranks import compare_ranks
+from .ranks_report import RankEntry, RankReport
 from .vjp import vjp
 from .watch import NonfiniteWatch, watch_nonfinite
+from .watch_ranks import RankFinding, RankNonfiniteReport
 
 __all__ = ["check_equivalence", "EquivalenceReport", "NodeComparison", "find_nonfinite",
            "NonfiniteReport", "lint_inplace", "Hazard", "Hazards", "vjp", "jacobian_norms",
            "JacobianNorms", "check_compiled", "CompiledReport", "CompiledDivergence",
            "GraphBreak", "backend", "InstrumentingBackend",
-           "watch_nonfinite", "NonfiniteWatch"]
+           "watch_nonfinite", "NonfiniteWatch", "RankFinding", "RankNonfiniteReport",
+           "compare_ranks", "RankReport", "RankEntry"]

@@ -192,11 +192,12 @@ def _backend_name(backend) -> str:
 
 def _param_grads(model: torch.nn.Module, output: Any) -> dict:
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    terms = [t.sum() for _, t in iter_tensors(output, "out")
-             if t.requires_grad and t.is_floating_point()]
-    if not named or not terms:
-        return {}
-    found = torch.autograd.grad(sum(terms), [p for _, p in named], allow_unused=True)
+    with torch.enable_grad():  # the caller may be under no_grad; grads=True asks for them
+        terms = [t.sum() for _, t in iter_tensors(output, "out")
+                 if t.requires_grad and t.is_floating_point()]
+        if not named or not terms:
+            return {}
+        found = torch.autograd.grad(sum(terms), [p for _, p in named], allow_unused=True)
     return {name: grad for (name, _), grad in zip(named, found)}
 
 

@@ -3,16 +3,24 @@
 Call tree::
 
     watch = watch_nonfinite(model)
-    out = watch(x)                    model(x); keeps the step's inputs (copies), RNG state
-      │                               and buffers; one finiteness flag of the outputs,
-      │                               kept as a tensor (nothing read back)
+    out = watch(*args, **kwargs)      model(...); keeps the step's inputs (copies), RNG state
+      │                               and buffers (for DistributedDataParallel: as its module
+      │                               receives them, after DDP's buffer broadcast), and the
+      │                               sum of the outputs, as a tensor (nothing read back)
     loss.backward()
-    watch.check(loss_fn)              one read per step: outputs and parameter gradients
-      │                               finite? (one fused norm over all gradients)
+    watch.check(loss_fn)              one read per step: the output sum and the norm of every
+      │                               parameter gradient (one fused call), finite?
+      │   under torch.distributed:    each rank puts its two numbers in its slot of a
+      │                               2 x world vector, one all_reduce (watch_ranks.RankFlags),
+      │                               one read: every rank learns on the same step which
+      │                               ranks went non-finite
       └─ first non-finite step:       confirmed on the values, then replayed node by node
-           find_nonfinite(model, *inputs, loss=loss_fn)   same inputs, RNG state, buffers
-           -> NonfiniteReport: the node that created the NaN/Inf, forward or backward,
-              with the user's file:line
+           find_nonfinite(module, *args)      same inputs, RNG state, buffers; keyword and
+                                              non-tensor arguments traced as constants
+           (a model torch.fx cannot trace: watch_modules.replay_by_modules, forward hooks)
+           -> NonfiniteReport: the node that created the NaN/Inf, forward or backward, with
+              the user's file:line; distributed: watch_ranks.RankNonfiniteReport (every
+              rank's finding, gathered, on every rank)
 
 Call ``check`` after ``backward()`` and before ``optimizer.step()``: the replay
 needs the parameters the step used. Only the step's outputs and parameter
@@ -22,78 +30,154 @@ gradients are checked each step; a non-finite value that reaches neither
 
 from __future__ import annotations
 
+import inspect
+import math
 from typing import Any, Callable
 
 import torch
 
-from ..errors import FxdebugError
+from ..errors import FxdebugError, TraceFailure
 from ..runtime import clone_inputs
+from ..runtime.torch_compat import foreach_copy_, foreach_norm
+from ..tracing import trace
 from .compare import iter_tensors
 from .nonfinite import NonfiniteReport, find_nonfinite
+from .rank_group import RankGroup, distributed_ready, unwrap
+from .watch_modules import replay_by_modules
+from .watch_ranks import RankFlags, RankNonfiniteReport
 
 __all__ = ["watch_nonfinite", "NonfiniteWatch"]
 
 
-def _sum_flag(tensors: list[torch.Tensor]) -> torch.Tensor | None:
-    """A 0-dim bool tensor, False when a value may be non-finite (a sum is non-finite if any
-    value is; it can overflow on finite values, so a False is confirmed before it is reported)."""
-    sums = [t.detach().sum() for t in tensors if t.is_floating_point() or t.is_complex()]
-    if not sums:
-        return None
-    return torch.isfinite(torch.stack([s.to(torch.float32) for s in sums]).sum())
+def _is_float(tensor: torch.Tensor) -> bool:
+    return tensor.is_floating_point() or tensor.is_complex()
+
+
+def _sum(tensor: torch.Tensor) -> torch.Tensor:
+    """The sum of a float tensor as a 0-dim float32 or float64 (non-finite if a value is)."""
+    tensor = tensor.detach()
+    if tensor.is_complex():
+        tensor = torch.view_as_real(tensor)
+    if tensor.dtype in (torch.float32, torch.float64):
+        return tensor.sum()
+    return tensor.sum(dtype=torch.float32)  # half precision: its own sum overflows at 65504
 
 
 class NonfiniteWatch:
     """What :func:`watch_nonfinite` returns: call it like the model, then :meth:`check` each step.
 
-    ``report`` is the :class:`~fxdebug.NonfiniteReport` of the first
-    non-finite step (None until then); ``steps`` counts the forwards.
+    ``report`` is the report of the first non-finite step (None until then): a
+    :class:`~fxdebug.NonfiniteReport`, or under ``torch.distributed`` a
+    :class:`~fxdebug.analysis.watch_ranks.RankNonfiniteReport`; ``steps`` counts the forwards.
     """
 
-    def __init__(self, model: torch.nn.Module, ignore=None) -> None:
+    def __init__(self, model: torch.nn.Module, ignore=None, group=None) -> None:
         self.model = model
+        self.module, self.wrapper = unwrap(model)
         self.ignore = ignore
-        self.report: NonfiniteReport | None = None
+        self.group = group
+        self.report: NonfiniteReport | RankNonfiniteReport | None = None
         self.steps = 0
-        self._inputs: tuple = ()
+        self._flags: RankFlags | None = None
+        self._args: tuple = ()
+        self._kwargs: dict[str, Any] = {}
         self._rng: tuple[torch.Tensor, list[torch.Tensor]] | None = None
-        self._buffers: list[torch.Tensor] = []
+        self._buffers: list[torch.Tensor] | None = []
+        self._kept: list[torch.Tensor] = []  # the buffer snapshot's tensors, reused
         self._outputs: list[torch.Tensor] = []
-        self._flag: torch.Tensor | None = None
+        self._out_sum: torch.Tensor | None = None
 
-    def __call__(self, *inputs):
+    def __call__(self, *args, **kwargs):
         self.steps += 1
-        self._inputs = clone_inputs(inputs)
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-        self._rng = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else [])
-        self._buffers = [b.detach().clone() for b in self.model.buffers()]
-        output = self.model(*inputs)
-        self._outputs = [t for _, t in iter_tensors(output)]
-        self._flag = _sum_flag(self._outputs)
+        if self._flags is None and (self.group is not None or distributed_ready()):
+            self._flags = RankFlags(RankGroup.of(self.group, what="watch_nonfinite"))
+        self._args = clone_inputs(args)
+        self._kwargs = clone_inputs(kwargs) if kwargs else {}
+        self._rng = (torch.get_rng_state(),  # is_initialized: no CUDA call without CUDA
+                     torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [])
+        # DDP averages this step's gradients (identical on every rank) unless in no_sync()
+        synced = (self.wrapper == "DistributedDataParallel" and torch.is_grad_enabled()
+                  and getattr(self.model, "require_backward_grad_sync", False) is True)
+        if self.wrapper:  # DDP broadcasts buffers before its module runs: snapshot them there
+            self._buffers = None
+            handle = self.module.register_forward_pre_hook(self._snapshot_buffers)
+            try:
+                output = self.model(*args, **kwargs)
+            finally:
+                handle.remove()
+            if self._buffers is None:  # the wrapper called its module's forward directly
+                self._snapshot_buffers()
+        else:
+            self._snapshot_buffers()
+            output = self.model(*args, **kwargs)
+        self._outputs = ([output] if type(output) is torch.Tensor else
+                         [t for _, t in iter_tensors(output)])
+        self._outputs = [t for t in self._outputs if _is_float(t)]
+        sums = [_sum(t) for t in self._outputs]
+        self._out_sum = sums[0] if len(sums) == 1 else (
+            torch.stack([s.to(sums[0].device) for s in sums]).sum() if sums else None)
+        if self._flags is not None:
+            self._flags.after_forward(self._out_sum, synced)
         return output
 
-    def _grads(self) -> list[torch.Tensor]:
-        return [p.grad for p in self.model.parameters() if p.grad is not None]
+    def _snapshot_buffers(self, *_) -> None:
+        """Copy the buffers into tensors kept from step to step (one fused copy)."""
+        buffers = [b.detach() for b in self.module.buffers()]
+        kept = self._kept
+        if len(kept) != len(buffers) or any(
+                k.shape != b.shape or k.dtype != b.dtype or k.device != b.device
+                for k, b in zip(kept, buffers)):
+            kept = self._kept = [torch.empty_like(b) for b in buffers]
+        if buffers:
+            foreach_copy_(kept, buffers)
+        self._buffers = kept
 
-    def _flagged(self) -> bool:
-        flags = [] if self._flag is None else [self._flag]
-        grads = [g for g in self._grads() if g.is_floating_point()]
-        if grads:
-            norms = torch._foreach_norm(grads)  # one fused kernel over every gradient
-            flags.append(torch.isfinite(torch.stack([n.to(torch.float32) for n in norms]).sum()))
-        if not flags:
-            return False
-        return not bool(torch.stack([f.to(flags[0].device) for f in flags]).all())
+    def _grads(self) -> list[torch.Tensor]:
+        grads = []
+        for p in self.model.parameters():
+            grad = p.grad
+            if grad is not None and _is_float(grad):
+                if type(grad) is not torch.Tensor and hasattr(grad, "to_local"):
+                    grad = grad.to_local()  # a DTensor (FSDP2): its local shard
+                if grad.numel():  # max|g| of nothing has no value (an empty shard)
+                    grads.append(grad)
+        return grads
+
+    def sharded_parameter(self) -> str:
+        """The name of a DTensor parameter (FSDP2 shards), or ``""``: such a model's forward
+        runs collectives, so a replay on some ranks only would wait for the others."""
+        for name, p in self.module.named_parameters():
+            if type(p) is not torch.nn.Parameter and hasattr(p, "to_local"):
+                return name
+        return ""
+
+    def _grad_max(self) -> torch.Tensor | list[torch.Tensor] | None:
+        """max|g| over every parameter gradient (exact: no overflow, NaN where one is NaN);
+        on the CPU the per-gradient values, which are cheaper to read than to stack."""
+        grads = self._grads()
+        if not grads:
+            return None
+        norms = foreach_norm(grads, math.inf)  # one fused call over every gradient
+        if norms[0].device.type == "cpu":
+            return norms
+        device = norms[0].device
+        return torch.stack([n if n.dtype == torch.float32 and n.device == device
+                            else n.to(device, torch.float32) for n in norms]).max()
 
     def _confirmed(self) -> bool:
         return any(not bool(torch.isfinite(t.detach()).all())
-                   for t in self._outputs + self._grads()
-                   if t.is_floating_point() or t.is_complex())
+                   for t in self._outputs + self._grads())
 
-    def check(self, loss: Callable[[Any], torch.Tensor] | None = None) -> NonfiniteReport | None:
+    def check(self, loss: Callable[[Any], torch.Tensor] | None = None
+              ) -> NonfiniteReport | RankNonfiniteReport | None:
         """None while the step's outputs and parameter gradients are finite; on the first step
-        where they are not, the :class:`~fxdebug.NonfiniteReport` of that step replayed node by
-        node (and the same report on every later call).
+        where they are not, the report of that step replayed node by node (and the same
+        report on every later call).
+
+        Under ``torch.distributed`` this is a collective (every rank calls it every step):
+        the flags of all ranks are all-reduced, every rank returns a
+        :class:`~fxdebug.analysis.watch_ranks.RankNonfiniteReport` on the same step, naming
+        the ranks; the ranks that went non-finite replay their own step.
 
         ``loss`` maps the model's output to the scalar the step differentiated
         (default: the sum of the outputs); the replay's backward uses it.
@@ -103,36 +187,110 @@ class NonfiniteWatch:
         if self._rng is None:
             raise FxdebugError("NonfiniteWatch.check() before any step: call watch(inputs) "
                                "(instead of model(inputs)), then backward(), then check().")
-        if not self._flagged() or not self._confirmed():
+        grads = self._grad_max()
+        if self._flags is not None:
+            flagged = self._flags.flagged(self._out_sum, grads)
+            if flagged:
+                self.report = self._flags.report(self, flagged, loss)
+            return self.report
+        if all(math.isfinite(v) for v in _read(self._out_sum, grads)) or not self._confirmed():
             return None
-        self.report = self._replay(loss)
+        self.report = self.replay(loss)
         return self.report
 
-    def _replay(self, loss) -> NonfiniteReport:
-        """find_nonfinite on the step's inputs, from the step's RNG state and buffers; the
-        model's current buffers and RNG state are put back afterwards."""
+    def replay(self, loss=None) -> NonfiniteReport:
+        """find_nonfinite on the last step's inputs, from its RNG state and buffers; the
+        model's current buffers and RNG state are put back afterwards. A data-parallel
+        wrapper's module is replayed (no collective runs)."""
         cpu_state, cuda_states = self._rng
-        now_buffers = [b.detach().clone() for b in self.model.buffers()]
+        now_buffers = [b.detach().clone() for b in self.module.buffers()]
         devices = list(range(len(cuda_states)))
         with torch.random.fork_rng(devices=devices):
             torch.set_rng_state(cpu_state)
             if cuda_states:
                 torch.cuda.set_rng_state_all(cuda_states)
             with torch.no_grad():
-                for buffer, saved in zip(self.model.buffers(), self._buffers):
+                for buffer, saved in zip(self.module.buffers(), self._buffers):
                     buffer.copy_(saved)
             try:
-                report = find_nonfinite(self.model, *self._inputs, loss=loss,
-                                        ignore=self.ignore)
+                try:
+                    target, positional = _replay_call(self.module, self._args, self._kwargs)
+                    report = find_nonfinite(target, *positional, loss=loss, ignore=self.ignore)
+                except TraceFailure as failure:  # untraceable: module by module instead
+                    report = replay_by_modules(self.module, clone_inputs(self._args),
+                                               clone_inputs(self._kwargs), loss,
+                                               f"torch.fx cannot trace {type(self.module).__name__}"
+                                               f" ({failure.kind})")
+            except Exception as exc:
+                exc.add_note(f"fxdebug: watch_nonfinite found non-finite values at step "
+                             f"{self.steps} and replayed it node by node with find_nonfinite, "
+                             f"which failed; the watch's own flag needs no tracing, the replay "
+                             f"does (fxdebug.trace({type(self.module).__name__}))")
+                raise
             finally:
                 with torch.no_grad():
-                    for buffer, saved in zip(self.model.buffers(), now_buffers):
+                    for buffer, saved in zip(self.module.buffers(), now_buffers):
                         buffer.copy_(saved)
-        report.notes.append(f"replayed step {self.steps} of the watch")
+        report.notes.append(f"replayed step {self.steps} of the watch"
+                            + (f" (the module inside {self.wrapper}, keys without 'module.')"
+                               if self.wrapper else ""))
         return report
 
 
-def watch_nonfinite(model: torch.nn.Module, ignore=None) -> NonfiniteWatch:
+def _read(outputs: torch.Tensor | None, grads) -> list[float]:
+    """The step's numbers on the host: one read (off the CPU, one stacked tensor)."""
+    if isinstance(grads, list):  # on the CPU: reading each costs less than stacking them
+        return ([] if outputs is None else [outputs.item()]) + [g.item() for g in grads]
+    terms = [t for t in (outputs, grads) if t is not None]
+    if not terms:
+        return []
+    device = terms[-1].device
+    return torch.stack([t.to(device, torch.float64) for t in terms]).tolist()
+
+
+def _replay_call(module: torch.nn.Module, args: tuple,
+                 kwargs: dict) -> tuple[torch.nn.Module, tuple]:
+    """What find_nonfinite replays, ``(module or graph, positional arguments)``: every
+    argument bound to its place in ``forward``'s signature (defaults filled in), the
+    module traced with the non-tensor ones as constants (``concrete_args``), so that a
+    flag (``if flip:``) or a ``None`` default does not stop the trace.
+    """
+    try:
+        signature = inspect.signature(module.forward)
+        bound = signature.bind(*args, **kwargs)
+    except (TypeError, ValueError) as exc:
+        if not kwargs:
+            return module, args
+        raise FxdebugError(f"watch_nonfinite: the step's arguments do not fit "
+                           f"{type(module).__name__}.forward{_signature(module)}: {exc}") from None
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if not kwargs and any(p.kind is inspect.Parameter.VAR_POSITIONAL
+                          for p in signature.parameters.values()):
+        return module, args  # forward(self, *args): positional as given
+    bound.apply_defaults()
+    names = [name for name, p in signature.parameters.items() if p.kind in kinds]
+    extra = [name for name in bound.arguments if name not in names and bound.arguments[name]]
+    if extra:
+        raise FxdebugError(f"watch_nonfinite: the replay passes arguments by position, and "
+                           f"{type(module).__name__}.forward{_signature(module)} takes "
+                           f"{', '.join(extra)} as *args/**kwargs; give the step's tensors as "
+                           f"named parameters of forward.")
+    values = [bound.arguments[name] for name in names]
+    constant = {name: value for name, value in zip(names, values)
+                if not any(True for _ in iter_tensors(value))}
+    if not constant:
+        return module, tuple(values)
+    return trace(module, concrete_args=constant), tuple(values)
+
+
+def _signature(module: torch.nn.Module) -> str:
+    try:
+        return str(inspect.signature(module.forward))
+    except (TypeError, ValueError):
+        return "(...)"
+
+
+def watch_nonfinite(model: torch.nn.Module, ignore=None, group=None) -> NonfiniteWatch:
     """Watch a training loop for NaN/Inf; name the node that made it on the first bad step.
 
     Each step costs one finiteness flag (a sum of the outputs, a fused norm of
@@ -141,11 +299,20 @@ def watch_nonfinite(model: torch.nn.Module, ignore=None) -> NonfiniteWatch:
     parameter gradients hold a NaN or an Inf is replayed node by node with
     :func:`fxdebug.find_nonfinite` (same inputs, random-number state and
     buffers), which names the node that created it, forward or backward,
-    with the user's ``file:line``.
+    with the user's ``file:line``. ``watch(x, mask=m)``: keyword arguments
+    are passed on.
+
+    Under ``torch.distributed`` (initialised when ``check()`` first runs, or
+    ``group`` given) ``check()`` is a collective: one all-reduce of a vector of
+    two numbers per rank per step, so every rank stops on the same step;
+    the report names the ranks that went non-finite and, from their own
+    replays, the node, with ``file:line`` (a ``DistributedDataParallel``
+    model's module is replayed, without collectives).
 
     Args:
-        model: the ``nn.Module`` the loop trains.
+        model: the ``nn.Module`` the loop trains (``DistributedDataParallel`` too).
         ignore: keys or globs whose outputs may be non-finite on purpose.
+        group: the process group whose ranks watch together (default: every rank).
 
     Example::
 
@@ -154,11 +321,11 @@ def watch_nonfinite(model: torch.nn.Module, ignore=None) -> NonfiniteWatch:
         ...     def __init__(self):
         ...         super().__init__()
         ...         self.fc = torch.nn.Linear(2, 2)
-        ...     def forward(self, x):
-        ...         return torch.log(self.fc(x))
+        ...     def forward(self, x, scale=1.0):
+        ...         return torch.log(self.fc(x) * scale)
         >>> _ = torch.manual_seed(0); net = Net(); watch = fxdebug.watch_nonfinite(net)
         >>> for step in range(20):
-        ...     out = watch(torch.randn(4, 2))
+        ...     out = watch(torch.randn(4, 2), scale=2.0)
         ...     out.nan_to_num().sum().backward()
         ...     report = watch.check()
         ...     if report is not None:
@@ -168,4 +335,4 @@ def watch_nonfinite(model: torch.nn.Module, ignore=None) -> NonfiniteWatch:
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"watch_nonfinite expects an nn.Module, got {type(model).__name__}.")
-    return NonfiniteWatch(model, ignore=ignore)
+    return NonfiniteWatch(model, ignore=ignore, group=group)

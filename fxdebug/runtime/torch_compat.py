@@ -34,7 +34,8 @@ __all__ = ["torch_version", "tree_leaves", "is_op_packet", "op_schema", "SET_GRA
            "ENTER_AUTOCAST", "EXIT_AUTOCAST", "AUTOCAST_NODE_FUNCTIONS", "CODE_ONLY_MODULE",
            "autocast_arguments", "lineno_map", "pytree_specs", "custom_builtin_imports",
            "def_line", "is_persistent_buffer", "compiled_inner", "lookup_backend",
-           "inductor_backend", "graph_break_reason", "dynamo_frame_id"]
+           "inductor_backend", "graph_break_reason", "dynamo_frame_id",
+           "foreach_norm", "foreach_copy_"]
 
 tree_leaves = _pytree.tree_leaves
 """``torch.utils._pytree.tree_leaves`` (checked on 2.9.1 and 2.14.1; torch has no public twin)."""
@@ -143,6 +144,44 @@ def custom_builtin_imports() -> dict[str, str]:
                 "device": "from torch import device", "fx_pytree": "import torch.fx._pytree as fx_pytree",
                 "pytree": "import torch.utils._pytree as pytree"}
     return {name: builtin.import_str for name, builtin in builtins.items()}
+
+def foreach_norm(tensors: list[torch.Tensor], ord: float = 2.0) -> list[torch.Tensor]:
+    """The ``ord``-norm of each tensor, as 0-dim tensors on its device, without a host read.
+
+    ``torch._foreach_norm`` (checked on 2.9.1 and 2.14.1): one fused kernel on CUDA, one
+    call on the CPU. Where it is gone, ``torch.linalg.vector_norm`` of each tensor (the
+    same values, one kernel per tensor). ``ord=math.inf`` is max|x|: exact, never
+    overflowing, NaN where a value is NaN.
+
+    >>> [round(float(n), 3) for n in foreach_norm([torch.ones(4), torch.full((2,), 3.0)])]
+    [2.0, 4.243]
+    >>> big = [torch.tensor([3e38, -3e38])]  # finite values whose 2-norm overflows
+    >>> [bool(torch.isfinite(n)) for n in foreach_norm(big) + foreach_norm(big, ord=float("inf"))]
+    [False, True]
+    """
+    fused = getattr(torch, "_foreach_norm", None)
+    if fused is not None:
+        return list(fused(tensors, ord))
+    return [torch.linalg.vector_norm(t, ord) for t in tensors]
+
+
+def foreach_copy_(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """``target.copy_(source)`` for each pair, in one call where torch has one.
+
+    ``torch._foreach_copy_`` (checked on 2.9.1 and 2.14.1); where it is gone, one
+    ``Tensor.copy_`` per pair (the same result).
+
+    >>> targets = [torch.zeros(2), torch.zeros(1)]
+    >>> foreach_copy_(targets, [torch.ones(2), torch.full((1,), 3.0)])
+    >>> [t.tolist() for t in targets]
+    [[1.0, 1.0], [3.0]]
+    """
+    fused = getattr(torch, "_foreach_copy_", None)
+    if fused is not None:
+        fused(targets, sources)
+        return
+    for target, source in zip(targets, sources):
+        target.copy_(source)
 
 
 def is_op_packet(value) -> bool:

@@ -125,7 +125,8 @@ class _Tracer(fx.Tracer):
         self.leaf_paths = tuple(leaf_paths)
         self.leaf_types = tuple(leaf_types)
         self._module_scope: list[str] = []
-        self.keys = KeyAllocator()  # re-made with the root's module paths in trace()
+        # not `self.keys`: that is torch.fx.Tracer.keys, which `**proxy` calls
+        self.key_allocator = KeyAllocator()  # re-made with the root's module paths in trace()
         self.failure_scope: tuple[str, ...] | None = None
         self.condition_node: fx.Node | None = None
         self._order: dict[fx.Node, int] = {}
@@ -138,7 +139,7 @@ class _Tracer(fx.Tracer):
         if not isinstance(root, torch.nn.Module):
             with TracePatches(self, root):
                 return super().trace(root, concrete_args)
-        self.keys = KeyAllocator(owned=(name for name, _ in root.named_modules() if name))
+        self.key_allocator = KeyAllocator(owned=(name for name, _ in root.named_modules() if name))
         static = static_forward(root)
         with TracePatches(self, root):
             if static is None:
@@ -191,8 +192,8 @@ class _Tracer(fx.Tracer):
             args = self._message_of_this_run(args)
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
         scope = self._module_scope[-1] if self._module_scope else ""
-        node.meta[META_KEY] = self.keys.allocate(key_base(kind, target, scope),
-                                                 owner=kind == "call_module")
+        node.meta[META_KEY] = self.key_allocator.allocate(key_base(kind, target, scope),
+                                                          owner=kind == "call_module")
         node.meta[META_SOURCE] = user_location(sys._getframe(1))
         node.meta[META_MODULE] = str(target) if kind == "call_module" else scope
         self._order[node] = len(self._order)
@@ -233,7 +234,7 @@ class _Tracer(fx.Tracer):
         if self.is_leaf_module(m, path):
             return super().call_module(m, forward, args, kwargs)
         source = user_location(sys._getframe(1))
-        key = self.keys.allocate(path, owner=True)
+        key = self.key_allocator.allocate(path, owner=True)
         self._module_scope.append(path)
         try:
             out = super().call_module(m, forward, args, kwargs)
