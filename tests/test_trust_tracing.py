@@ -20,7 +20,8 @@ import torch
 import fxdebug
 import trust_models as tm
 
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+TRACING_GUIDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                             "tracing.md")
 
 
 def _line_of(cls, marker: str) -> str:
@@ -251,10 +252,10 @@ def test_flag_branch_advice_works():
     assert torch.equal(gm(x), tm.FlagBranch()(x))
 
 
-def test_readme_sample_failure_is_what_fxdebug_prints(tmp_path, monkeypatch):
-    text = open(README, encoding="utf-8").read()
+def test_tracing_guide_sample_failure_is_what_fxdebug_prints(tmp_path, monkeypatch):
+    text = open(TRACING_GUIDE, encoding="utf-8").read()
     match = re.search(r"```python\n(# branchy\.py\n.*?)```\n.*?```text\n(.*?)```", text, re.S)
-    assert match, "README: the branchy.py sample and its message were not found"
+    assert match, "docs/tracing.md: the branchy.py sample and its message were not found"
     source, message = match.groups()
     (tmp_path / "branchy.py").write_text(source)
     monkeypatch.chdir(tmp_path)
