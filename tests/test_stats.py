@@ -11,6 +11,7 @@ import torch
 
 import fxdebug
 from fxdebug.runtime import stats_from_summary, summarize
+from fxdebug.runtime import stats_kernel
 from fxdebug.runtime.stats_kernel import MIN_NUMEL, one_pass_sums
 
 
@@ -148,11 +149,73 @@ def test_accumulated_statistics_equal_those_of_all_runs_together():
 
 @pytest.mark.parametrize("sync_free", [False, True])
 def test_one_pass_kernel_in_chunks(monkeypatch, sync_free):
-    """Tensors longer than a chunk (2**24 values: float32 counts stay exact) are summed per chunk."""
-    from fxdebug.runtime import stats_kernel
+    """Tensors longer than a chunk are summarized per chunk, the chunks merged (Chan's formula)."""
     monkeypatch.setattr(stats_kernel, "_CHUNK", MIN_NUMEL)
     monkeypatch.setattr(stats_kernel, "MAX_ROWS", stats_kernel.MIN_ROWS + 1)
     x = sample(torch.float32, (5, 8, 64, 64), mean=2.0)
     if not sync_free:
         x = torch.nan_to_num(x, nan=1.0, posinf=2.0, neginf=-2.0)
     assert_stats_equal(stats_from_summary(summarize(x, sync_free=sync_free)), truth(x), x.dtype)
+
+
+def adversarial(case: str) -> torch.Tensor:
+    """Inputs that break a naive variance: each a few ROWs long, none a multiple of a vector width."""
+    g = torch.Generator().manual_seed(3)
+    n = 2 * MIN_NUMEL + 13
+    near = 1000.0 + 1e-3 * torch.randn(n, generator=g)  # mean 1e6 times the spread
+    if case == "large-mean-small-spread":
+        return near
+    if case == "large-mean-eager-sized":
+        return near[:10_007]
+    if case == "negative-large-mean":
+        return -3e4 + 0.05 * torch.randn(n, generator=g)
+    if case == "bfloat16":
+        return (100.0 + torch.randn(n, generator=g)).bfloat16()
+    if case == "float16":
+        return (300.0 + 0.1 * torch.randn(n, generator=g)).half()
+    if case == "transposed":
+        return (1000.0 + 1e-3 * torch.randn(97, 701, generator=g)).t()
+    if case == "strided":
+        return near[::3]
+    if case == "nonfinite":
+        x = near.clone()
+        x[[0, 1, 5000, n - 1]] = torch.tensor([float("nan"), float("inf"), float("-inf"), float("nan")])
+        return x
+    if case == "shifts-far-from-values":  # two of each row's first, middle and last values are outliers
+        x = torch.ones(n)
+        x[::stats_kernel.ROW] = 1e4
+        x[stats_kernel.ROW // 2::stats_kernel.ROW] = 1e4
+        return x
+    if case == "near-overflow":
+        return 3e38 - 1e33 * torch.rand(n, generator=g)
+    raise ValueError(case)
+
+
+ADVERSARIAL = ["large-mean-small-spread", "large-mean-eager-sized", "negative-large-mean", "bfloat16",
+               "float16", "transposed", "strided", "nonfinite", "shifts-far-from-values",
+               "near-overflow"]
+
+
+@pytest.mark.parametrize("case", ADVERSARIAL)
+def test_adversarial_inputs_match_float64_on_every_path(case):
+    """Compiled kernel and torch's reductions, read at once or on the device: float64's answer."""
+    x = adversarial(case)
+    expected = truth(x)
+    for one_pass in (True, False):
+        for sync_free in (False, True):
+            stats = stats_from_summary(summarize(x, sync_free=sync_free, one_pass=one_pass))
+            assert_stats_equal(stats, expected, x.dtype)
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_compiled_kernel_keeps_a_large_mean_small_spread_exact(wide):
+    """The kernel's own M2, with no fallback: within 1e-5 of float64 whatever the reduction order."""
+    x = adversarial("large-mean-small-spread")
+    part = one_pass_sums(x, wide=wide)
+    assert part is not None  # the kernel builds here
+    count, mean, m2, low, high, zeros, bound = part.tolist()
+    d = x.double()
+    assert count == x.numel() and low == d.min().item() and high == d.max().item() and zeros == 0
+    assert math.isclose(mean, d.mean().item(), rel_tol=1e-9)
+    assert math.isclose(m2, (d - d.mean()).square().sum().item(), rel_tol=1e-5)
+    assert bound <= stats_kernel.BOUND_RATIO * m2  # stats mode takes it as it is

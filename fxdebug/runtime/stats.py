@@ -7,15 +7,18 @@ finite values. Summaries of several runs merge exactly (:func:`combine`, Chan's
 parallel formula), and :func:`stats_from_summary` reads one into :class:`Stats`.
 
 A float tensor of at least ``MIN_NUMEL`` values takes one pass: a compiled
-kernel returns its finite count, sum, sum of squares, min, max and zero count
-together (:mod:`.stats_kernel`). On the CPU, where reading a number costs
-nothing, the summary is checked as it is made, and an exact slower path runs
-only where it must: a mean large against the spread (a second pass around the
-mean, so the variance does not cancel) or float32 overflow (float64). Smaller
-tensors, integers, float64, and machines where the kernel cannot be compiled
-take torch's own reductions (four passes; masked where values are not finite).
-On other devices nothing is read during the run: sums accumulate in float64
-on the device and the table reads every summary at once, after the run.
+kernel returns its count, mean, M2, min, max and zero count together
+(:mod:`.stats_kernel`). No path takes the spread as ``sum(x**2) - n *
+mean**2`` where that could cancel: each sums deviations from a shift close to
+the values (the kernel's per-row shifts, a first estimate of the mean) and
+corrects by their sum, so the error does not depend on the order of the sums.
+On the CPU, where reading a number costs nothing, the summary is checked as it
+is made, and a slower path runs only where it must: a non-finite value, a
+shift far from the values, or float32 overflow (float64). Smaller tensors,
+integers, float64, and machines where the kernel cannot be compiled take
+torch's own reductions (four passes; masked where values are not finite). On
+other devices nothing is read during the run: the kernel works in float64 on
+the device and the table reads every summary at once, after the run.
 
 >>> s = stats_from_summary(summarize(torch.tensor([1.0, 3.0, float("inf"), 0.0])))
 >>> round(s.mean, 4), round(s.std, 4), s.min, s.max, s.zeros_pct, s.nonfinite
@@ -29,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from .stats_kernel import MIN_NUMEL, one_pass_sums
+from .stats_kernel import BOUND_RATIO, MIN_NUMEL, one_pass_sums
 
 __all__ = ["Stats", "tensor_stats", "summarize", "combine", "stats_from_summary",
            "stats_from_summaries"]
@@ -107,27 +110,34 @@ _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # subclasses take torch's o
 
 
 def _from_sums(sums: torch.Tensor, numel: int) -> torch.Tensor | None:
-    """The summary from float32 one-pass sums; None where they are not exact enough."""
-    total, squares, low, high, zeros = sums.tolist()
-    count = float(numel)  # every value is finite, or a NaN or Inf shows in the sums below
-    mean = total / count
-    m2 = squares - count * mean * mean
-    # Recompute where the float32 sums could be off by more than about 1e-5 of the variance:
-    # a NaN or Inf in the tensor, float32 overflow, or a mean large against the spread.
-    if not (math.isfinite(total) and math.isfinite(squares) and math.isfinite(low)
-            and math.isfinite(high) and 64 * m2 > count * mean * mean):
+    """The summary from the float32 kernel's part; None where it is not exact enough."""
+    count, mean, m2, low, high, zeros, bound = sums.tolist()
+    # Every value is finite, or a NaN or Inf shows below. The float32 rounding error of m2 is a
+    # small multiple of 2**-24 * bound whatever the order of the sums: recompute where bound is
+    # large against m2 (a row's shift far from its values), or on a NaN, Inf or float32 overflow.
+    if not (math.isfinite(mean) and math.isfinite(m2) and math.isfinite(bound)
+            and math.isfinite(low) and math.isfinite(high) and bound <= BOUND_RATIO * m2):
         return None
-    return torch.tensor([count, mean, m2, low, high, zeros, 0.0, count], dtype=torch.float64)
+    return torch.tensor([count, mean, m2, low, high, zeros, 0.0, float(numel)],
+                        dtype=torch.float64)
 
 
 def _from_sums_on_device(sums: torch.Tensor, numel: int) -> torch.Tensor:
-    """The summary from float64 one-pass sums, without reading anything back."""
-    count, total, squares, low, high, zeros = sums.unbind()
-    mean = total / count.clamp(min=1)
+    """The summary from the float64 kernel's part, without reading anything back."""
+    count, mean, m2, low, high, zeros, _ = sums.unbind()
     mean = torch.where(count > 0, mean, _NAN)
-    m2 = (squares - count * mean * mean).clamp(min=0)
-    return torch.stack([count, mean, m2, low, high, zeros, numel - count,
+    return torch.stack([count, mean, m2.clamp(min=0), low, high, zeros, numel - count,
                         torch.full_like(count, float(numel))])
+
+
+def _shifted_m2(t: torch.Tensor, mean: float, numel: int) -> tuple[float, float, float]:
+    """``(mean, M2, bound)`` from the deviations of ``t`` from ``mean`` (as ``t``'s dtype holds
+    it), corrected by their sum: exact to rounding whatever the order of the sums."""
+    shift = torch.tensor(mean, dtype=t.dtype)
+    deviation = t - shift
+    total = float(deviation.sum())
+    bound = float(torch.linalg.vector_norm(deviation)) ** 2
+    return float(shift) + total / numel, bound - total * total / numel, bound
 
 
 def _summarize_finite_cpu(t: torch.Tensor, numel: int) -> torch.Tensor | None:
@@ -136,17 +146,22 @@ def _summarize_finite_cpu(t: torch.Tensor, numel: int) -> torch.Tensor | None:
     if not (math.isfinite(low) and math.isfinite(high)):
         return None
     total = float(t.sum())
-    norm = float(torch.linalg.vector_norm(t))
-    if not (math.isfinite(total) and math.isfinite(norm)):
-        if t.dtype != torch.float64:
-            return _summarize_finite_cpu(t.double(), numel)  # float32 overflowed; float64 not
-        return None  # float64 overflowed too: the masked path scales the deviations
+    bound = float(torch.linalg.vector_norm(t)) ** 2
     mean = total / numel
-    m2 = norm * norm - numel * mean * mean
-    if not m2 > numel * mean * mean:  # the mean dominates: E[x^2] - mean^2 would cancel
-        shift = torch.tensor(mean, dtype=t.dtype)
-        deviation = float(torch.linalg.vector_norm(t - shift))
-        m2 = deviation * deviation - numel * (mean - float(shift)) ** 2
+    m2 = bound - numel * mean * mean
+    # sum(x**2) - n * mean**2 is off by a few roundings of sum(x**2) (the bound), whatever the
+    # order of the sums: kept where that is small against m2, else deviations from the mean,
+    # corrected by their sum (each step brings the shift closer to the mean).
+    for shifts in range(4):
+        if not (math.isfinite(mean) and math.isfinite(bound)):
+            if t.dtype != torch.float64:
+                return _summarize_finite_cpu(t.double(), numel)  # float32 overflowed; float64 not
+            return None  # float64 overflowed too: the masked path scales the deviations
+        if bound <= BOUND_RATIO * m2 or (shifts == 3 and t.dtype == torch.float64):
+            break
+        if shifts == 3:  # the values lie too close together for a float32 shift
+            return _summarize_finite_cpu(t.double(), numel)
+        mean, m2, bound = _shifted_m2(t, mean, numel)
     zeros = numel - int(torch.count_nonzero(t))
     return torch.tensor([float(numel), mean, max(m2, 0.0), low, high, float(zeros), 0.0,
                          float(numel)], dtype=torch.float64)
@@ -156,15 +171,20 @@ def _summarize_masked(t: torch.Tensor, numel: int) -> torch.Tensor:
     """Statistics over the finite values, entirely on the device (nothing read back)."""
     finite = torch.isfinite(t)
     count = finite.sum().to(torch.float64)
+    safe = count.clamp(min=1)
     zero = torch.zeros((), dtype=t.dtype, device=t.device)
-    mean = torch.where(finite, t, zero).sum(dtype=torch.float64) / count.clamp(min=1)
+    mean = torch.where(finite, t, zero).sum(dtype=torch.float64) / safe
     low = torch.where(finite, t, torch.full_like(zero, _INF)).amin().to(torch.float64)
     high = torch.where(finite, t, torch.full_like(zero, -_INF)).amax().to(torch.float64)
-    # Deviations scaled by the largest magnitude, so their squares cannot overflow.
+    # Deviations from the float64 mean, scaled by the largest magnitude so their squares cannot
+    # overflow, and corrected by their sum.
     scale = torch.maximum(low.abs(), high.abs())
     scale = torch.where(torch.isfinite(scale) & (scale > 0), scale, torch.ones_like(scale))
     deviation = torch.where(finite, (t.double() - mean) / scale, 0.0)
-    m2 = torch.linalg.vector_norm(deviation).square() * scale.square()
+    total = deviation.sum()
+    m2 = ((torch.linalg.vector_norm(deviation).square() - total * total / safe)
+          * scale.square()).clamp(min=0)
+    mean = mean + total * scale / safe
     zeros = numel - torch.count_nonzero(t).to(torch.float64)
     nonfinite = numel - count
     return torch.stack([count, mean, m2, low, high, zeros, nonfinite,

@@ -1,33 +1,41 @@
 """One pass over a tensor for every statistic stats mode keeps: a kernel compiled once.
 
-torch has no single kernel that returns a tensor's minimum, maximum, sum, sum of
-squares, zero count and finite count together; its own reductions take four
-passes (``aminmax``, ``sum``, ``vector_norm``, ``count_nonzero``, the last one
-slow on tensors full of zeros, such as ReLU outputs). :func:`one_pass_sums`
-compiles that reduction with ``torch.compile`` (inductor fuses the six into one
-loop over the tensor) once per dtype and device type, with dynamic sizes, so a
-whole model's activations share one compiled kernel::
+torch has no single kernel that returns a tensor's mean, spread, minimum,
+maximum and zero count together; its own reductions take four passes
+(``aminmax``, ``sum``, ``vector_norm``, ``count_nonzero``, the last one slow on
+tensors full of zeros, such as ReLU outputs). :func:`one_pass_sums` compiles
+that reduction with ``torch.compile`` (inductor fuses it into one loop over the
+tensor) once per dtype and device type, with dynamic sizes, so a whole
+model's activations share one compiled kernel::
 
     one_pass_sums(tensor)                       tensor: float, at least MIN_NUMEL values
       ├─ a 1-D view of its memory               (contiguous or channels-last: no copy)
-      ├─ compiled kernel, under no_grad         -> [sum, sum of squares, min, max, zeros]
-      │    rows of ROW values, each reduced       (float32, checked by the caller), or
-      │    at once, then the rows combined        [finite count, sum, sum of squares,
-      │                                            min, max, zeros] (float64, wide=True)
-      └─ the last ``numel % ROW`` values, with torch's reductions, combined
+      ├─ compiled kernel, under no_grad         -> a part: [count, mean, M2, min, max,
+      │    rows of ROW values, each reduced          zeros, bound]
+      │    around a value of its own, then the
+      │    rows combined in float64
+      └─ the last ``numel % ROW`` values, with torch's reductions in float64, merged
 
-Sums accumulate in float32 where the caller reads and checks them at once (per
-row of ``ROW`` values, then across rows: a two-level sum, and several times
-faster on the CPU than one long reduction, which inductor sums in a cascade;
-the caller recomputes exactly where they could have cancelled or overflowed),
-and in float64 over one long reduction where nothing is read back during the
-run (``wide=True``, on GPUs). Where ``torch.compile`` cannot build the kernel (no C++ compiler, an
-unsupported platform), the first call warns once with the reason and returns
-None from then on, and stats mode uses torch's reductions: same statistics,
-slower. ``FXDEBUG_STATS_KERNEL=0`` turns the kernel off.
+``M2`` is the sum of squared deviations from the mean. The spread is never
+taken as ``sum(x**2) - n * mean**2``, which cancels when the mean is large
+against the spread, by an amount that depends on the order of the sums (and
+so on the CPU's vector width and thread count). The float32 kernel (CPU)
+subtracts from each row of ``ROW`` values its own shift (the median of its
+first, middle and last value), sums the deviations and their squares in
+float32, and combines the rows in float64 (Chan et al.'s formula). ``bound``
+is the sum of squared deviations from the shifts: the float32 rounding error
+of ``M2`` is at most a few ``ROW * 2**-24`` of it whatever the order of the
+sums, and the caller recomputes where ``bound`` is large against ``M2`` (a
+shift far from its row's values), or a NaN, an Inf or float32 overflow shows.
+The float64 kernel (``wide=True``, for devices where nothing is read back
+during the run) takes two passes over the finite values: the mean, then the
+deviations from it. Where ``torch.compile`` cannot build the kernel (no C++
+compiler, an unsupported platform), the first call warns once with the reason
+and returns None from then on, and stats mode uses torch's reductions: same
+statistics, slower. ``FXDEBUG_STATS_KERNEL=0`` turns the kernel off.
 
->>> sums = one_pass_sums(torch.tensor([0.0, 2.0, float("inf")] * 20000), wide=True)
->>> sums is None or [round(v) for v in sums.tolist()] == [40000, 40000, 80000, 0, 2, 20000]
+>>> part = one_pass_sums(torch.tensor([0.0, 2.0, float("inf")] * 20000), wide=True)
+>>> part is None or [round(v) for v in part.tolist()] == [40000, 1, 40000, 0, 2, 20000, 40000]
 True
 """
 
@@ -37,13 +45,13 @@ import os
 import threading
 import types
 import warnings
+from typing import Callable
 
 import torch
 
 from ..errors import PerformanceWarning
-from .direct_kernel import DirectKernel
 
-__all__ = ["one_pass_sums", "MIN_NUMEL", "ROW"]
+__all__ = ["one_pass_sums", "merge_parts", "MIN_NUMEL", "ROW", "BOUND_RATIO"]
 
 MIN_NUMEL = 1 << 15
 """Smaller tensors use torch's reductions: the compiled call costs more than it saves."""
@@ -52,32 +60,92 @@ ROW = 2048
 """Values per row of the float32 kernel: each row is reduced in registers, then the rows."""
 
 MIN_ROWS, MAX_ROWS = MIN_NUMEL // ROW, 1 << 12
-"""Rows per call of the float32 kernel (at most 2**23 values: float32 counts stay exact)."""
+"""Rows per call of the float32 kernel (at most 2**23 values a call)."""
+
+BOUND_RATIO = 16.0
+"""The float32 kernel's ``M2`` is used where ``bound <= BOUND_RATIO * M2``: error below 1e-5."""
 
 _INF = float("inf")
 _CHUNK = 1 << 24  # values per call of the float64 kernel
-_kernels: dict[tuple[str, bool, torch.dtype], DirectKernel] = {}
+_kernels: dict[tuple[str, bool, torch.dtype], Callable[[torch.Tensor], torch.Tensor]] = {}
 _lock = threading.Lock()
 _unavailable: list[str] = []
 
 
-def _sums(values: torch.Tensor, wide: bool) -> torch.Tensor:
+def _rows_part(values: torch.Tensor) -> torch.Tensor:
+    """``[count, mean, M2, min, max, zeros, bound]`` of rows of ROW values (float64; see the module)."""
     values = values.float() if values.dtype in (torch.float16, torch.bfloat16) else values
-    if not wide:  # rows of ROW values; a NaN or Inf shows in the sums, and the caller rechecks
-        zeros = (values == 0).to(values.dtype)  # a float count vectorises; exact below 2**24
-        per_row = torch.stack([values.sum(1), (values * values).sum(1), values.amin(1),
-                               values.amax(1), zeros.sum(1)])
-        return torch.stack([per_row[0].sum(), per_row[1].sum(), per_row[2].amin(),
-                            per_row[3].amax(), per_row[4].sum()])
+    width = values.shape[1]
+    first, middle, last = values[:, :1], values[:, width // 2:width // 2 + 1], values[:, -1:]
+    shift = torch.maximum(torch.minimum(first, middle),
+                          torch.minimum(torch.maximum(first, middle), last))  # median of three
+    deviation = values - shift  # a NaN or Inf, or float32 overflow, shows in the sums
+    sums = deviation.sum(1).double()
+    squares = (deviation * deviation).sum(1).double()
+    zeros = (values == 0).to(values.dtype).sum(1)  # a float count vectorises; exact per row
+    row_means = shift[:, 0].double() + sums / width
+    mean = row_means.mean()
+    m2 = (squares - sums * sums / width).sum() + width * (row_means - mean).square().sum()
+    return torch.stack([torch.full_like(mean, values.numel()), mean, m2,
+                        values.amin(1).amin().double(), values.amax(1).amax().double(),
+                        zeros.double().sum(), squares.sum()])
+
+
+def _finite_part(values: torch.Tensor) -> torch.Tensor:
+    """``[count, mean, M2, min, max, zeros, bound]`` over the finite values, float64, two passes."""
     finite = torch.isfinite(values)
-    kept = torch.where(finite, values, 0.0).double()
+    count = finite.double().sum()
+    safe = count.clamp(min=1)
+    wide = values.double()
+    mean = torch.where(finite, wide, 0.0).sum() / safe
+    deviation = torch.where(finite, wide - mean, 0.0)
+    sums = deviation.sum()
+    squares = (deviation * deviation).sum()
     return torch.stack([
-        finite.double().sum(),
-        kept.sum(),
-        (kept * kept).sum(),
+        count,
+        mean + sums / safe,
+        squares - sums * sums / safe,
         torch.where(finite, values, _INF).amin().double(),
         torch.where(finite, values, -_INF).amax().double(),
         (values == 0).double().sum(),
+        squares,
+    ])
+
+
+def _tail_part(values: torch.Tensor) -> torch.Tensor:
+    """What the float32 kernel returns, with ``count`` first, for a few values: torch's ops, float64."""
+    wide = values.double().reshape(-1)
+    count = wide.numel()
+    mean = wide.mean()
+    deviation = wide - mean
+    sums, squares = deviation.sum(), deviation.dot(deviation)
+    low, high = torch.aminmax(wide)
+    return torch.stack([torch.tensor(float(count), dtype=torch.float64), mean + sums / count,
+                        squares - sums * sums / count, low, high,
+                        (wide == 0).sum().double(), squares])
+
+
+def merge_parts(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """Two parts ``[count, mean, M2, min, max, zeros, bound]`` as one (Chan et al.'s formula).
+
+    A part of count 0 has mean 0. Works on the parts' device; reads nothing back.
+
+    >>> a, b = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 0.0, 4.0])
+    >>> merged = merge_parts(_tail_part(a), _tail_part(b))
+    >>> [round(v, 4) for v in merged.tolist()[:6]]
+    [5.0, 2.0, 10.0, 0.0, 4.0, 1.0]
+    """
+    n_a, n_b = first[0], second[0]
+    count = n_a + n_b
+    delta = second[1] - first[1]
+    return torch.stack([
+        count,
+        first[1] + delta * n_b / count.clamp(min=1),
+        first[2] + second[2] + delta * delta * n_a * n_b / count.clamp(min=1),
+        torch.minimum(first[3], second[3]),
+        torch.maximum(first[4], second[4]),
+        first[5] + second[5],
+        first[6] + second[6],
     ])
 
 
@@ -101,57 +169,36 @@ def _block(dense: torch.Tensor, start: int, shape: tuple[int, ...]) -> torch.Ten
     return block.set_(dense.untyped_storage(), dense.storage_offset() + start, shape, strides)
 
 
-def _tail_sums(values: torch.Tensor) -> torch.Tensor:
-    """What the float32 kernel returns, for fewer than ROW values, with torch's reductions."""
-    values = values.float().reshape(-1)
-    low, high = torch.aminmax(values)
-    return torch.stack([values.sum(), values.dot(values), low, high,
-                        (values == 0).sum().to(values.dtype)])
+def _parts(kernel, dense: torch.Tensor, wide: bool) -> list[torch.Tensor]:
+    """The kernel over chunks of ``dense``'s memory: one part ``[count, mean, M2, ...]`` each.
 
-
-def _chunked(kernel, dense: torch.Tensor, wide: bool) -> torch.Tensor:
-    """The kernel over chunks of at most ``_CHUNK`` values (float32 counts stay exact), combined.
-
-    The float32 kernel takes each chunk as rows of ``ROW`` values (16 to 4096
-    rows); values past the last whole row, or in a last chunk of fewer than 16
-    rows, take torch's reductions.
+    The float32 kernel takes each chunk as rows of ``ROW`` values (16 to
+    ``MAX_ROWS`` rows); values past the last whole row, or in a last chunk of
+    fewer than 16 rows, take torch's reductions.
     """
     numel = dense.numel()
     if wide:
-        if numel <= _CHUNK:
-            return kernel(_block(dense, 0, (numel,)))
-        parts = [kernel(_block(dense, start, (min(_CHUNK, numel - start),)))
-                 for start in range(0, numel, _CHUNK)]
-    else:
-        rows = numel // ROW
-        if rows * ROW == numel and rows <= MAX_ROWS:
-            return kernel(_block(dense, 0, (rows, ROW)))
-        parts = []
-        for first in range(0, rows, MAX_ROWS):
-            count = min(MAX_ROWS, rows - first)
-            block = _block(dense, first * ROW, (count, ROW))
-            parts.append(kernel(block) if count >= MIN_ROWS else _tail_sums(block))
-        if rows * ROW < numel:
-            parts.append(_tail_sums(_block(dense, rows * ROW, (numel - rows * ROW,))))
-    summed = torch.stack(parts).double()
-    low_col, high_col = (3, 4) if wide else (2, 3)
-    out = summed.sum(0)
-    out[low_col], out[high_col] = summed[:, low_col].amin(), summed[:, high_col].amax()
-    return out
+        return [kernel(_block(dense, start, (min(_CHUNK, numel - start),)))
+                for start in range(0, numel, _CHUNK)]
+    rows, parts = numel // ROW, []
+    for first in range(0, rows, MAX_ROWS):
+        count = min(MAX_ROWS, rows - first)
+        block = _block(dense, first * ROW, (count, ROW))
+        parts.append(kernel(block) if count >= MIN_ROWS else _tail_part(block))
+    if rows * ROW < numel:
+        parts.append(_tail_part(_block(dense, rows * ROW, (numel - rows * ROW,))))
+    return parts
 
 
 def _kernel_template(values, _wide=False):
-    return _sums(values, _wide)
+    return _finite_part(values) if _wide else _rows_part(values)
 
 
 def _kernel(device_type: str, wide: bool, dtype: torch.dtype):
-    """The compiled kernel for one device type, accumulation and dtype.
+    """``torch.compile`` of the kernel for one device type, accumulation and dtype.
 
     Each gets a code object of its own: torch.compile keeps its compiled
     variants per code object, up to a limit, so kernels never crowd each other out.
-    The float32 kernel on the CPU, which stats mode calls for every large
-    tensor, is called without dynamo's guard check once that is verified safe
-    (:class:`~fxdebug.runtime.direct_kernel.DirectKernel`).
     """
     key = (device_type, wide, dtype)
     kernel = _kernels.get(key)
@@ -162,22 +209,22 @@ def _kernel(device_type: str, wide: bool, dtype: torch.dtype):
                 name = f"fxdebug_stats_{device_type}_{'wide' if wide else 'narrow'}_{str(dtype)[6:]}"
                 code = _kernel_template.__code__.replace(co_name=name, co_qualname=name)
                 function = types.FunctionType(code, globals(), name, (wide,))
-                direct = device_type == "cpu" and not wide  # the kernel that runs during a run
-                kernel = DirectKernel(function, rows=(MIN_ROWS, MAX_ROWS) if direct else None)
+                kernel = torch.compile(function, dynamic=True, fullgraph=True)
                 _kernels[key] = kernel
     return kernel
 
 
 def one_pass_sums(tensor: torch.Tensor, wide: bool = False) -> torch.Tensor | None:
-    """``[sum, sum of squares, min, max, zeros]`` of a float tensor in one pass.
+    """``[count, mean, M2, min, max, zeros, bound]`` of a float tensor, float64 on its device.
 
-    By default the sums are float32 over every value (a NaN or Inf shows in
-    them); ``wide=True`` returns ``[finite count, sum, sum of squares, min, max,
-    zeros]`` over the finite values, accumulated in float64. Returns None where
-    the compiled kernel is off or could not be built (see the module docstring).
+    By default (the float32 kernel) over every value: a NaN or Inf shows as a
+    non-finite number, and the caller checks ``bound <= BOUND_RATIO * M2``
+    before it trusts ``M2`` (see the module docstring). ``wide=True`` is over
+    the finite values, in float64. Returns None where the compiled kernel is
+    off or could not be built.
 
-    >>> sums = one_pass_sums(torch.ones(1 << 16))
-    >>> sums is None or sums.tolist() == [65536.0, 65536.0, 1.0, 1.0, 0.0]
+    >>> part = one_pass_sums(torch.ones(1 << 16))
+    >>> part is None or part.tolist() == [65536.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
     True
     """
     if _unavailable or os.environ.get("FXDEBUG_STATS_KERNEL", "1") == "0":
@@ -188,8 +235,13 @@ def one_pass_sums(tensor: torch.Tensor, wide: bool = False) -> torch.Tensor | No
             dense = _dense(tensor.detach())
             if torch.is_autocast_enabled(tensor.device.type):
                 with torch.autocast(tensor.device.type, enabled=False):
-                    return _chunked(kernel, dense, wide)
-            return _chunked(kernel, dense, wide)
+                    parts = _parts(kernel, dense, wide)
+            else:
+                parts = _parts(kernel, dense, wide)
+            merged = parts[0]
+            for part in parts[1:]:
+                merged = merge_parts(merged, part)
+            return merged
     except Exception as error:  # noqa: BLE001 - any compile failure: say it once, use torch's ops
         if not _unavailable:
             _unavailable.append(f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
