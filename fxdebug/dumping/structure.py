@@ -48,6 +48,11 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+def _non_persistent(module: torch.nn.Module) -> list[str]:
+    return [name for name in torch_compat.own_buffers(module)
+            if not torch_compat.is_persistent_buffer(module, name)]
+
+
 def _mismatch(original: torch.nn.Module, rebuilt: torch.nn.Module, path: str = "") -> str | None:
     """Why ``rebuilt`` differs from ``original`` (type, attributes, tensor names/shapes), or None."""
     where = path or "the module"
@@ -74,7 +79,7 @@ def _mismatch(original: torch.nn.Module, rebuilt: torch.nn.Module, path: str = "
             if (tensor is None) != (other is None) or (
                     tensor is not None and tuple(tensor.shape) != tuple(other.shape)):
                 return f"{where}.{name} has another shape when rebuilt"
-    if torch_compat.non_persistent_buffers(original) != torch_compat.non_persistent_buffers(rebuilt):
+    if _non_persistent(original) != _non_persistent(rebuilt):
         return f"{where} has other non-persistent buffers when rebuilt"
     children, rebuilt_children = torch_compat.own_children(original), torch_compat.own_children(rebuilt)
     if list(children) != list(rebuilt_children):

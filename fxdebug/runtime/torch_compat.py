@@ -6,18 +6,10 @@ private name (``torch._dynamo``, ``torch.fx.graph_module._forward_from_src``,
 package never touches one: it calls the functions below. Each says which
 private name it reads, the torch versions it was checked on, and what it
 does when that name is missing (a public way to the same result, or a
-clear "needs torch X" error); ``tests/test_layout.py`` fails on a private
-``torch._*`` name anywhere else in the package.
+clear "needs torch X" error, :func:`require_torch`); ``tests/test_private_torch.py``
+fails on a private torch name anywhere else in the package.
 
-Compiled models (``torch.compile``)::
-
-    compiled_inner(module)          OptimizedModule._orig_mod: the module torch.compile wraps
-    lookup_backend(name)            torch._dynamo.lookup_backend: a backend name -> callable
-    inductor_backend(mode)          torch._inductor.compile_fx with list_mode_options(mode)
-    graph_break_reason(gm)          gm.compile_subgraph_reason: why dynamo ended a graph
-    dynamo_frame_id(gm)             gm.meta["dynamo_compile_id"].frame_id
-
->>> torch_version() >= (2, 9)
+>>> torch_version() >= MINIMUM_TORCH
 True
 """
 
@@ -28,33 +20,60 @@ import traceback
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as _pytree  # no public pytree module up to torch 2.14 (checked 2.9.1, 2.14.1)
-from torch.utils._python_dispatch import TorchDispatchMode  # no public twin (2.9.1, 2.14.1)
 
-__all__ = ["TorchDispatchMode", "torch_version", "tree_leaves", "tree_flatten", "tree_unflatten", "treespec_dumps",
-           "is_op_overload", "ASSERT_IS_NONE", "DROPOUT_TYPES", "has_module_hooks",
-           "tensor_version", "saved_tensor_names", "saved_tensor_has_unpack_hooks",
-           "copy_codegen", "graph_tracer_cls", "set_graph_tracer_cls", "own_parameters",
-           "own_buffers", "own_children", "non_persistent_buffers", "set_child",
-           "set_own_buffer", "PARAMETERS_ATTR",
-           "BUFFERS_ATTR", "CHILDREN_ATTR", "GRAPH_MODULE_SHARED_ATTRS",
-           "GRAPH_MODULE_HOOK_ATTRS", "CODE_ATTR", "generated_code", "is_export_guard_call",
-           "is_autocast_function", "is_op_packet", "op_schema", "SET_GRAD_ENABLED",
-           "ENTER_AUTOCAST", "EXIT_AUTOCAST", "AUTOCAST_NODE_FUNCTIONS", "CODE_ONLY_MODULE",
-           "autocast_arguments", "lineno_map", "pytree_specs", "custom_builtin_imports",
-           "def_line", "is_persistent_buffer", "compiled_inner", "lookup_backend",
-           "inductor_backend", "graph_break_reason", "dynamo_frame_id",
-           "foreach_norm", "foreach_copy_"]
+from ..errors import FxdebugError
 
-tree_leaves = _pytree.tree_leaves
-"""``torch.utils._pytree.tree_leaves`` (checked on 2.9.1 and 2.14.1; torch has no public twin)."""
-tree_flatten = _pytree.tree_flatten
-"""``torch.utils._pytree.tree_flatten`` (2.9.1, 2.14.1; no public twin)."""
-tree_unflatten = _pytree.tree_unflatten
-"""``torch.utils._pytree.tree_unflatten`` (2.9.1, 2.14.1; no public twin)."""
+MINIMUM_TORCH = (2, 9)
+"""The oldest torch fxdebug supports: every release of the last year (pyproject.toml agrees)."""
+
+
+def torch_version() -> tuple[int, int]:
+    """``(major, minor)`` of the running torch (public ``torch.__version__``).
+
+    >>> isinstance(torch_version()[1], int)
+    True
+    """
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def require_torch(minimum: tuple[int, int], feature: str) -> None:
+    """Raise an error naming ``feature`` and the torch it needs when the running one is older.
+
+    >>> require_torch(MINIMUM_TORCH, "fxdebug")
+    >>> require_torch((99, 0), "time travel")
+    Traceback (most recent call last):
+    fxdebug.errors.FxdebugError: time travel needs torch 99.0 or newer, this is torch ...: pip install "torch>=99.0"
+    """
+    if torch_version() < minimum:
+        need = ".".join(map(str, minimum))
+        raise FxdebugError(f"{feature} needs torch {need} or newer, this is torch "
+                           f"{torch.__version__}: pip install \"torch>={need}\"")
+
+
+require_torch(MINIMUM_TORCH, "fxdebug")  # before any private name below can fail on an old torch
+
+import torch.utils._pytree as _pytree  # noqa: E402  no public pytree module (2.9.1, 2.14.1)
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402  no public twin (2.9.1, 2.14.1)
+
+__all__ = ["MINIMUM_TORCH", "require_torch", "TorchDispatchMode", "torch_version", "tree_leaves",
+           "tree_flatten", "tree_unflatten", "treespec_dumps", "is_op_overload", "ASSERT_IS_NONE",
+           "DROPOUT_TYPES", "has_module_hooks", "tensor_version", "saved_tensor_names",
+           "saved_tensor_has_unpack_hooks", "copy_codegen", "graph_tracer_cls",
+           "set_graph_tracer_cls", "own_parameters", "own_buffers", "own_children",
+           "set_child", "set_own_buffer", "PARAMETERS_ATTR",
+           "BUFFERS_ATTR", "CHILDREN_ATTR", "GRAPH_MODULE_SHARED_ATTRS", "GRAPH_MODULE_HOOK_ATTRS",
+           "CODE_ATTR", "generated_code", "is_export_guard_call", "is_autocast_function",
+           "is_op_packet", "op_schema", "SET_GRAD_ENABLED", "ENTER_AUTOCAST", "EXIT_AUTOCAST",
+           "AUTOCAST_NODE_FUNCTIONS", "CODE_ONLY_MODULE", "autocast_arguments", "lineno_map",
+           "pytree_specs", "custom_builtin_imports", "def_line", "is_persistent_buffer",
+           "compiled_inner", "lookup_backend", "inductor_backend", "graph_break_reason",
+           "dynamo_frame_id", "foreach_norm", "foreach_copy_"]
+
+# torch.utils._pytree (checked on 2.9.1 and 2.14.1; torch has no public twin). treespec_dumps:
+# a TreeSpec as JSON, what a dumped script loads with torch.utils._pytree.treespec_loads.
+tree_leaves, tree_flatten, tree_unflatten = _pytree.tree_leaves, _pytree.tree_flatten, _pytree.tree_unflatten
 treespec_dumps = _pytree.treespec_dumps
-"""``torch.utils._pytree.treespec_dumps``: a TreeSpec as JSON, what a dumped script loads with
-``torch.utils._pytree.treespec_loads`` (2.9.1, 2.14.1; no public twin)."""
 
 SET_GRAD_ENABLED = torch._C._set_grad_enabled
 """What ``no_grad``/``enable_grad`` call: the grad-mode node ``torch.export`` emits too
@@ -219,16 +238,6 @@ def op_schema(op) -> "torch.FunctionSchema":
     ['self']
     """
     return op._schema
-
-
-def torch_version() -> tuple[int, int]:
-    """``(major, minor)`` of the running torch (public ``torch.__version__``).
-
-    >>> isinstance(torch_version()[1], int)
-    True
-    """
-    major, minor = torch.__version__.split("+")[0].split(".")[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
 def compiled_inner(module) -> torch.nn.Module | None:
@@ -535,16 +544,6 @@ def set_own_buffer(module: torch.nn.Module, name: str, tensor: torch.Tensor | No
         setattr(module, name, tensor)
     else:
         registry[name] = tensor
-
-
-def non_persistent_buffers(module: torch.nn.Module) -> list[str]:
-    """Names of the buffers of ``module`` that stay out of its ``state_dict``, sorted.
-
-    >>> m = torch.nn.Module(); m.register_buffer("scratch", torch.zeros(1), persistent=False)
-    >>> non_persistent_buffers(m)
-    ['scratch']
-    """
-    return sorted(name for name in own_buffers(module) if not is_persistent_buffer(module, name))
 
 
 GRAPH_MODULE_SHARED_ATTRS = ("_graph", "_code", "_lineno_map", "_prologue_start", "_tracer_cls")
