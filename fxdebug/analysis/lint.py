@@ -38,6 +38,7 @@ from tabulate import tabulate
 from ..passes.aliasing import _alias_inputs, inplace_requested, mutated_argument
 from ..runtime.report import Report
 from ..tracing import keyed_module
+from ..runtime import torch_compat
 from ..runtime.inplace_ops import INPLACE_OPERATORS, OPERATOR_SYMBOLS
 from ..tracing.keys import META_SOURCE, node_key, op_name
 from ..tracing.locations import format_location
@@ -279,7 +280,7 @@ class _Entry:
 
     def __init__(self, tensor, owner):
         self.tensor = tensor
-        self.version = tensor._version
+        self.version = torch_compat.tensor_version(tensor)
         self.storage = _storage(tensor)
         self.owner = owner
         self.broken = False
@@ -297,25 +298,6 @@ def _tensors(value) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     fx.node.map_aggregate(value, lambda v: found.append(v) if isinstance(v, torch.Tensor) else v)
     return found
-
-
-_SAVED_ATTRS: dict[type, tuple[str, ...]] = {}
-
-
-def _saved_attributes(fn) -> tuple[str, ...]:
-    kind = type(fn)
-    if kind not in _SAVED_ATTRS:
-        names = [name for name in dir(fn) if name.startswith("_saved_")]
-        if hasattr(fn, "saved_tensors") and hasattr(fn, "_raw_saved_tensors"):
-            names.append("saved_tensors")
-        _SAVED_ATTRS[kind] = tuple(names)
-    return _SAVED_ATTRS[kind]
-
-
-def _has_unpack_hooks(fn, name: str) -> bool:
-    raw = getattr(fn, "_raw_" + name.lstrip("_"), None)
-    items = raw if isinstance(raw, (tuple, list)) else (raw,)
-    return any(getattr(item, "unpack_hook", None) is not None for item in items)
 
 
 class _Stop(Exception):
@@ -377,7 +359,7 @@ class _Watch(fx.Interpreter):
 
     def _check_versions(self, node: fx.Node) -> None:
         for entry in self.entries:
-            if not entry.broken and entry.tensor._version != entry.version:
+            if not entry.broken and torch_compat.tensor_version(entry.tensor) != entry.version:
                 entry.broken = True
                 self.damage.setdefault(node, []).append((entry, "version"))
 
@@ -388,8 +370,8 @@ class _Watch(fx.Interpreter):
             if fn in self.seen:
                 continue
             self.seen[fn] = owner
-            for name in _saved_attributes(fn):
-                if _has_unpack_hooks(fn, name):
+            for name in torch_compat.saved_tensor_names(fn):
+                if torch_compat.saved_tensor_has_unpack_hooks(fn, name):
                     continue  # checkpointed or offloaded: unpacking would run the user's hooks
                 try:
                     saved = getattr(fn, name)

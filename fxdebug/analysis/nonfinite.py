@@ -31,7 +31,7 @@ import torch.fx as fx
 from tabulate import tabulate
 
 from ..errors import FxdebugError
-from ..runtime import Stats, tensor_stats
+from ..runtime import Stats, tensor_stats, torch_compat
 from ..runtime.report import Report
 from ..tracing import keyed_module
 from ..tracing.keys import META_PASS, META_SOURCE, node_key, op_name
@@ -548,8 +548,8 @@ def _kind(gm: fx.GraphModule, node: fx.Node) -> str:
         module = gm.get_submodule(owner)
     except AttributeError:
         return "attribute"
-    return ("parameter" if name in module._parameters else
-            "buffer" if name in module._buffers else "attribute")
+    return ("parameter" if name in torch_compat.own_parameters(module) else
+            "buffer" if name in torch_compat.own_buffers(module) else "attribute")
 
 
 def _backward_hit(gm: fx.GraphModule, node: fx.Node, watch: _Watch,

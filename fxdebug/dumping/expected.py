@@ -29,9 +29,8 @@ import copy
 
 import torch
 import torch.fx as fx
-from torch.utils._python_dispatch import TorchDispatchMode
-
-from ..runtime import clone_inputs, stops_disabled
+from ..runtime import clone_inputs, stops_disabled, torch_compat
+from ..runtime.torch_compat import TorchDispatchMode
 from .folder_runtime import first_line, flatten_outputs, loss_of
 
 __all__ = ["expected_results", "light_copy"]
@@ -40,12 +39,10 @@ __all__ = ["expected_results", "light_copy"]
 # torch.nn classes change __setstate__, to fill attributes old pickles lack: the copy calls it.)
 _COPY_PROTOCOL = ("__deepcopy__", "__copy__", "__reduce_ex__", "__reduce__", "__getstate__")
 # GraphModule attributes the copy shares: the graph and the code generated from it (read only).
-_SHARED_GRAPH_ATTRS = ("_graph", "_code", "_lineno_map", "_prologue_start", "_tracer_cls")
+_SHARED_GRAPH_ATTRS = torch_compat.GRAPH_MODULE_SHARED_ATTRS
 
 # Hooks on a GraphModule itself that GraphModule.__deepcopy__ does not keep (nor does module.py).
-_DROPPED_GRAPH_MODULE_HOOKS = ("_backward_pre_hooks", "_backward_hooks", "_forward_hooks",
-                               "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-                               "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
+_DROPPED_GRAPH_MODULE_HOOKS = torch_compat.GRAPH_MODULE_HOOK_ATTRS
 
 COPIED_WEIGHT_BYTES = 16 << 20
 """Weights up to this size are copied for the run: cheaper than checking every op (a
@@ -71,7 +68,7 @@ class _GuardShared(TorchDispatchMode):
     def _written(self, func) -> tuple:
         found = self._writes.get(func)
         if found is None:
-            schema = func._schema
+            schema = torch_compat.op_schema(func)
             found = tuple((i, a.name) for i, a in enumerate(schema.arguments)
                           if a.alias_info is not None and a.alias_info.is_write) if schema.is_mutable else ()
             self._writes[func] = found
@@ -137,8 +134,8 @@ def light_copy(gm: torch.nn.Module, copy_weights_up_to: int = 0
                             if _copies_itself(cls))
     copied = [m for m in modules if type(m) in own_way]  # deep-copied whole, e.g. the Recorder
     modules = [m for m in modules if type(m) not in own_way]
-    params = [p for m in modules for p in m._parameters.values() if p is not None]
-    if any(p is not None for m in copied for p in m._parameters.values()) or any(
+    params = [p for m in modules for p in torch_compat.own_parameters(m).values() if p is not None]
+    if any(p is not None for m in copied for p in torch_compat.own_parameters(m).values()) or any(
             type(p) is not torch.nn.Parameter or _storage_key(p) is None for p in params):
         return None
     memo: dict[int, object] = {}
@@ -155,11 +152,11 @@ def light_copy(gm: torch.nn.Module, copy_weights_up_to: int = 0
     for m in modules:
         state = {}
         for name, value in vars(m).items():
-            if name == "_parameters":
+            if name == torch_compat.PARAMETERS_ATTR:
                 state[name] = {k: None if p is None else memo[id(p)] for k, p in value.items()}
-            elif name == "_modules":
+            elif name == torch_compat.CHILDREN_ATTR:
                 state[name] = {k: None if c is None else memo[id(c)] for k, c in value.items()}
-            elif name == "_buffers":
+            elif name == torch_compat.BUFFERS_ATTR:
                 state[name] = {k: copy.deepcopy(b, memo) for k, b in value.items()}
             elif isinstance(m, fx.GraphModule) and name in _SHARED_GRAPH_ATTRS:
                 state[name] = value

@@ -213,12 +213,11 @@ def module_py(gm: fx.GraphModule, cls: str, imports: Imports, forward: Forward,
     training, training_exceptions = _training_flags(gm)
     extra_attrs = []
     if pytree_inputs:  # forward flattens its inputs with specs kept on the module
-        from torch.utils._pytree import treespec_dumps
         for attr in ("_in_spec", "_out_spec"):
             spec = getattr(gm, attr, None)
             if spec is not None:
                 extra_attrs.append(f"self.{attr} = torch.utils._pytree.treespec_loads("
-                                   f"{treespec_dumps(spec)!r})")
+                                   f"{torch_compat.treespec_dumps(spec)!r})")
     head = template("module_head.py.tmpl").format(
         cls=cls, imports=imports.text() + ("\n\n\n" + forward.script.text() if forward.script.text() else ""),
         wrap="".join(f'\ntorch.fx.wrap("{name}")\n' for name in forward.wrapped),

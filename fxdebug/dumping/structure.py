@@ -23,7 +23,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import FxdebugError
-from ..runtime import Recorder
+from ..runtime import Recorder, torch_compat
 from .literals import Imports, NotLiteral, call_arguments, importable, literal
 
 __all__ = ["Structure", "Pickled", "tensor_file", "BASE_MODULE_ATTRS"]
@@ -48,6 +48,11 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+def _non_persistent(module: torch.nn.Module) -> list[str]:
+    return [name for name in torch_compat.own_buffers(module)
+            if not torch_compat.is_persistent_buffer(module, name)]
+
+
 def _mismatch(original: torch.nn.Module, rebuilt: torch.nn.Module, path: str = "") -> str | None:
     """Why ``rebuilt`` differs from ``original`` (type, attributes, tensor names/shapes), or None."""
     where = path or "the module"
@@ -64,21 +69,23 @@ def _mismatch(original: torch.nn.Module, rebuilt: torch.nn.Module, path: str = "
             return f"{where}.{key} is a {type(vars(original)[key]).__name__}, which cannot be written as code"
         if not same:
             return f"{where}.{key} is {vars(original)[key]!r}, rebuilt {vars(rebuilt)[key]!r}"
-    for kind in ("_parameters", "_buffers"):
-        mine, theirs = getattr(original, kind), getattr(rebuilt, kind)
+    for kind, own in (("parameters", torch_compat.own_parameters),
+                      ("buffers", torch_compat.own_buffers)):
+        mine, theirs = own(original), own(rebuilt)
         if list(mine) != list(theirs):
-            return f"{where} has {kind[1:]} {list(mine)}, rebuilt {list(theirs)}"
+            return f"{where} has {kind} {list(mine)}, rebuilt {list(theirs)}"
         for name, tensor in mine.items():
             other = theirs[name]
             if (tensor is None) != (other is None) or (
                     tensor is not None and tuple(tensor.shape) != tuple(other.shape)):
                 return f"{where}.{name} has another shape when rebuilt"
-    if sorted(original._non_persistent_buffers_set) != sorted(rebuilt._non_persistent_buffers_set):
+    if _non_persistent(original) != _non_persistent(rebuilt):
         return f"{where} has other non-persistent buffers when rebuilt"
-    if list(original._modules) != list(rebuilt._modules):
-        return f"{where} has children {list(original._modules)}, rebuilt {list(rebuilt._modules)}"
-    for name, child in original._modules.items():
-        other = rebuilt._modules[name]
+    children, rebuilt_children = torch_compat.own_children(original), torch_compat.own_children(rebuilt)
+    if list(children) != list(rebuilt_children):
+        return f"{where} has children {list(children)}, rebuilt {list(rebuilt_children)}"
+    for name, child in children.items():
+        other = rebuilt_children[name]
         if (child is None) != (other is None):
             return f"{_join(path, name)} is missing when rebuilt"
         if child is not None:
@@ -172,20 +179,20 @@ class Structure:
         self._children(gm, "self", "")
 
     def _own_tensors(self, module: torch.nn.Module, expr: str) -> None:
-        for name, param in module._parameters.items():
+        for name, param in torch_compat.own_parameters(module).items():
             value = "None" if param is None else (
                 f"torch.nn.Parameter(torch.empty({literal(tuple(param.shape))}, "
                 f"dtype={param.dtype!r}))")
             self.lines.append(f"{expr}.register_parameter({json.dumps(name)}, {value})")
-        for name, buffer in module._buffers.items():
+        for name, buffer in torch_compat.own_buffers(module).items():
             value = "None" if buffer is None else (
                 f"torch.empty({literal(tuple(buffer.shape))}, dtype={buffer.dtype!r})")
-            persistent = name not in module._non_persistent_buffers_set
+            persistent = torch_compat.is_persistent_buffer(module, name)
             extra = "" if persistent else ", persistent=False"
             self.lines.append(f"{expr}.register_buffer({json.dumps(name)}, {value}{extra})")
 
     def _children(self, module: torch.nn.Module, expr: str, path: str) -> None:
-        for name, child in module._modules.items():
+        for name, child in torch_compat.own_children(module).items():
             child_path = _join(path, name)
             child_expr = _attr_expr(expr, name)
             if child is None:

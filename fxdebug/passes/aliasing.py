@@ -23,6 +23,7 @@ import torch
 import torch.fx as fx
 
 from .. import runtime
+from ..runtime import torch_compat
 from ..runtime.inplace_ops import INPLACE_OPERATORS
 from ..tracing.keys import short_name
 
@@ -46,8 +47,7 @@ getattr identity
 
 # torch.nn module types that return a view of their input (or the input itself).
 _ALIASING_MODULES = (torch.nn.Identity, torch.nn.Flatten, torch.nn.Unflatten,
-                     torch.nn.modules.dropout._DropoutNd, torch.nn.AlphaDropout,
-                     torch.nn.FeatureAlphaDropout)
+                     *torch_compat.DROPOUT_TYPES)
 
 
 def _is_torch_callable(target) -> bool:
@@ -96,9 +96,7 @@ class _Submodules:
 
 
 def _has_hooks(module: torch.nn.Module) -> bool:
-    return bool(module._forward_pre_hooks or module._forward_hooks
-                or torch.nn.modules.module._global_forward_pre_hooks
-                or torch.nn.modules.module._global_forward_hooks)
+    return torch_compat.has_module_hooks(module, backward=False)
 
 
 def opaque_writes(node: fx.Node, root: torch.nn.Module | None) -> list[fx.Node]:

@@ -30,6 +30,7 @@ import torch
 import torch.fx as fx
 
 from .. import runtime
+from ..runtime import torch_compat
 from ..tracing.call_plan import is_container, is_fx_leaf
 from ..tracing.part_selection import Selection
 from ._placement import ensure_recorder
@@ -102,7 +103,7 @@ def _region_entries(module: torch.nn.Module, path: str, seen: set[int]):
         if not is_container(original) and "forward" not in original.__dict__:
             ops = not is_fx_leaf(original) or next(original.children(), None) is not None
             yield at, entry, ops
-        for name, child in original._modules.items():
+        for name, child in torch_compat.own_children(original).items():
             if child is not None:
                 yield from walk(child, f"{at}.{name}", False)
 

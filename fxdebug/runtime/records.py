@@ -23,6 +23,7 @@ from tabulate import tabulate
 from ..errors import StaleCaptureError
 from .fit import fit_table, table_width
 from .records_html import records_table_html
+from . import torch_compat
 from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
 from .values import flatten_into
 
@@ -187,11 +188,12 @@ class Records:
     def _summary(self, tensor: torch.Tensor) -> torch.Tensor:
         """``summarize(tensor)``, reused when this very tensor, unchanged, was summarized this run."""
         seen = self._summaries.get(id(tensor))
-        if seen is not None and seen[0]() is tensor and seen[1] == tensor._version:
+        version = torch_compat.tensor_version(tensor)
+        if seen is not None and seen[0]() is tensor and version is not None and seen[1] == version:
             return seen[2]
         summary = summarize(tensor)
         try:
-            self._summaries[id(tensor)] = (weakref.ref(tensor), tensor._version, summary)
+            self._summaries[id(tensor)] = (weakref.ref(tensor), version, summary)
         except TypeError:  # a tensor subclass without weak references: no reuse
             pass
         return summary
@@ -346,10 +348,7 @@ class Records:
 
 def _version_of(tensor: torch.Tensor) -> int | None:
     """The tensor's in-place version counter; ``None`` where it has none (inference tensors)."""
-    try:
-        return tensor._version
-    except RuntimeError:
-        return None
+    return torch_compat.tensor_version(tensor)
 
 
 def _key_type_message(key) -> str:

@@ -6,18 +6,10 @@ private name (``torch._dynamo``, ``torch.fx.graph_module._forward_from_src``,
 package never touches one: it calls the functions below. Each says which
 private name it reads, the torch versions it was checked on, and what it
 does when that name is missing (a public way to the same result, or a
-clear "needs torch X" error); ``tests/test_layout.py`` fails on a private
-``torch._*`` name anywhere else in the package.
+clear "needs torch X" error, :func:`require_torch`); ``tests/test_private_torch.py``
+fails on a private torch name anywhere else in the package.
 
-Compiled models (``torch.compile``)::
-
-    compiled_inner(module)          OptimizedModule._orig_mod: the module torch.compile wraps
-    lookup_backend(name)            torch._dynamo.lookup_backend: a backend name -> callable
-    inductor_backend(mode)          torch._inductor.compile_fx with list_mode_options(mode)
-    graph_break_reason(gm)          gm.compile_subgraph_reason: why dynamo ended a graph
-    dynamo_frame_id(gm)             gm.meta["dynamo_compile_id"].frame_id
-
->>> torch_version() >= (2, 9)
+>>> torch_version() >= MINIMUM_TORCH
 True
 """
 
@@ -28,17 +20,60 @@ import traceback
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as _pytree  # no public pytree module up to torch 2.14 (checked 2.9.1, 2.14.1)
 
-__all__ = ["torch_version", "tree_leaves", "is_op_packet", "op_schema", "SET_GRAD_ENABLED",
-           "ENTER_AUTOCAST", "EXIT_AUTOCAST", "AUTOCAST_NODE_FUNCTIONS", "CODE_ONLY_MODULE",
-           "autocast_arguments", "lineno_map", "pytree_specs", "custom_builtin_imports",
-           "def_line", "is_persistent_buffer", "compiled_inner", "lookup_backend",
-           "inductor_backend", "graph_break_reason", "dynamo_frame_id",
-           "foreach_norm", "foreach_copy_"]
+from ..errors import FxdebugError
 
-tree_leaves = _pytree.tree_leaves
-"""``torch.utils._pytree.tree_leaves`` (checked on 2.9.1 and 2.14.1; torch has no public twin)."""
+MINIMUM_TORCH = (2, 9)
+"""The oldest torch fxdebug supports: every release of the last year (pyproject.toml agrees)."""
+
+
+def torch_version() -> tuple[int, int]:
+    """``(major, minor)`` of the running torch (public ``torch.__version__``).
+
+    >>> isinstance(torch_version()[1], int)
+    True
+    """
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def require_torch(minimum: tuple[int, int], feature: str) -> None:
+    """Raise an error naming ``feature`` and the torch it needs when the running one is older.
+
+    >>> require_torch(MINIMUM_TORCH, "fxdebug")
+    >>> require_torch((99, 0), "time travel")
+    Traceback (most recent call last):
+    fxdebug.errors.FxdebugError: time travel needs torch 99.0 or newer, this is torch ...: pip install "torch>=99.0"
+    """
+    if torch_version() < minimum:
+        need = ".".join(map(str, minimum))
+        raise FxdebugError(f"{feature} needs torch {need} or newer, this is torch "
+                           f"{torch.__version__}: pip install \"torch>={need}\"")
+
+
+require_torch(MINIMUM_TORCH, "fxdebug")  # before any private name below can fail on an old torch
+
+import torch.utils._pytree as _pytree  # noqa: E402  no public pytree module (2.9.1, 2.14.1)
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402  no public twin (2.9.1, 2.14.1)
+
+__all__ = ["MINIMUM_TORCH", "require_torch", "TorchDispatchMode", "torch_version", "tree_leaves",
+           "tree_flatten", "tree_unflatten", "treespec_dumps", "is_op_overload", "ASSERT_IS_NONE",
+           "DROPOUT_TYPES", "has_module_hooks", "tensor_version", "saved_tensor_names",
+           "saved_tensor_has_unpack_hooks", "copy_codegen", "graph_tracer_cls",
+           "set_graph_tracer_cls", "own_parameters", "own_buffers", "own_children",
+           "set_child", "set_own_buffer", "PARAMETERS_ATTR",
+           "BUFFERS_ATTR", "CHILDREN_ATTR", "GRAPH_MODULE_SHARED_ATTRS", "GRAPH_MODULE_HOOK_ATTRS",
+           "CODE_ATTR", "generated_code", "is_export_guard_call", "is_autocast_function",
+           "is_op_packet", "op_schema", "SET_GRAD_ENABLED", "ENTER_AUTOCAST", "EXIT_AUTOCAST",
+           "AUTOCAST_NODE_FUNCTIONS", "CODE_ONLY_MODULE", "autocast_arguments", "lineno_map",
+           "pytree_specs", "custom_builtin_imports", "def_line", "is_persistent_buffer",
+           "compiled_inner", "lookup_backend", "inductor_backend", "graph_break_reason",
+           "dynamo_frame_id", "foreach_norm", "foreach_copy_"]
+
+# torch.utils._pytree (checked on 2.9.1 and 2.14.1; torch has no public twin). treespec_dumps:
+# a TreeSpec as JSON, what a dumped script loads with torch.utils._pytree.treespec_loads.
+tree_leaves, tree_flatten, tree_unflatten = _pytree.tree_leaves, _pytree.tree_flatten, _pytree.tree_unflatten
+treespec_dumps = _pytree.treespec_dumps
 
 SET_GRAD_ENABLED = torch._C._set_grad_enabled
 """What ``no_grad``/``enable_grad`` call: the grad-mode node ``torch.export`` emits too
@@ -205,16 +240,6 @@ def op_schema(op) -> "torch.FunctionSchema":
     return op._schema
 
 
-def torch_version() -> tuple[int, int]:
-    """``(major, minor)`` of the running torch (public ``torch.__version__``).
-
-    >>> isinstance(torch_version()[1], int)
-    True
-    """
-    major, minor = torch.__version__.split("+")[0].split(".")[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
-
-
 def compiled_inner(module) -> torch.nn.Module | None:
     """The module ``torch.compile`` wrapped, if ``module`` is what it returned; else None.
 
@@ -316,3 +341,253 @@ def dynamo_frame_id(gm) -> int | None:
     """
     compile_id = getattr(gm, "meta", {}).get("dynamo_compile_id")
     return getattr(compile_id, "frame_id", None)
+
+
+def is_op_overload(value) -> bool:
+    """``value`` is an ``OpOverload`` such as ``torch.ops.aten.add.Tensor`` (``torch._ops``,
+    2.9.1 and 2.14.1; where it is gone: anything with an ``overloadpacket`` and a schema).
+
+    >>> is_op_overload(torch.ops.aten.add.Tensor), is_op_overload(torch.ops.aten.add)
+    (True, False)
+    """
+    overload_type = getattr(torch._ops, "OpOverload", None)
+    if overload_type is not None:
+        return isinstance(value, overload_type)
+    return hasattr(value, "overloadpacket") and hasattr(value, "_schema")
+
+
+ASSERT_IS_NONE = getattr(sys.modules.get("torch.fx._symbolic_trace"), "_assert_is_none", None)
+"""The guard ``symbolic_trace(concrete_args={"x": None})`` inserts (``torch.fx._symbolic_trace.
+_assert_is_none``, 2.9.1 and 2.14.1); None where it is gone (then no node matches it)."""
+
+DROPOUT_TYPES: tuple[type, ...] = tuple(dict.fromkeys(
+    ([torch.nn.modules.dropout._DropoutNd] if hasattr(torch.nn.modules.dropout, "_DropoutNd")
+     else [torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d])
+    + [torch.nn.AlphaDropout, torch.nn.FeatureAlphaDropout]))
+"""Every torch.nn dropout module type: the private base ``_DropoutNd`` (2.9.1, 2.14.1), or the
+public classes where it is gone."""
+
+
+def has_module_hooks(module: torch.nn.Module, backward: bool = True) -> bool:
+    """Whether a call of ``module`` runs a hook: its own forward (pre-)hooks or the global ones
+    (``register_module_forward_hook``), and with ``backward`` the backward ones too.
+
+    Reads ``module._forward_hooks`` and friends and ``torch.nn.modules.module._global_*``
+    (2.9.1, 2.14.1); where one is gone, answers True (a module that may have hooks is never
+    treated as plain).
+
+    >>> lin = torch.nn.Linear(1, 1)
+    >>> has_module_hooks(lin), bool(lin.register_forward_hook(lambda *a: None)) and has_module_hooks(lin)
+    (False, True)
+    """
+    kinds = ["forward_pre_hooks", "forward_hooks"] + (
+        ["backward_hooks", "backward_pre_hooks"] if backward else [])
+    missing = object()
+    registries = [getattr(module, "_" + kind, missing) for kind in kinds]
+    registries += [getattr(torch.nn.modules.module, "_global_" + kind, missing) for kind in kinds]
+    return any(registry is missing or bool(registry) for registry in registries)
+
+
+def tensor_version(tensor: torch.Tensor) -> int | None:
+    """The tensor's in-place version counter (``tensor._version``, 2.9.1 and 2.14.1); None for
+    an inference tensor, which has none, or where torch drops the attribute.
+
+    >>> t = torch.zeros(1); before = tensor_version(t); _ = t.add_(1); tensor_version(t) - before
+    1
+    """
+    try:
+        return tensor._version
+    except (RuntimeError, AttributeError):
+        return None
+
+
+_SAVED_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def saved_tensor_names(fn) -> tuple[str, ...]:
+    """Attributes of an autograd node that unpack the values it saved for backward.
+
+    autograd names them ``_saved_<argument>`` (2.9.1, 2.14.1), and a custom Function's
+    ``saved_tensors`` (with ``_raw_saved_tensors``). Where torch drops them: ``()`` (nothing
+    to check; no wrong answer).
+
+    >>> y = torch.ones(2, requires_grad=True).exp()
+    >>> "_saved_result" in saved_tensor_names(y.grad_fn)
+    True
+    """
+    kind = type(fn)
+    if kind not in _SAVED_NAMES:
+        names = [name for name in dir(fn) if name.startswith("_saved_")]
+        if hasattr(fn, "saved_tensors") and hasattr(fn, "_raw_saved_tensors"):
+            names.append("saved_tensors")
+        _SAVED_NAMES[kind] = tuple(names)
+    return _SAVED_NAMES[kind]
+
+
+def saved_tensor_has_unpack_hooks(fn, name: str) -> bool:
+    """Whether unpacking ``fn.<name>`` would run a saved-tensor hook (checkpointing, offload):
+    reads ``_raw_<name>`` (2.9.1, 2.14.1); False where it is gone.
+
+    >>> y = torch.ones(2, requires_grad=True).exp()
+    >>> saved_tensor_has_unpack_hooks(y.grad_fn, "_saved_result")
+    False
+    """
+    raw = getattr(fn, "_raw_" + name.lstrip("_"), None)
+    items = raw if isinstance(raw, (tuple, list)) else (raw,)
+    return any(getattr(item, "unpack_hook", None) is not None for item in items)
+
+
+def copy_codegen(source: fx.Graph, target: fx.Graph) -> None:
+    """Give ``target`` the code generator of ``source`` (pytree in/out handling included).
+
+    Reads ``source._codegen`` (2.9.1, 2.14.1) and sets it with the public ``set_codegen``.
+
+    >>> source, target = fx.symbolic_trace(torch.nn.ReLU()).graph, fx.Graph()
+    >>> copy_codegen(source, target)
+    """
+    codegen = getattr(source, "_codegen", None)
+    if codegen is not None:
+        target.set_codegen(codegen)
+
+
+def graph_tracer_cls(graph: fx.Graph):
+    """The tracer class a graph was made with (``graph._tracer_cls``, 2.9.1 and 2.14.1; None
+    where it is gone), what ``fx.Graph(tracer_cls=...)`` takes.
+
+    >>> graph_tracer_cls(fx.symbolic_trace(torch.nn.ReLU()).graph) is fx.Tracer
+    True
+    """
+    return getattr(graph, "_tracer_cls", None)
+
+
+def set_graph_tracer_cls(graph: fx.Graph, tracer_cls) -> None:
+    """Set the tracer class ``torch.load`` re-traces a pickled GraphModule with
+    (``graph._tracer_cls``, 2.9.1 and 2.14.1); None re-traces with ``fx.Tracer``.
+
+    >>> graph = fx.Graph(); set_graph_tracer_cls(graph, None); graph_tracer_cls(graph) is None
+    True
+    """
+    graph._tracer_cls = tracer_cls
+
+
+PARAMETERS_ATTR, BUFFERS_ATTR, CHILDREN_ATTR = "_parameters", "_buffers", "_modules"
+"""Where ``nn.Module`` keeps what it registers, in its ``__dict__`` (2.9.1, 2.14.1; unchanged
+since torch 1.0). Read them with the functions below; change them with the public
+``register_parameter``, ``register_buffer``, ``add_module`` or ``setattr``."""
+
+
+def own_parameters(module: torch.nn.Module) -> dict:
+    """``{name: Parameter or None}`` registered on ``module`` itself, in order, None slots
+    and shared parameters included: ``module._parameters`` (2.9.1, 2.14.1; read only), else
+    the public ``named_parameters(recurse=False, remove_duplicate=False)`` (no None slots).
+
+    >>> list(own_parameters(torch.nn.Linear(1, 1)))
+    ['weight', 'bias']
+    """
+    found = vars(module).get(PARAMETERS_ATTR)
+    if found is None:
+        return dict(module.named_parameters(recurse=False, remove_duplicate=False))
+    return found
+
+
+def own_buffers(module: torch.nn.Module) -> dict:
+    """``{name: tensor or None}`` of the buffers registered on ``module`` itself (its
+    ``_buffers``, 2.9.1 and 2.14.1; read only), else the public ``named_buffers``.
+
+    >>> list(own_buffers(torch.nn.BatchNorm1d(2)))
+    ['running_mean', 'running_var', 'num_batches_tracked']
+    """
+    found = vars(module).get(BUFFERS_ATTR)
+    if found is None:
+        return dict(module.named_buffers(recurse=False, remove_duplicate=False))
+    return found
+
+
+def own_children(module: torch.nn.Module) -> dict:
+    """``{name: module or None}`` of the direct children, in order, a module registered under
+    two names listed under both: ``module._modules`` (2.9.1, 2.14.1; read only), else the
+    first level of the public ``named_modules(remove_duplicate=False)``.
+
+    >>> list(own_children(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.ReLU())))
+    ['0', '1']
+    """
+    found = vars(module).get(CHILDREN_ATTR)
+    if found is None:
+        return {name: child for name, child in module.named_modules(remove_duplicate=False)
+                if name and "." not in name}
+    return found
+
+
+def set_child(parent: torch.nn.Module, name: str, child: torch.nn.Module) -> None:
+    """Register ``child`` as ``parent.<name>`` without running torch's global registration
+    hooks (a copy, not a new module): writes ``_modules`` (2.9.1, 2.14.1), else ``add_module``.
+
+    >>> parent = torch.nn.Module(); set_child(parent, "act", torch.nn.ReLU()); list(own_children(parent))
+    ['act']
+    """
+    registry = vars(parent).get(CHILDREN_ATTR)
+    if registry is None:
+        parent.add_module(name, child)
+    else:
+        registry[name] = child
+
+
+def set_own_buffer(module: torch.nn.Module, name: str, tensor: torch.Tensor | None) -> None:
+    """Replace the registered buffer ``name`` of ``module`` (persistence kept, no registration
+    hook): writes ``_buffers`` (2.9.1, 2.14.1), else the public ``setattr``.
+
+    >>> bn = torch.nn.BatchNorm1d(1); set_own_buffer(bn, "running_mean", torch.ones(1)); bn.running_mean
+    tensor([1.])
+    """
+    registry = vars(module).get(BUFFERS_ATTR)
+    if registry is None:
+        setattr(module, name, tensor)
+    else:
+        registry[name] = tensor
+
+
+GRAPH_MODULE_SHARED_ATTRS = ("_graph", "_code", "_lineno_map", "_prologue_start", "_tracer_cls")
+"""What a GraphModule keeps of its graph and generated code in its ``__dict__`` (2.9.1 has no
+``_prologue_start``; 2.14.1 has them all): a copy may share them, read only."""
+
+GRAPH_MODULE_HOOK_ATTRS = ("_backward_pre_hooks", "_backward_hooks", "_forward_hooks",
+                           "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+                           "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
+"""The hook registries of a module's ``__dict__`` (2.9.1, 2.14.1) that
+``GraphModule.__deepcopy__`` does not copy."""
+
+CODE_ATTR = "_code"
+"""Where a GraphModule keeps its generated code, what ``gm.code``, ``print(gm)`` and
+``to_folder`` read (2.9.1, 2.14.1); fxdebug's DebugGraphModule generates it on first read."""
+
+
+def generated_code(gm: torch.nn.Module) -> str:
+    """The code generated for ``gm`` so far, without generating it ("" when none yet).
+
+    >>> generated_code(fx.symbolic_trace(torch.nn.ReLU())).strip().startswith("def forward")
+    True
+    """
+    return vars(gm).get(CODE_ATTR, "")
+
+
+def is_export_guard_call(node: fx.Node) -> bool:
+    """A call of the shape-guard submodule (``_guards_fn``) some torch.export versions put
+    in the graph of ``ExportedProgram.module()`` (2.9.1; not 2.14.1's default).
+
+    >>> any(is_export_guard_call(n) for n in fx.symbolic_trace(torch.nn.ReLU()).graph.nodes)
+    False
+    """
+    return node.op == "call_module" and str(node.target).startswith("_guards")
+
+
+def is_autocast_function(target) -> bool:
+    """``target`` enters or leaves an autocast region in an exported graph (the private
+    ``_enter_autocast``/``_exit_autocast`` of ``torch.amp.autocast_mode``, 2.9.1 and 2.14.1,
+    recognised by name so a re-imported copy counts too).
+
+    >>> is_autocast_function(ENTER_AUTOCAST), is_autocast_function(torch.relu)
+    (True, False)
+    """
+    return any(target is known for known in AUTOCAST_NODE_FUNCTIONS) or getattr(
+        target, "__name__", "") in (
+        "_enter_autocast", "_exit_autocast")

@@ -15,9 +15,8 @@ import inspect
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 
-from ..runtime import RECORDER_ATTR, SharedRecorder, leaves
+from ..runtime import RECORDER_ATTR, SharedRecorder, leaves, torch_compat
 from .fidelity import static_forward
 from .keys import META_RETURNS, ModuleReturn
 from .module_copy import module_tree_copy
@@ -46,7 +45,7 @@ def _forward_signature(cls) -> inspect.Signature | None:
 def _describe(value) -> str:
     if isinstance(value, torch.Tensor):
         return "tensor"
-    leaves, _ = pytree.tree_flatten(value)
+    leaves, _ = torch_compat.tree_flatten(value)
     tensors = sum(isinstance(leaf, torch.Tensor) for leaf in leaves)
     if tensors:
         return f"{type(value).__name__} of {tensors} tensor(s)"
@@ -102,19 +101,19 @@ def call_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> CallPlan:
         if isinstance(value, torch.Tensor):
             described.append(name)
             continue
-        leaves, spec = pytree.tree_flatten(value)
+        leaves, spec = torch_compat.tree_flatten(value)
         odd = [leaf for leaf in leaves if not isinstance(leaf, torch.Tensor)
                and not _is_constant(leaf)]
         if odd:
             return CallPlan(reason=f"argument {name!r} holds a value of type {type(odd[0]).__name__}, which "
                                     f"is neither a tensor, a container of tensors nor a constant")
         if any(isinstance(leaf, torch.Tensor) for leaf in leaves):
-            plan.concrete_args[name] = pytree.tree_unflatten(
+            plan.concrete_args[name] = torch_compat.tree_unflatten(
                 [fx.PH if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves], spec)
         else:
             plan.concrete_args[name] = value
         described.append(f"{name}={_describe(value)}")
-    leaves, spec = pytree.tree_flatten(values)
+    leaves, spec = torch_compat.tree_flatten(values)
     marks = tuple(("tensor",) if isinstance(leaf, torch.Tensor) else (type(leaf), leaf)
                   for leaf in leaves)
     plan.signature = (tuple(m.training for m in module.modules()), spec, marks, len(extra))
@@ -151,7 +150,7 @@ def export_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> ExportPla
     >>> export_plan(torch.nn.ReLU(), (object(),), {}).reason[:36]
     'argument 0 holds a value of type obj'
     """
-    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    leaves, spec = torch_compat.tree_flatten((tuple(args), dict(kwargs)))
     marks = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
@@ -160,9 +159,9 @@ def export_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> ExportPla
             marks.append((type(leaf), leaf))
         else:
             where = next((f"argument {name!r}" for name, value in kwargs.items()
-                          if any(item is leaf for item in pytree.tree_leaves(value))), None)
+                          if any(item is leaf for item in torch_compat.tree_leaves(value))), None)
             where = where or next((f"argument {index}" for index, value in enumerate(args)
-                                   if any(item is leaf for item in pytree.tree_leaves(value))), "")
+                                   if any(item is leaf for item in torch_compat.tree_leaves(value))), "")
             return ExportPlan(reason=f"{where} holds a value of type {type(leaf).__name__}, "
                                      f"which torch.export cannot take as an input")
     described = [_describe_export(value) for value in args]
@@ -196,11 +195,11 @@ def call_forward(module: torch.nn.Module, args: tuple, kwargs: dict):
 
 def strip_guards(gm: fx.GraphModule) -> None:
     """Drop the asserts fx adds for fixed arguments: the dispatcher checks them on every call."""
-    from torch.fx._symbolic_trace import _assert_is_none
     for node in reversed(list(gm.graph.nodes)):
         if node.op != "call_function" or node.users:
             continue
-        if node.target is _assert_is_none or node.target is torch._assert:
+        if node.target is torch._assert or (torch_compat.ASSERT_IS_NONE is not None
+                                            and node.target is torch_compat.ASSERT_IS_NONE):
             inputs = node.all_input_nodes
             gm.graph.erase_node(node)
             for arg in inputs:
@@ -212,9 +211,9 @@ def note_part_output(gm: fx.GraphModule, path: str, module_type: str) -> None:
     """Record the part's own output as a module output keyed ``path`` (as in a full trace)."""
     output = next(node for node in reversed(gm.graph.nodes) if node.op == "output")
     value = output.args[0] if output.args else None
-    out_spec = getattr(getattr(gm.graph._codegen, "pytree_info", None), "out_spec", None)
-    if out_spec is not None:  # arguments given as pytrees: the graph returns flat outputs
-        value = pytree.tree_unflatten(list(value), out_spec)
+    specs = torch_compat.pytree_specs(gm.graph)
+    if specs is not None and specs[1] is not None:  # arguments given as pytrees: flat outputs
+        value = torch_compat.tree_unflatten(list(value), specs[1])
     items = leaves(value, lambda item: isinstance(item, fx.Node))
     if not items:
         return
@@ -227,7 +226,7 @@ def note_part_output(gm: fx.GraphModule, path: str, module_type: str) -> None:
 def set_submodule(root: torch.nn.Module, path: str, module: torch.nn.Module) -> None:
     parent_path, _, name = path.rpartition(".")
     parent = root.get_submodule(parent_path) if parent_path else root
-    parent._modules[name] = module
+    torch_compat.set_child(parent, name, module)
 
 
 def clean_tree(module: torch.nn.Module) -> torch.nn.Module:
@@ -236,8 +235,8 @@ def clean_tree(module: torch.nn.Module) -> torch.nn.Module:
     for sub in clean.modules():
         sub.__dict__.pop("forward", None)
         sub.__dict__.pop(REPORT_ATTR, None)
-        if isinstance(sub._modules.get(RECORDER_ATTR), SharedRecorder):
-            del sub._modules[RECORDER_ATTR]
+        if isinstance(torch_compat.own_children(sub).get(RECORDER_ATTR), SharedRecorder):
+            delattr(sub, RECORDER_ATTR)  # public: drops it from the children
     return clean
 
 
@@ -253,5 +252,5 @@ def is_fx_leaf(module: torch.nn.Module) -> bool:
 
 def is_container(module: torch.nn.Module) -> bool:
     """ModuleList, ModuleDict and other modules without a forward of their own."""
-    return getattr(type(module).forward, "__name__", "") == "_forward_unimplemented"
+    return getattr(type(module), "forward", None) is torch.nn.Module.forward
 

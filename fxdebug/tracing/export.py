@@ -33,10 +33,9 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 
 from ..errors import TraceFailure
-from ..runtime import flatten_tensors
+from ..runtime import flatten_tensors, torch_compat
 from .graph_module import DebugGraphModule
 from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, ModuleReturn,
                    key_base)
@@ -59,9 +58,9 @@ def _user_source(node: fx.Node) -> tuple[str, int] | None:
 
 def _short_op_name(node: fx.Node) -> str:
     target = node.target
-    if isinstance(target, torch._ops.OpOverload):
+    if torch_compat.is_op_overload(target):
         return target.overloadpacket.__name__
-    if isinstance(target, torch._ops.OpOverloadPacket):
+    if torch_compat.is_op_packet(target):
         return target.__name__
     return key_base(node.op, target, "")
 
@@ -108,9 +107,9 @@ def _scratch_copy(model: torch.nn.Module) -> torch.nn.Module:
     update the model's running statistics (BatchNorm in train mode)."""
     twin = module_tree_copy(model)
     for module in twin.modules():
-        for name, buffer in module._buffers.items():
+        for name, buffer in list(torch_compat.own_buffers(module).items()):
             if buffer is not None:
-                module._buffers[name] = buffer.clone()
+                torch_compat.set_own_buffer(module, name, buffer.clone())
     return twin
 
 
@@ -192,7 +191,7 @@ def _with_visible_identities(model: torch.nn.Module) -> torch.nn.Module:
     (and no key) for them; on the copy that is exported they return an alias of the input."""
     for module in model.modules():
         if isinstance(module, torch.nn.Identity) or (
-                isinstance(module, torch.nn.modules.dropout._DropoutNd) and not module.training):
+                isinstance(module, torch_compat.DROPOUT_TYPES) and not module.training):
             module.__dict__["forward"] = _alias
     return model
 
@@ -246,7 +245,7 @@ def _explained_export(model: torch.nn.Module, inputs: tuple, kwargs: dict) -> fx
             module_path="", module_type=name, location=location, kind="torch.export failed",
             fix="use frontend='auto'") from exc
     for node in list(plain.graph.nodes):
-        if node.op == "call_module" and str(node.target).startswith("_guards"):
+        if torch_compat.is_export_guard_call(node):
             plain.graph.erase_node(node)  # a shape guard call older torch inserts
     return plain
 
@@ -298,7 +297,7 @@ def export_trace(model: torch.nn.Module, *example_inputs,
     # the eager run that tells output structures draws no numbers from the generators the
     # model's own runs use (a seeded run after this one gives what it gives without it)
     tensors = [*model.parameters(), *model.buffers(),
-               *pytree.tree_leaves((example_inputs, example_kwargs))]
+               *torch_compat.tree_leaves((example_inputs, example_kwargs))]
     devices = sorted({t.device.index or 0 for t in tensors
                       if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
     with torch.random.fork_rng(devices=devices):
@@ -306,7 +305,7 @@ def export_trace(model: torch.nn.Module, *example_inputs,
         _assign_keys(plain, [path for path, _ in model.named_modules() if path],
                      _output_structures(_scratch_copy(model), tuple(example_inputs),
                                         example_kwargs))
-    plain.graph._tracer_cls = None  # torch.export's tracer cannot re-trace a pickled copy
+    torch_compat.set_graph_tracer_cls(plain.graph, None)  # torch.export's tracer cannot re-trace a pickled copy
     gm = DebugGraphModule(plain, plain.graph, class_name=name)
     for attr in ("_in_spec", "_out_spec"):
         if hasattr(plain, attr):

@@ -121,13 +121,13 @@ class DebugGraphModule(fx.GraphModule):
     def _code(self) -> str:  # torch reads self._code for gm.code, print(gm), to_folder
         self._realize()
         try:
-            return self.__dict__["_code"]
+            return self.__dict__[torch_compat.CODE_ATTR]
         except KeyError:
-            raise AttributeError("_code") from None
+            raise AttributeError(torch_compat.CODE_ATTR) from None
 
     @_code.setter
     def _code(self, value: str) -> None:
-        self.__dict__["_code"] = value
+        self.__dict__[torch_compat.CODE_ATTR] = value
 
     def __call__(self, *args, **kwargs):
         self._realize()
@@ -196,8 +196,8 @@ def _rebuild(rebuild, rebuild_args, meta, gm_meta):
     nodes = list(gm.graph.nodes)
     shape = [(node.op, _target_id(node.target)) for node in nodes]
     if shape == [(op, target) for _, op, target, _ in meta]:
-        graph = fx.Graph(tracer_cls=gm.graph._tracer_cls)
-        graph._codegen = gm.graph._codegen
+        graph = fx.Graph(tracer_cls=torch_compat.graph_tracer_cls(gm.graph))
+        torch_compat.copy_codegen(gm.graph, graph)
         copies: dict[fx.Node, fx.Node] = {}
         for node, (name, _, _, node_meta) in zip(nodes, meta):
             args = fx.node.map_arg(node.args, copies.__getitem__)
@@ -223,7 +223,7 @@ def _failing_node(gm: fx.GraphModule, exc: BaseException):
         tb = tb.tb_next
     if found is None:
         return None, {}
-    first_line = torch_compat.def_line(gm.__dict__.get("_code", "")) + 1  # 1-based, as tb_lineno
+    first_line = torch_compat.def_line(torch_compat.generated_code(gm)) + 1  # 1-based, as tb_lineno
     index = torch_compat.lineno_map(gm).get(found.tb_lineno - first_line)
     if index is None:
         return None, {}

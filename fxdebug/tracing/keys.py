@@ -29,6 +29,8 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from ..runtime import torch_compat
+
 __all__ = ["node_key", "target_name", "op_name", "short_name", "KeyAllocator",
            "assign_missing_keys", "inherit_key", "META_KEY", "META_SOURCE", "META_RETURNS",
            "META_PASS", "META_PROVENANCE", "META_MODULE", "module_path", "join_path",
@@ -160,7 +162,7 @@ def target_name(target) -> str:
     >>> target_name(torch.nn.functional.linear), target_name(torch.ops.aten.conv2d.default)
     ('torch.nn.functional.linear', 'aten.conv2d.default')
     """
-    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+    if torch_compat.is_op_overload(target) or torch_compat.is_op_packet(target):
         return str(target)  # aten.conv2d.default (graphs from torch.export)
     name = getattr(target, "__name__", None)
     module = getattr(target, "__module__", None)

@@ -11,6 +11,8 @@ import copy
 
 import torch
 
+from ..runtime import torch_compat
+
 __all__ = ["shallow_module_copy", "module_tree_copy"]
 
 
@@ -49,9 +51,9 @@ def module_tree_copy(model: torch.nn.Module) -> torch.nn.Module:
         if id(module) in memo:
             return memo[id(module)]
         new = memo[id(module)] = shallow_module_copy(module)
-        for name, child in module._modules.items():
+        for name, child in torch_compat.own_children(module).items():
             if child is not None:
-                new._modules[name] = copy_module(child)
+                torch_compat.set_child(new, name, copy_module(child))
         return new
 
     return copy_module(model)

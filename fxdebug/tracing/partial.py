@@ -67,7 +67,7 @@ import torch.fx as fx
 
 from .. import runtime
 from ..errors import EagerFallbackWarning, TraceFailure
-from ..runtime import RECORDER_ATTR, PartRecorder, SharedRecorder, begin_part, clone_inputs
+from ..runtime import RECORDER_ATTR, PartRecorder, SharedRecorder, begin_part, clone_inputs, torch_compat
 from .call_plan import (CallPlan, ExportPlan, call_forward, call_plan, clean_tree, export_plan,
                         is_container, is_fx_leaf, note_part_output, set_submodule, strip_guards)
 from .export import export_trace
@@ -172,7 +172,7 @@ class _Dispatch:
             return (f"not tried: fx found {fx_failure.kind.split(' (')[0].split(',')[0]}, "
                     f"which an exported graph would not do at run time either")
         dropout = next((path for path, sub in self.module.named_modules()
-                        if isinstance(sub, torch.nn.modules.dropout._DropoutNd)
+                        if isinstance(sub, torch_compat.DROPOUT_TYPES)
                         and sub.training and sub.p > 0), None)
         if dropout is not None:
             return (f"not tried: {join_path(self.path, dropout) or '(root)'} is a dropout in "
@@ -197,7 +197,7 @@ def _random_ops(gm: fx.GraphModule) -> list[str]:
         if node.op != "call_function" or torch.Tag.nondeterministic_seeded not in getattr(
                 target, "tags", ()):
             continue
-        schema = target._schema.arguments
+        schema = torch_compat.op_schema(target).arguments
         given = {a.name: a.default_value for a in schema if a.has_default_value()}
         given.update(zip((a.name for a in schema), node.args), **node.kwargs)
         if given.get("train", True) is False or given.get("p", given.get("dropout_p")) == 0:
@@ -257,9 +257,9 @@ class _Context:
             if id(module) in memo:
                 return memo[id(module)]
             new = memo[id(module)] = shallow_module_copy(module)
-            for name, child in module._modules.items():
+            for name, child in torch_compat.own_children(module).items():
                 if child is not None:
-                    new._modules[name] = copy_tree(child, join_path(path, name))
+                    torch_compat.set_child(new, name, copy_tree(child, join_path(path, name)))
             if not is_container(module):
                 leaf = (path in self.leaf_paths or isinstance(module, self.leaf_types)
                         or is_fx_leaf(module))
@@ -269,7 +269,7 @@ class _Context:
         root = copy_tree(model, "")
         root.__dict__[REPORT_ATTR] = self.report
         if self.selection is not None:
-            root._modules[RECORDER_ATTR] = self.shared
+            torch_compat.set_child(root, RECORDER_ATTR, self.shared)
         return root
 
     # -- tracing a part --------------------------------------------------------------------

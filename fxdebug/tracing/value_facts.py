@@ -39,6 +39,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..runtime import torch_compat
 from ..runtime.inplace_ops import INPLACE_OPERATORS
 
 __all__ = ["ValueFacts", "Shape", "is_plain_torch_module", "is_autocast_node"]
@@ -86,17 +87,12 @@ def is_plain_torch_module(module) -> bool:
     """A module of torch.nn's own code, without hooks (its call does what torch's code says)."""
     if not isinstance(module, nn.Module) or "forward" in vars(module):
         return False
-    hooks = nn.modules.module
-    return type(module).__module__.startswith("torch.nn.modules") and not (
-        module._forward_pre_hooks or module._forward_hooks or module._backward_hooks
-        or module._backward_pre_hooks or hooks._global_forward_pre_hooks
-        or hooks._global_forward_hooks or hooks._global_backward_hooks
-        or hooks._global_backward_pre_hooks)
+    return type(module).__module__.startswith("torch.nn.modules") and \
+        not torch_compat.has_module_hooks(module)
 
 
 def is_autocast_node(node: fx.Node) -> bool:
-    return node.op == "call_function" and getattr(node.target, "__name__", "") in (
-        "_enter_autocast", "_exit_autocast")
+    return node.op == "call_function" and torch_compat.is_autocast_function(node.target)
 
 
 def _is_torch_callable(target) -> bool:

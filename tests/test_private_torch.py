@@ -1,0 +1,210 @@
+"""Private torch names live in ``fxdebug/runtime/torch_compat.py`` only.
+
+torch may rename or drop any private name (``torch._dynamo``, ``torch.utils._pytree``,
+``grad_fn._saved_*``, ``module._forward_hooks``...) in any release. fxdebug supports every
+release of the last year, so each private name it needs sits in one module, with the
+versions it was checked on and a public fallback. This test reads every
+``fxdebug/**/*.py`` with ``ast`` and fails on a private torch name anywhere else:
+
+* ``import torch._x``, ``from torch._x import y``, ``from torch.x import _y``;
+* ``torch._x``, ``fx.graph_module._x``, ``nn.modules.module._x``: a private name in an
+  attribute chain that starts at a name bound to torch (``import torch.fx as fx``);
+* ``_saved_*``: what autograd names the tensors a ``grad_fn`` saved;
+* ``obj._x`` (read, write, ``getattr(obj, "_x")``) on anything but ``self``/``cls`` where
+  ``_x`` is a name fxdebug never defines itself (a private attribute of somebody else's
+  object, which for fxdebug means torch's), and ``obj._x`` or a ``"_x"`` string where ``_x``
+  is a private name of torch's own objects (tensor, module, GraphModule, graph, node,
+  tracer, op, grad_fn, torch's modules) as the running torch spells them.
+
+What it cannot see: a private attribute reached through ``self`` in a subclass of a torch
+class (``DebugGraphModule`` overriding ``GraphModule._code``); those classes say so.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import sys
+
+import torch
+import torch.fx as fx
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "fxdebug"
+COMPAT = "runtime/torch_compat.py"
+
+# Files whose private names are known and on their way out.
+ALLOWED_FILES = {
+    "runtime/direct_kernel.py": "removed by the stats change (torch._inductor.compile_fx)",
+}
+
+# Private-looking names that are not torch's private API.
+ALLOWED_NAMES = {
+    # torch.fx's own generated code asserts with torch._assert (symbolic_trace turns `assert`
+    # into it, torchvision's models call it), so fxdebug must recognise that exact function
+    # as a node target; it is listed in torch's API reference ("a wrapper around Python's
+    # assert which is symbolically traceable") and has kept its name since torch 1.8.
+    "_assert": "torch._assert: the traceable assert torch.fx emits; documented in torch's API",
+    "_getframe": "sys._getframe: CPython's documented frame access, not torch",
+    "_fields": "namedtuple._fields: documented public API of collections.namedtuple",
+    "_asdict": "namedtuple._asdict: documented public API of collections.namedtuple",
+    "_replace": "namedtuple._replace: documented public API of collections.namedtuple",
+    "_make": "namedtuple._make: documented public API of collections.namedtuple",
+}
+
+
+# (file, name): a string that only looks like a private torch attribute.
+ALLOWED_IN_FILE = {
+    ("passes/checkpoint.py", "_graph"): "a key of the checkpointed region's own __dict__",
+    ("runtime/eager_ops.py", "_op"): "a suffix of fxdebug's keys (dropout_op), not an attribute",
+}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__")) \
+        and name != "_"
+
+
+def _files() -> dict[str, ast.Module]:
+    return {str(path.relative_to(PACKAGE)): ast.parse(path.read_text(), str(path))
+            for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _torch_aliases(tree: ast.Module) -> dict[str, None]:
+    """Names a module binds to torch or to something imported from torch."""
+    names: dict[str, None] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "torch":
+                    names[alias.asname or alias.name.split(".")[0]] = None
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch" \
+                and not node.level:
+            for alias in node.names:
+                names[alias.asname or alias.name] = None
+    return names
+
+
+def _chain(node: ast.AST) -> list[str]:
+    """``a.b.c`` -> ``["a", "b", "c"]``; ``[]`` when it does not start at a name."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else []
+
+
+def _own_names(trees: dict[str, ast.Module]) -> dict[str, None]:
+    """Private names fxdebug defines itself: functions, classes, variables, ``self._x = ...``,
+    ``setattr(self, "_x", ...)`` and ``obj.__dict__["_x"]`` keys."""
+    own: dict[str, None] = {}
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own[node.name] = None
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                own[node.id] = None
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
+                    and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                own[node.attr] = None
+            elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr == "__dict__" and isinstance(node.slice, ast.Constant):
+                own[str(node.slice.value)] = None
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id == "setattr" and len(node.args) >= 2 \
+                    and isinstance(node.args[0], ast.Name) and node.args[0].id == "self" \
+                    and isinstance(node.args[1], ast.Constant):
+                own[str(node.args[1].value)] = None
+    return own
+
+
+def _torch_object_names() -> dict[str, None]:
+    """Private attribute names of torch's own objects, as this torch spells them."""
+    gm = fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    objects = [torch.ones(1, requires_grad=True) * 2, torch.nn.Linear(1, 1), gm, gm.graph,
+               next(iter(gm.graph.nodes)), fx.Tracer(), torch.autocast("cpu"),
+               torch.ops.aten.add.default, torch.ops.aten.add, torch.nn.Dropout(),
+               (torch.ones(1, requires_grad=True) * 2).grad_fn, torch, torch.fx.graph,
+               torch.fx.graph_module, torch.nn.modules.module, torch.amp.autocast_mode]
+    return {name: None for obj in objects for name in dir(obj) if _private(name)}
+
+
+def _attribute_uses(tree: ast.Module):
+    """``(line, name, how)`` of every private attribute fxdebug reaches on an object."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            base = node.value
+            on_self = isinstance(base, ast.Name) and base.id in ("self", "cls")
+            yield node.lineno, node.attr, "self" if on_self else "attribute"
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("getattr", "hasattr", "setattr", "delattr") \
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
+                and isinstance(node.args[1].value, str) and _private(node.args[1].value):
+            on_self = isinstance(node.args[0], ast.Name) and node.args[0].id in ("self", "cls")
+            yield node.lineno, node.args[1].value, "self" if on_self else node.func.id
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and node.value.isidentifier() and _private(node.value):
+            yield node.lineno, node.value, "string"
+
+
+def private_torch_uses() -> list[str]:
+    """``file:line: what`` of every private torch name outside torch_compat.py."""
+    trees = _files()
+    own, torch_names = _own_names(trees), _torch_object_names()
+    found: list[str] = []
+    for path, tree in trees.items():
+        if path == COMPAT or path in ALLOWED_FILES:
+            continue
+        aliases = _torch_aliases(tree)
+        inner = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "torch" and any(
+                            _private(part) for part in alias.name.split(".")):
+                        found.append(f"{path}:{node.lineno}: import {alias.name}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+                if any(_private(part) for part in node.module.split(".")):
+                    found.append(f"{path}:{node.lineno}: from {node.module} import ...")
+                found += [f"{path}:{node.lineno}: from {node.module} import {alias.name}"
+                          for alias in node.names if _private(alias.name)]
+            elif isinstance(node, ast.Attribute) and id(node) not in inner:
+                chain = _chain(node)
+                private = [part for part in chain[1:] if _private(part)]
+                if chain and chain[0] in aliases and private and private[0] not in ALLOWED_NAMES:
+                    found.append(f"{path}:{node.lineno}: {'.'.join(chain)}")
+        for line, name, how in _attribute_uses(tree):
+            if name.startswith("_saved_"):
+                found.append(f"{path}:{line}: {name} ({how}; autograd's saved tensors)")
+            elif how != "self" and name not in ALLOWED_NAMES \
+                    and (path, name) not in ALLOWED_IN_FILE \
+                    and (name in torch_names or (how != "string" and name not in own)):
+                found.append(f"{path}:{line}: {name} ({how})")
+    return sorted(dict.fromkeys(found))
+
+
+def test_no_private_torch_name_outside_torch_compat():
+    assert private_torch_uses() == [], (
+        "move these into fxdebug/runtime/torch_compat.py (with the torch versions checked "
+        "and a public fallback) and call that")
+
+
+def test_the_check_finds_each_kind_of_private_name(tmp_path, monkeypatch):
+    package = tmp_path / "fxdebug"
+    (package / "runtime").mkdir(parents=True)
+    (package / "runtime" / "torch_compat.py").write_text("import torch._dynamo\n")
+    (package / "bad.py").write_text(
+        "import torch\nimport torch.fx as fx\nimport torch.utils._pytree as pytree\n"
+        "from torch._dynamo import reset\nfrom torch.fx.graph_module import _CodeOnlyModule\n"
+        "x = torch._ops.OpOverload\ny = fx.graph_module._forward_from_src\n"
+        "def f(module, fn):\n"
+        "    return module._forward_hooks, getattr(fn, '_saved_self'), getattr(module, '_orig_mod')\n"
+        "z = torch._assert\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    found = private_torch_uses()
+    expected = ["bad.py:3: import torch.utils._pytree", "bad.py:4: from torch._dynamo import ...",
+                "bad.py:5: from torch.fx.graph_module import _CodeOnlyModule",
+                "bad.py:6: torch._ops.OpOverload", "bad.py:7: fx.graph_module._forward_from_src",
+                "bad.py:9: _forward_hooks (attribute)", "bad.py:9: _orig_mod (getattr)"]
+    assert [f for f in expected if f not in found] == []
+    assert any("_saved_self" in f for f in found)
+    assert not any("_assert" in f or "torch_compat" in f for f in found)
