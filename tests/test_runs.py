@@ -1,0 +1,228 @@
+"""Saved runs, streaming to disk, and comparing two runs.
+
+Ground truth: the in-memory Records of the same forward (bitwise), forward hooks
+on the eager model (where two runs' outputs first differ), the bytes on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+import torchvision
+
+import fxdebug
+from fxdebug.runtime.saved_runs import DATA, MANIFEST
+from subprocesses import child_env
+
+X = (2, 3, 64, 64)
+
+
+def _bits(tensor: torch.Tensor) -> bytes:
+    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _assert_same(expected, loaded) -> None:
+    """Bitwise: keys in order, tensors, statistics, shapes, dtypes, ops."""
+    assert loaded.keys() == expected.keys()
+    for key in expected.keys():
+        want, got = expected.record(key), loaded.record(key)
+        assert (got.op, got.shape, got.dtype, got.via) == (want.op, want.shape, want.dtype, want.via)
+        if want.value is None:
+            assert loaded[key] == expected[key]
+        else:
+            assert got.value.dtype == want.value.dtype and got.value.shape == want.value.shape
+            assert _bits(got.value) == _bits(want.value), key
+        assert got.stats == want.stats or str(got.stats) == str(want.stats), key
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    torch.manual_seed(0)
+    return torchvision.models.resnet18().eval(), torch.randn(*X)
+
+
+@pytest.mark.parametrize("mode", ["tensor", "stats"])
+def test_round_trip_is_bitwise_with_gradients(resnet, tmp_path, mode):
+    model, x = resnet
+    gm = fxdebug.instrument(model, grads=True, mode=mode)
+    model.zero_grad()
+    gm(x).sum().backward()
+    rec = fxdebug.records(gm)
+    path = fxdebug.save_records(rec, tmp_path / "run", step=3)
+    loaded = fxdebug.load_records(path)
+    assert isinstance(loaded, fxdebug.Records)
+    _assert_same(rec, loaded)
+    _assert_same(rec.grads, loaded.grads)
+    assert loaded.table(wide=True) == rec.table(wide=True)
+    assert loaded.context["step"] == 3 and loaded.context["dtype"] == "float32"
+    assert loaded.context["device"] == "cpu" and loaded.context["torch"] == torch.__version__
+    assert loaded.context["rank"] is None and loaded.context["world_size"] is None
+    # file:line of a module call: the line in BasicBlock.forward that calls conv1
+    file, line = loaded.locations["layer1.0.conv1"].rsplit(":", 1)
+    source = open(torchvision.models.resnet.__file__).read().splitlines()[int(line) - 1]
+    assert file.endswith("resnet.py") and "self.conv1(x)" in source
+    page = fxdebug.report(loaded, tmp_path / "report.html")
+    assert "layer4.1.conv2" in open(page).read()
+    model.zero_grad()
+
+
+def _mapping_of(path: str, address: int) -> dict | None:
+    """The /proc/self/smaps entry of the mapping of ``path`` that holds ``address``."""
+    found, current = None, None
+    with open("/proc/self/smaps") as handle:
+        for line in handle:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                start, end = (int(part, 16) for part in head[0].split("-"))
+                current = {"path": head[-1] if len(head) >= 6 else "", "start": start, "end": end}
+                if current["path"] == path and start <= address < end:
+                    found = current
+            elif found is current and found is not None and head[0] == "Rss:":
+                found["rss_kb"] = int(head[1])
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux /proc needed")
+def test_loading_reads_no_tensor_bytes(tmp_path):
+    big = torch.nn.Sequential(torch.nn.Linear(256, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 8))
+    gm = fxdebug.instrument(big)
+    gm(torch.randn(1024, 256))
+    path = fxdebug.save_records(fxdebug.records(gm), tmp_path / "big")
+    data = os.path.realpath(os.path.join(path, DATA))
+    assert os.path.getsize(data) > 32 * 2**20
+    loaded = fxdebug.load_records(path)
+    value = loaded.record("1").value
+    mapping = _mapping_of(data, value.data_ptr())
+    assert mapping is not None, "the tensor is not a view of the memory-mapped tensors.bin"
+    assert mapping["rss_kb"] < 1024, mapping  # nothing read yet
+    assert loaded.record("0").value.untyped_storage().data_ptr() == \
+        value.untyped_storage().data_ptr()  # one mapping for the whole run
+    expected = fxdebug.records(gm)["1"]
+    assert torch.equal(loaded["1"], expected)
+    assert _mapping_of(data, value.data_ptr())["rss_kb"] * 1024 >= expected.numel() * 4 * 0.9
+    loaded["1"].fill_(0)  # a private mapping: the file is not changed
+    assert torch.equal(fxdebug.load_records(path)["1"], expected)
+
+
+def _small_run(tmp_path, name="run"):
+    gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()))
+    gm(torch.randn(2, 4))
+    return fxdebug.save_records(fxdebug.records(gm), tmp_path / name)
+
+
+def test_errors_name_the_file_and_what_to_do(tmp_path):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(fxdebug.SavedRunError, match="nowhere.*does not exist"):
+        fxdebug.load_records(missing)
+    path = _small_run(tmp_path)
+    with pytest.raises(fxdebug.SavedRunError, match="already holds a saved run"):
+        fxdebug.save_records(fxdebug.load_records(path), path)
+    data = os.path.join(path, DATA)
+    size = os.path.getsize(data)
+    with open(data, "r+b") as handle:
+        handle.truncate(size - 70)
+    with pytest.raises(fxdebug.SavedRunError, match=f"{DATA} is truncated.*Save the run again"):
+        fxdebug.load_records(path)
+    manifest = os.path.join(_small_run(tmp_path, "b"), MANIFEST)
+    text = open(manifest).read()
+    open(manifest, "w").write(text[: len(text) // 2])
+    with pytest.raises(fxdebug.SavedRunError, match=f"{MANIFEST} is truncated or corrupt"):
+        fxdebug.load_records(os.path.dirname(manifest))
+    manifest = os.path.join(_small_run(tmp_path, "c"), MANIFEST)
+    content = json.load(open(manifest))
+    content["version"] = 99
+    json.dump(content, open(manifest, "w"))
+    with pytest.raises(fxdebug.SavedRunError, match="format 99, newer.*Upgrade fxdebug"):
+        fxdebug.load_records(os.path.dirname(manifest))
+    assert issubclass(fxdebug.SavedRunError, fxdebug.FxdebugError)
+
+
+def test_stale_capture_stays_stale_on_disk(tmp_path):
+    gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(3, 3)))
+    out = gm(torch.ones(1, 3))
+    with torch.no_grad():
+        out.add_(1)  # written after the forward: the capture of "0" is a view of out
+    path = fxdebug.save_records(fxdebug.records(gm), tmp_path / "stale")
+    with pytest.raises(fxdebug.StaleCaptureError):
+        fxdebug.load_records(path)["0"]
+
+
+# -- streaming ---------------------------------------------------------------------------
+def _writer_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "fxdebug-run-writer"]
+
+
+def test_streaming_equals_in_memory_capture(resnet, tmp_path):
+    model, x = resnet
+    folder = tmp_path / "runs"
+    memory = fxdebug.instrument(model, grads=True)
+    model.zero_grad()
+    memory(x).sum().backward()
+    expected = fxdebug.records(memory)
+    streaming = fxdebug.instrument(model, grads=True, save_to=folder)
+    model.zero_grad()
+    fxdebug.set_step(streaming, 41)
+    streaming(x).sum().backward()
+    saved = fxdebug.records(streaming)
+    _assert_same(expected, saved)
+    _assert_same(expected.grads, saved.grads)
+    assert saved.table(wide=True) == expected.table(wide=True)
+    assert not _writer_threads()  # records() flushed: the thread has stopped
+    fxdebug.set_step(streaming, 42)
+    with torch.no_grad():
+        streaming(x + 1)
+    fxdebug.flush(streaming)
+    assert sorted(os.listdir(folder)) == ["run-000001", "run-000002"]
+    assert fxdebug.load_records(folder).context["step"] == 42
+    first = fxdebug.load_records(folder, run=1)
+    assert first.context["step"] == 41 and len(first.grads) == len(expected.grads)
+    with torch.no_grad():
+        assert torch.equal(fxdebug.load_records(folder)["fc"], model(x + 1))
+    with pytest.raises(fxdebug.SavedRunError, match="no run 7.*runs 1 to 2"):
+        fxdebug.load_records(folder, run=7)
+    model.zero_grad()
+
+
+def test_streaming_holds_a_bounded_queue(tmp_path):
+    """Every node of a model with more activation bytes than the queue: all written, all equal."""
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(12)])
+    x = torch.randn(256, 512)  # 512 KiB per activation, 6 MiB in all
+    gm = fxdebug.instrument(model, capture="all", save_to=tmp_path / "r")
+    recorder = gm.fxdebug_recorder
+    recorder.run_writer.limit_bytes = 2**20
+    gm(x)
+    assert 2**19 <= recorder.run_writer.peak_bytes <= 2**20  # one activation, never two
+    saved = fxdebug.records(gm)
+    memory = fxdebug.instrument(model, capture="all")
+    memory(x)
+    _assert_same(fxdebug.records(memory), saved)
+
+
+def test_writer_error_surfaces_at_flush_and_exit_flushes(tmp_path):
+    """A file size limit stands in for a full disk: the error names the run folder."""
+    script = f"""
+import resource, signal, torch, fxdebug
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (100000, 100000))
+gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(64, 256)), save_to={str(tmp_path / 'full')!r})
+gm(torch.randn(512, 64))
+try:
+    fxdebug.flush(gm)
+except fxdebug.SavedRunError as exc:
+    print("ERROR", exc)
+gm2 = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), save_to={str(tmp_path / 'exit')!r})
+gm2(torch.tensor([-1.0, 2.0]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], env=child_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "ERROR writing the run" in done.stdout and "run-000001" in done.stdout
+    assert "free disk space" in done.stdout
+    # the second module never flushed: the exit did, the run is complete
+    assert torch.equal(fxdebug.load_records(tmp_path / "exit")["0"], torch.tensor([0.0, 2.0]))
