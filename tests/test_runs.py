@@ -226,3 +226,110 @@ gm2(torch.tensor([-1.0, 2.0]))
     assert "free disk space" in done.stdout
     # the second module never flushed: the exit did, the run is complete
     assert torch.equal(fxdebug.load_records(tmp_path / "exit")["0"], torch.tensor([0.0, 2.0]))
+
+
+# -- comparing runs ----------------------------------------------------------------------
+def _first_hook_difference(model_a, model_b, x, keys) -> str:
+    """Ground truth: forward hooks on both eager models, the first module output that differs."""
+    from hooks import hook_captures
+    a, b = hook_captures(model_a, x), hook_captures(model_b, x)
+    return next(key for key in a if key in keys and not torch.equal(a[key], b[key]))
+
+
+def test_planted_perturbation_is_found_at_its_key(resnet, tmp_path):
+    import copy
+    model, x = resnet
+    perturbed = copy.deepcopy(model)
+    with torch.no_grad():
+        perturbed.layer2[1].conv2.weight[3] += 0.05
+    gm_a, gm_b = fxdebug.instrument(model), fxdebug.instrument(perturbed)
+    gm_a(x)
+    gm_b(x)
+    rec_a, rec_b = fxdebug.records(gm_a), fxdebug.records(gm_b)
+    truth = _first_hook_difference(model, perturbed, x, set(rec_a.keys()))
+    assert truth == "layer2.1.conv2"
+    for a, b in ((rec_a, rec_b), (fxdebug.save_records(rec_a, tmp_path / "a"),
+                                  fxdebug.save_records(rec_b, tmp_path / "b"))):
+        report = fxdebug.compare_runs(a, b)
+        assert not report.ok and isinstance(report, fxdebug.runtime.report.Report)
+        first = report.first_divergence
+        assert first.key == truth and first.op == "Conv2d"
+        assert first.location.split(":")[0].endswith("resnet.py")
+        before = report.entries[:[e.key for e in report.entries].index(truth)]
+        assert before and all(e.status == "equal" for e in before)
+        expected = (rec_b[truth] - rec_a[truth]).abs().max().item()
+        assert first.max_abs == pytest.approx(expected, rel=1e-6)
+    table = report.table()
+    assert f"first divergence: {truth} (Conv2d" in table
+    os.environ["COLUMNS"] = "80"
+    try:
+        assert max(len(line) for line in report.table().splitlines()) <= 80
+    finally:
+        del os.environ["COLUMNS"]
+    assert len(table.splitlines()) >= len(rec_a) + 5  # every key listed
+    page = open(fxdebug.report(report, tmp_path / "cmp.html")).read()
+    assert truth in page and "DIFFERS" in page
+
+
+def test_identical_runs_and_keys_in_one_run_only(resnet, tmp_path):
+    model, x = resnet
+    gm = fxdebug.instrument(model, grads=True)
+    gm(x).sum().backward()
+    a = fxdebug.records(gm)
+    gm(x).sum().backward()
+    b = fxdebug.records(gm)
+    report = fxdebug.compare_runs(a, b)
+    assert report.ok and report.first_divergence is None
+    assert {e.status for e in report.entries} == {"equal"}
+    assert len(report.grad_entries) == len(a.grads) > 0
+    shallow = fxdebug.instrument(model, depth=0)
+    shallow(x)
+    report = fxdebug.compare_runs(fxdebug.records(shallow), a)
+    only_b = [e.key for e in report.entries if e.status == "only b"]
+    assert not report.ok and "layer1.0.conv1" in only_b
+    assert "only in b" in report.table()
+    model.zero_grad()
+
+
+def test_float32_against_bfloat16_uses_bfloat16_tolerances():
+    # inputs and weights exact in bfloat16: the runs differ only by bfloat16's rounding
+    lin = torch.nn.Linear(16, 8)
+    with torch.no_grad():
+        lin.weight.copy_(lin.weight.bfloat16().float())
+        lin.bias.copy_(lin.bias.bfloat16().float())
+    x = torch.randn(4, 16).bfloat16().float()
+    gm = fxdebug.instrument(torch.nn.Sequential(lin))
+    gm(x)
+    a = fxdebug.records(gm)
+    gm_b = fxdebug.instrument(torch.nn.Sequential(lin).bfloat16())
+    gm_b(x.bfloat16())
+    b = fxdebug.records(gm_b)
+    report = fxdebug.compare_runs(a, b)
+    assert report.ok and report.entries[0].status == "close", report.table()
+    assert "float32 vs bfloat16" in report.entries[0].detail
+    assert not fxdebug.compare_runs(a, b, rtol=1.3e-6, atol=1e-5).ok
+
+
+def test_cli_exit_codes(resnet, tmp_path):
+    model, x = resnet
+    gm = fxdebug.instrument(model)
+    gm(x)
+    a = fxdebug.save_records(fxdebug.records(gm), tmp_path / "a")
+    same = fxdebug.save_records(fxdebug.records(gm), tmp_path / "same")
+    with torch.no_grad():
+        model.fc.bias[0] += 1.0
+    try:
+        gm(x)
+        b = fxdebug.save_records(fxdebug.records(gm), tmp_path / "b")
+    finally:
+        with torch.no_grad():
+            model.fc.bias[0] -= 1.0
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "fxdebug", "compare", *args],
+                              env=child_env(), capture_output=True, text=True, timeout=300)
+    equal, different = cli(a, same), cli(a, b)
+    assert equal.returncode == 0 and "verdict: EQUAL" in equal.stdout, equal.stderr
+    assert different.returncode == 1 and "first divergence: fc (Linear" in different.stdout
+    missing = cli(a, str(tmp_path / "nowhere"))
+    assert missing.returncode == 1 and "does not exist" in missing.stderr
