@@ -333,3 +333,16 @@ def test_cli_exit_codes(resnet, tmp_path):
     assert different.returncode == 1 and "first divergence: fc (Linear" in different.stdout
     missing = cli(a, str(tmp_path / "nowhere"))
     assert missing.returncode == 1 and "does not exist" in missing.stderr
+
+
+def test_guide_blocks_run_alone(tmp_path):
+    """Every python block of docs/saved-runs.md runs as written in a fresh interpreter."""
+    from test_readme import FENCE
+    from subprocesses import REPO
+    text = open(os.path.join(REPO, "docs", "saved-runs.md")).read()
+    found = [m.group("body") for m in FENCE.finditer(text) if m.group("lang") == "python"]
+    assert len(found) >= 4
+    for number, code in enumerate(found):
+        done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, timeout=300,
+                              env=child_env(OMP_NUM_THREADS="1"), capture_output=True, text=True)
+        assert done.returncode == 0, f"block {number}:\n{done.stderr[-3000:]}"
