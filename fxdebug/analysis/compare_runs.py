@@ -278,10 +278,10 @@ def _compare_key(ra: Record, rb: Record, location: str, section: str, rtol,
     if va.device != vb.device:
         vb = vb.to(va.device)
     result = compare_tensors(va, vb, ra.key, rtol, atol, equal_nan=True)
-    if result.max_abs == 0 and result.ok:
-        status = "equal" if torch.equal(va, vb) or result.numel == 0 else "close"
+    if result.ok:  # equal: the same dtype and values (NaN where the other has NaN)
+        status = "equal" if result.max_abs == 0 and ra.dtype == rb.dtype else "close"
     else:
-        status = "close" if result.ok else "differs"
+        status = "differs"
     if not result.ok and result.detail:
         detail = "; ".join(part for part in (detail, result.detail) if part)
     elif status == "differs":
