@@ -129,10 +129,12 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
         # nothing selected: remember the call, so records(gm) can say why it has nothing
         gm.fxdebug_instrumented = _describe_call(model, arguments, passes)
         return gm
-    recorder.locations = capture_locations(gm)
+    locations = capture_locations(gm)
+    recorder.locations = locations
     if save_to is not None:
-        recorder.run_writer = RunWriter(save_to)
-        recorder.run_writer.locations = recorder.locations
+        writer = RunWriter(save_to)
+        writer.locations = locations
+        recorder.run_writer = writer
     return gm
 
 

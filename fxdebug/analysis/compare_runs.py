@@ -32,6 +32,7 @@ import dataclasses
 import html
 import math
 import os
+from typing import Any
 
 import torch
 
@@ -252,8 +253,8 @@ def _compare_all(a: Records, b: Records, section: str, rtol, atol,
 
 def _compare_key(ra: Record, rb: Record, location: str, section: str, rtol,
                  atol) -> RunEntry:
-    common = dict(key=ra.key, op=ra.op, location=location, section=section,
-                  shape=shape_text(ra.shape), dtype=dtype_text(ra.dtype))
+    common: dict[str, Any] = dict(key=ra.key, op=ra.op, location=location, section=section,
+                                  shape=shape_text(ra.shape), dtype=dtype_text(ra.dtype))
     if ra.stale or rb.stale:
         which = "a" if ra.stale else "b"
         return RunEntry(status="stale", detail=f"stale in run {which}: written in place after "

@@ -91,7 +91,7 @@ class RunFile:
         nbytes = data.numel() * data.element_size()
         start = self.offset
         if nbytes:
-            self.handle.write(memoryview(data.view(torch.uint8).numpy()))
+            self.handle.write(data.view(torch.uint8).numpy().data)  # no copy: the array's buffer
         pad = -(start + nbytes) % ALIGN
         if pad:
             self.handle.write(b"\0" * pad)
@@ -336,7 +336,8 @@ def _map_data(folder: str, manifest: dict) -> torch.Tensor | None:
                             f"{expected} (a disk that filled up, a copy or a process cut "
                             f"short). Save the run again.")
     storage = torch.UntypedStorage.from_file(data_path, shared=False, nbytes=expected)
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (expected,), (1,))
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (expected,),  # type: ignore[arg-type]
+                                                  (1,))
 
 
 def _dtype(name: str) -> torch.dtype:
