@@ -180,6 +180,7 @@ def test_streaming_equals_in_memory_capture(resnet, tmp_path):
     fxdebug.flush(streaming)
     assert sorted(os.listdir(folder)) == ["run-000001", "run-000002"]
     assert fxdebug.load_records(folder).context["step"] == 42
+    assert "layer4.1.conv2" in open(fxdebug.report(streaming, tmp_path / "s.html")).read()
     first = fxdebug.load_records(folder, run=1)
     assert first.context["step"] == 41 and len(first.grads) == len(expected.grads)
     with torch.no_grad():
@@ -361,3 +362,32 @@ def test_guide_blocks_run_alone(tmp_path):
         results = list(pool.map(run, found))
     for number, done in enumerate(results):
         assert done.returncode == 0, f"block {number}:\n{done.stderr[-3000:]}"
+
+
+def test_context_records_rank_and_world_size(tmp_path):
+    import torch.distributed as dist
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0,
+                            world_size=1)
+    try:
+        gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), save_to=tmp_path / "runs")
+        gm(torch.ones(2))
+        fxdebug.flush(gm)
+        context = fxdebug.load_records(tmp_path / "runs").context
+    finally:
+        dist.destroy_process_group()
+    assert (context["rank"], context["world_size"]) == (0, 1)
+
+
+def test_stats_runs_compare_by_statistics(resnet):
+    model, x = resnet
+    gm = fxdebug.instrument(model, mode="stats")
+    gm(x)
+    a = fxdebug.records(gm)
+    gm(x * 1.5)
+    b = fxdebug.records(gm)
+    report = fxdebug.compare_runs(a, b)
+    assert report.first_divergence.key == "conv1"  # the first node: its input changed
+    assert "statistics compared" in report.first_divergence.detail
+    assert fxdebug.compare_runs(a, a).ok
