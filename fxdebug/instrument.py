@@ -246,9 +246,7 @@ def records(gm: torch.nn.Module) -> Records:
     latest = recorder.latest
     writer = getattr(recorder, "run_writer", None)
     if writer is not None and writer.folder is not None:  # save_to: the latest run, from disk
-        writer.set_parameters([(name, tuple(p.shape), None if p.grad is None
-                                else tensor_stats(p.grad)) for name, p in gm.named_parameters()])
-        writer.flush()
+        _flush_writer(gm, writer)
         return load_records(writer.folder)
     latest.bind_parameters(gm.named_parameters())
     latest.locations = getattr(recorder, "locations", {})
@@ -301,7 +299,15 @@ def flush(gm: torch.nn.Module) -> None:
     """
     writer = getattr(_recorder_of(gm, "flush"), "run_writer", None)
     if writer is not None:
-        writer.flush()
+        _flush_writer(compiled_inner(gm) or gm, writer)
+
+
+def _flush_writer(gm: torch.nn.Module, writer: RunWriter) -> None:
+    """The parameter gradients' statistics go with the latest run; then everything is written."""
+    if writer.folder is not None:
+        writer.set_parameters([(name, tuple(p.shape), None if p.grad is None
+                                else tensor_stats(p.grad)) for name, p in gm.named_parameters()])
+    writer.flush()
 
 
 def _nothing_selected(gm: fx.GraphModule, call: str) -> str:
