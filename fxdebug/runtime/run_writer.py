@@ -129,6 +129,9 @@ class RunWriter:
         self._thread: threading.Thread | None = None
         self._error: tuple[BaseException, str] | None = None
         self._open: _Run | None = None  # the run being written, kept while the thread is stopped
+        if not _WRITERS:
+            atexit.unregister(_flush_at_exit)  # once, whatever the number of writers
+            atexit.register(_flush_at_exit)
         _WRITERS.add(self)
 
     # -- the forward's side -------------------------------------------------------------
@@ -230,6 +233,9 @@ class RunWriter:
                 run = self._write(item, run)
             except Exception as exc:  # raised to the user by the next forward or flush
                 folder = run.folder if run is not None else self.path
+                if run is not None:  # its manifest, if one is written, says what is missing
+                    run.notes.append(f"writing failed after {len(run.entries)} capture(s) "
+                                     f"({type(exc).__name__}: {exc}); later ones were not saved")
                 with self._cond:
                     self._error = (exc, folder)
                     self._pending = 0
@@ -277,8 +283,8 @@ class RunWriter:
         run.data.close()
 
 
-@atexit.register
 def _flush_at_exit() -> None:
+    """Registered with the first writer: every run still being written is finished."""
     for writer in list(_WRITERS):
         try:
             writer.flush()
