@@ -18,7 +18,7 @@ alone::
 from __future__ import annotations
 
 __all__ = ["FxdebugError", "TraceFailure", "SelectionError", "PassEquivalenceError",
-           "StaleCaptureError", "FxdebugWarning", "EagerFallbackWarning", "FidelityWarning",
+           "StaleCaptureError", "SavedRunError", "FxdebugWarning", "EagerFallbackWarning", "FidelityWarning",
            "PerformanceWarning"]
 
 
@@ -126,3 +126,11 @@ class StaleCaptureError(FxdebugError):
     def __init__(self, message: str, *, key: str) -> None:
         super().__init__(message)
         self.key = key
+
+
+class SavedRunError(FxdebugError):
+    """A saved run (``fxdebug.save_records``, ``instrument(..., save_to=)``) that cannot be read
+    or written: a missing folder, a truncated or corrupt file, a newer format, a failed write.
+
+    The message names the file and what to do.
+    """

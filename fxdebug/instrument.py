@@ -26,6 +26,7 @@ Call tree::
 from __future__ import annotations
 
 import functools
+import os
 from typing import Sequence
 
 import torch
@@ -33,18 +34,23 @@ import torch.fx as fx
 
 from .errors import FxdebugError, TraceFailure
 from .passes import Capture, EagerRegions, GradHooks, as_pass
-from .runtime import RECORDER_ATTR, Recorder, Records
+from .runtime import RECORDER_ATTR, Recorder, Records, capture, capture_stats, tensor_stats
+from .runtime.run_writer import RunWriter
+from .runtime.saved_runs import load_records
 from .runtime.torch_compat import compiled_inner
 from .tracing import instrument_parts, is_partial, keyed_copy, trace, unwrap_compiled
 from .tracing.graph_module import DebugGraphModule
+from .tracing.keys import META_SOURCE
+from .tracing.locations import format_location
 from .tracing.selection import candidates
 
-__all__ = ["instrument", "records", "accumulate_stats", "build_pipeline", "run_pipeline"]
+__all__ = ["instrument", "records", "accumulate_stats", "build_pipeline", "run_pipeline",
+           "set_step", "flush"]
 
 
 def instrument(model: torch.nn.Module, capture="modules", depth: int | None = None,
                include=None, exclude=None, grads: bool = False, mode: str = "tensor",
-               passes: Sequence = ()) -> fx.GraphModule:
+               passes: Sequence = (), save_to: str | os.PathLike | None = None) -> fx.GraphModule:
     """Trace ``model`` (unless it is a GraphModule) and insert capture nodes.
 
     Args:
@@ -62,6 +68,11 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
             mean/std/min/max/zeros %/non-finite count.
         passes: more passes (``fxdebug.passes.Pass`` or functions
             ``gm -> gm``) run after the capture pass.
+        save_to: a folder: every forward is written there as a numbered run
+            (``run-000001``, ...) while it runs, and its captures leave memory
+            once written (see :mod:`fxdebug.runtime.run_writer`);
+            ``records(gm)`` reads the latest run back, :func:`load_records`
+            any run, :func:`set_step` tags runs, :func:`flush` finishes writing.
 
     Returns:
         A ``torch.fx.GraphModule`` whose graph and code show the capture
@@ -100,6 +111,7 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
     user_passes = [as_pass(p) for p in passes]
     instrument_part = functools.partial(_instrument_part, user_passes=user_passes)
     if is_partial(model):
+        _no_save_to(save_to)
         return instrument_parts(model, instrument_part, **arguments)
     if isinstance(model, fx.GraphModule):
         gm = keyed_copy(model, recompile=False)  # run_pipeline recompiles once
@@ -109,12 +121,43 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
         except TraceFailure as failure:  # the root cannot be traced: instrument its parts
             if next(model.children(), None) is None:
                 raise  # no submodules: there are no parts, the TraceFailure says what to do
+            _no_save_to(save_to)
             return instrument_parts(model, instrument_part, **arguments, failure=failure)
     gm = run_pipeline(gm, build_pipeline(**arguments) + user_passes)
-    if not isinstance(getattr(gm, RECORDER_ATTR, None), Recorder):
+    recorder = getattr(gm, RECORDER_ATTR, None)
+    if not isinstance(recorder, Recorder):
         # nothing selected: remember the call, so records(gm) can say why it has nothing
         gm.fxdebug_instrumented = _describe_call(model, arguments, passes)
+        return gm
+    locations = capture_locations(gm)
+    recorder.locations = locations
+    if save_to is not None:
+        writer = RunWriter(save_to)
+        writer.locations = locations
+        recorder.run_writer = writer
     return gm
+
+
+def capture_locations(gm: fx.GraphModule) -> dict[str, str]:
+    """``{key: "file:line"}``: where the code of each captured node is, from the graph."""
+    found: dict[str, str] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in (capture, capture_stats) \
+                or len(node.args) < 3 or not isinstance(node.args[1], fx.Node):
+            continue
+        source = node.args[1].meta.get(META_SOURCE)
+        if source is not None:
+            found[str(node.args[2])] = format_location(source)
+    return found
+
+
+def _no_save_to(save_to) -> None:
+    if save_to is not None:
+        raise FxdebugError(
+            f"instrument(..., save_to={os.fspath(save_to)!r}): this model is instrumented part by "
+            f"part (its root cannot be traced), and saving while it runs is not supported there "
+            f"yet. Instrument without save_to and save each run with "
+            f"fxdebug.save_records(fxdebug.records(gm), path).")
 
 
 def _describe_call(model, arguments: dict, passes) -> str:
@@ -201,8 +244,70 @@ def records(gm: torch.nn.Module) -> Records:
     if isinstance(shared, Recorder):  # a traced part of a partially instrumented model
         return shared.latest
     latest = recorder.latest
+    writer = getattr(recorder, "run_writer", None)
+    if writer is not None and writer.folder is not None:  # save_to: the latest run, from disk
+        _flush_writer(gm, writer)
+        return load_records(writer.folder)
     latest.bind_parameters(gm.named_parameters())
+    latest.locations = getattr(recorder, "locations", {})
     return latest
+
+
+def _recorder_of(gm: torch.nn.Module, caller: str) -> Recorder:
+    recorder = getattr(compiled_inner(gm) or gm, RECORDER_ATTR, None)
+    if not isinstance(recorder, Recorder):
+        raise FxdebugError(f"{caller}: {type(gm).__name__} is not a module returned by "
+                           f"fxdebug.instrument(model). Instrument the model first.")
+    return recorder
+
+
+def set_step(gm: torch.nn.Module, step) -> None:
+    """Tag the runs of ``gm`` that start from now on with ``step`` (a training step, an epoch).
+
+    The step is saved with each run (``load_records(path).context["step"]``,
+    ``records(gm).step``) until the next call; ``None`` stops tagging.
+
+    Example::
+
+        >>> import torch, fxdebug
+        >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()))
+        >>> fxdebug.set_step(gm, 10)
+        >>> _ = gm(torch.ones(2))
+        >>> fxdebug.records(gm).step
+        10
+    """
+    _recorder_of(gm, "set_step").step = step
+
+
+def flush(gm: torch.nn.Module) -> None:
+    """Finish writing what ``instrument(..., save_to=path)`` queued: every capture and the
+    latest run's manifest; stop the writer thread (it starts again with the next forward).
+
+    Raises :class:`~fxdebug.errors.SavedRunError` if writing failed (a full disk), naming
+    the run. Nothing to do for a module instrumented without ``save_to``. The same
+    happens at exit, so a script needs it only before reading the runs itself.
+
+    Example::
+
+        >>> import os, tempfile, torch, fxdebug
+        >>> folder = os.path.join(tempfile.mkdtemp(), "runs")
+        >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), save_to=folder)
+        >>> _ = gm(torch.ones(2))
+        >>> fxdebug.flush(gm)
+        >>> fxdebug.load_records(folder).keys()
+        ['0']
+    """
+    writer = getattr(_recorder_of(gm, "flush"), "run_writer", None)
+    if writer is not None:
+        _flush_writer(compiled_inner(gm) or gm, writer)
+
+
+def _flush_writer(gm: torch.nn.Module, writer: RunWriter) -> None:
+    """The parameter gradients' statistics go with the latest run; then everything is written."""
+    if writer.folder is not None:
+        writer.set_parameters([(name, tuple(p.shape), None if p.grad is None
+                                else tensor_stats(p.grad)) for name, p in gm.named_parameters()])
+    writer.flush()
 
 
 def _nothing_selected(gm: fx.GraphModule, call: str) -> str:

@@ -18,6 +18,7 @@ names nodes by key and the user's ``file:line``::
     watch_nonfinite(model): a flag per step, find_nonfinite on the first bad one  watch.py
       (torch.distributed: the flag all-reduced, every rank's finding gathered)   watch_ranks.py
     compare_ranks(records_or_module): fingerprints gathered, majority per key   ranks.py
+    compare_runs(a, b): two runs (Records or saved folders) key by key   compare_runs.py
       (the group, DDP unwrapped, DTensor shards: rank_group.py; the report: ranks_report.py)
     lint_inplace(model, *inputs)                        lint.py (passes/aliasing.py)
     vjp(model, inputs, of, wrt)                         vjp.py    } live.py: values with
@@ -31,6 +32,7 @@ True
 
 from .compiled import CompiledDivergence, CompiledReport, GraphBreak, check_compiled
 from .compiled_backend import InstrumentingBackend, backend
+from .compare_runs import RunComparison, RunEntry, compare_runs
 from .equivalence import EquivalenceReport, NodeComparison, check_equivalence
 from .jacobian import JacobianNorms, jacobian_norms
 from .lint import Hazard, Hazards, lint_inplace
@@ -46,4 +48,5 @@ __all__ = ["check_equivalence", "EquivalenceReport", "NodeComparison", "find_non
            "JacobianNorms", "check_compiled", "CompiledReport", "CompiledDivergence",
            "GraphBreak", "backend", "InstrumentingBackend",
            "watch_nonfinite", "NonfiniteWatch", "RankFinding", "RankNonfiniteReport",
-           "compare_ranks", "RankReport", "RankEntry"]
+           "compare_ranks", "RankReport", "RankEntry", "compare_runs", "RunComparison",
+           "RunEntry"]

@@ -12,7 +12,8 @@
       ├─ nonfinite.py   find_nonfinite -> the first node that makes a NaN/Inf
       ├─ lint.py        lint_inplace -> in-place writes that break autograd
       ├─ dump.py        dump -> a folder with module.py, run.py, weights
-      └─ debug.py       a dump folder's run.py under pdb, stopping at --break KEYS
+      ├─ debug.py       a dump folder's run.py under pdb, stopping at --break KEYS
+      └─ compare.py     compare_runs on two saved runs -> the first divergent key
     _common.py holds the options and messages the subcommands share.
 
 Errors print one paragraph and exit with status 1 (2 for bad arguments); an
@@ -43,7 +44,8 @@ from .model_spec import command_search_path
 __all__ = ["main"]
 
 # Subcommands, in the order ``fxdebug --help`` lists them.
-COMMANDS = ("summary", "report", "passes", "check", "nonfinite", "lint", "dump", "debug")
+COMMANDS = ("summary", "report", "passes", "check", "nonfinite", "lint", "dump", "debug",
+            "compare")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -32,6 +32,8 @@ import torch
 
 from ..runtime import RECORDER_ATTR, Records
 from ..runtime.records_html import records_rows, records_table_html
+from ..runtime.report import Report
+from ..runtime.saved_runs import load_records
 
 __all__ = ["report", "report_html", "diff_html", "equivalence_html"]
 
@@ -73,6 +75,10 @@ def _records_of(obj) -> Records | None:
     if isinstance(obj, Records):
         return obj
     recorder = getattr(obj, RECORDER_ATTR, None)
+    writer = getattr(recorder, "run_writer", None)
+    if writer is not None and writer.folder is not None:  # save_to: the latest run, from disk
+        writer.flush()
+        return load_records(writer.folder)
     latest = getattr(recorder, "latest", None)
     return latest if isinstance(latest, Records) else None
 
@@ -204,6 +210,8 @@ def _section(obj, index: int) -> str:
             if stage.equivalence is not None:
                 parts.append(equivalence_html(stage.equivalence))
         return "".join(parts)
+    if isinstance(obj, Report):  # any other fxdebug report: its own HTML
+        return f"<h2>{_esc(type(obj).__name__)}</h2>" + obj._repr_html_()
     if isinstance(obj, torch.nn.Module):
         raise TypeError(f"report: {type(obj).__name__} has no recorded run; pass a module made "
                         f"by fxdebug.instrument after calling it once.")

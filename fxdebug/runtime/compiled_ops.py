@@ -93,9 +93,14 @@ def start_run(recorder) -> None:
     """
     if recorder.latest.accumulating:
         recorder.latest.start_run()  # statistics merge over runs (fxdebug.accumulate_stats)
+    elif getattr(recorder, "run_writer", None) is not None:  # instrument(..., save_to=path)
+        recorder.latest = recorder.run_writer.start_run(getattr(recorder, "records_grads", None),
+                                                        getattr(recorder, "notes", ()),
+                                                        getattr(recorder, "step", None))
     else:
         recorder.latest = Records(grads_recorded=getattr(recorder, "records_grads", None))
         recorder.latest.notes.extend(getattr(recorder, "notes", ()))
+        recorder.latest.step = getattr(recorder, "step", None)  # fxdebug.set_step
 
 
 def _begin_run(token: torch.Tensor, recorder: int) -> None:

@@ -81,6 +81,7 @@ class Recorder(torch.nn.Module):
         state = dict(state)
         state.pop("_per_thread", None)
         state.pop(ID_ATTR, None)  # a copy registers itself anew
+        state.pop("run_writer", None)  # a copy keeps its captures in memory (save_to: the original's)
         state["_started_last"] = Records(grads_recorded=state.get("records_grads", False))
         return state
 

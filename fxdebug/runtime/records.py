@@ -125,6 +125,9 @@ class Records:
         self._summaries: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
         self.runs = 1
         self.accumulating = False
+        # file:line of each key's code (set by fxdebug.records(gm), kept by saved runs)
+        self.locations: dict[str, str] = {}
+        self.step = None  # what fxdebug.set_step tagged the run with
 
     def __getstate__(self):
         state = dict(self.__dict__)

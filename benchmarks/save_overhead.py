@@ -1,0 +1,137 @@
+"""Peak memory and time of capturing every node: eager vs in memory vs streamed to disk.
+
+Model: torchvision resnet50 (random weights, eval, CPU), one forward under
+``torch.no_grad()`` per repeat; variants:
+
+1. ``eager``: the model itself;
+2. ``memory``: ``fxdebug.instrument(model, capture="all")``: every node's output kept
+   in memory (views, copies where an in-place op follows) until the next forward;
+3. ``save_to``: ``fxdebug.instrument(model, capture="all", save_to=folder)``: each
+   capture handed to the writer thread and released once written (64 MiB queue).
+
+Each variant runs in a fresh interpreter, so its peak resident memory
+(``resource.getrusage(RUSAGE_SELF).ru_maxrss``) is its own; "forward peak" is
+that peak minus the resident memory right before the first forward (model built,
+weights loaded). Time: the median of the repeats after one warm-up forward; for
+``save_to`` the forward alone and the forward plus ``fxdebug.flush`` (every byte
+written and the manifest on disk). Earlier runs are deleted between repeats,
+outside the timing. The saved run is checked equal to the in-memory capture.
+
+Run (from the repository root)::
+
+    python benchmarks/save_overhead.py                  # 4x3x160x160, 3 repeats
+    python benchmarks/save_overhead.py --quick          # 1x3x64x64, 2 repeats
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from tabulate import tabulate
+
+CHILD = r"""
+import json, os, resource, shutil, statistics, sys, time
+import torch, torchvision
+import fxdebug
+
+variant, shape, repeats, folder = sys.argv[1], tuple(map(int, sys.argv[2].split(","))), int(sys.argv[3]), sys.argv[4]
+torch.manual_seed(0)
+model = torchvision.models.resnet50().eval()
+x = torch.randn(*shape)
+if variant == "eager":
+    run = model
+elif variant == "memory":
+    run = fxdebug.instrument(model, capture="all")
+else:
+    run = fxdebug.instrument(model, capture="all", save_to=os.path.join(folder, "runs"))
+
+def rss():
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+before = rss()
+forward, total = [], []
+for repeat in range(repeats + 1):
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = run(x)
+    middle = time.perf_counter()
+    if variant == "save_to":
+        fxdebug.flush(run)
+    end = time.perf_counter()
+    if repeat:
+        forward.append(middle - start)
+        total.append(end - start)
+    if variant == "save_to":  # keep the latest run only, outside the timing
+        runs = sorted(os.listdir(os.path.join(folder, "runs")))
+        for old in runs[:-1]:
+            shutil.rmtree(os.path.join(folder, "runs", old))
+    del out
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+result = {"variant": variant, "before": before, "peak": peak,
+          "forward": statistics.median(forward), "total": statistics.median(total)}
+if variant == "save_to":
+    saved = fxdebug.load_records(os.path.join(folder, "runs"))
+    memory = fxdebug.instrument(model, capture="all")
+    with torch.no_grad():
+        memory(x)
+    expected = fxdebug.records(memory)
+    assert saved.keys() == expected.keys()
+    assert all(torch.equal(saved[k], expected[k]) for k in expected.keys() if k in saved)
+    result["run_bytes"] = os.path.getsize(os.path.join(saved.path, "tensors.bin"))
+    result["captures"] = len(saved)
+print("RESULT " + json.dumps(result))
+"""
+
+
+def _child(variant: str, shape: str, repeats: int) -> dict:
+    folder = tempfile.mkdtemp(prefix="fxdebug_save_overhead_")
+    try:
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        done = subprocess.run([sys.executable, "-c", CHILD, variant, shape, str(repeats), folder],
+                              env=env, capture_output=True, text=True, timeout=3600)
+        if done.returncode:
+            raise SystemExit(f"{variant} failed:\n{done.stderr[-3000:]}")
+        line = next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULT "))
+        return json.loads(line[len("RESULT "):])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--input", default="4,3,160,160")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="1x3x64x64, 2 repeats")
+    args = parser.parse_args()
+    if args.quick:
+        args.input, args.repeats = "1,3,64,64", 2
+    import torch
+    print(f"resnet50, input {args.input.replace(',', 'x')}, capture='all', no_grad, CPU, "
+          f"torch {torch.__version__}, {os.cpu_count()} CPUs, {args.repeats} repeats + 1 warm-up")
+    results = {v: _child(v, args.input, args.repeats) for v in ("eager", "memory", "save_to")}
+    mib = 2**20
+    eager = results["eager"]
+    rows = []
+    for variant, r in results.items():
+        rows.append([variant, f"{(r['peak'] - r['before']) / mib:.0f}", f"{r['peak'] / mib:.0f}",
+                     f"{r['forward'] * 1000:.0f}", f"{r['total'] * 1000:.0f}",
+                     f"{r['total'] / eager['total']:.2f}"])
+    print(tabulate(rows, headers=["variant", "forward peak MiB", "process peak MiB",
+                                  "forward ms", "with flush ms", "time / eager"],
+                   disable_numparse=True, colalign=("left",) + ("right",) * 5))
+    saved = results["save_to"]
+    print(f"save_to wrote {saved['captures']} captures, {saved['run_bytes'] / mib:.0f} MiB per "
+          f"run; the saved run equals the in-memory capture")
+
+
+if __name__ == "__main__":
+    main()

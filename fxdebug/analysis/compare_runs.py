@@ -1,0 +1,316 @@
+"""``compare_runs(a, b)``: two runs of a model (saved or in memory), key by key.
+
+Every key of run ``a`` is compared, in ``a``'s execution order, with the same
+key of run ``b`` (then the gradients, in backward order); keys only one run
+has are listed. Tensors are compared in the wider of their two dtypes with the
+tolerances ``torch.testing.assert_close`` uses for the narrower one (float32
+against bfloat16: bfloat16's), so a run on another device or in another
+precision is judged by what that precision can hold. Statistics-only captures
+(``mode="stats"``) compare their mean, std, min, max and non-finite count.
+
+    RunComparison
+      ├─ entries / grad_entries   one RunEntry per key: status, max abs / rel error
+      ├─ first_divergence         the first entry that differs (key, op, file:line)
+      ├─ table()                  verdict, first divergence, every key (80 columns)
+      └─ to_dict(), HTML          from fxdebug's Report
+
+>>> import torch, fxdebug
+>>> model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+>>> gm = fxdebug.instrument(model)
+>>> x = torch.randn(4, 3)
+>>> _ = gm(x); a = fxdebug.records(gm)
+>>> with torch.no_grad(): _ = model[2].weight.add_(1.0)
+>>> _ = gm(x); b = fxdebug.records(gm)
+>>> report = fxdebug.compare_runs(a, b)
+>>> report.ok, report.first_divergence.key
+(False, '2')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import math
+import os
+from typing import Any
+
+import torch
+
+from ..runtime.fit import ELLIPSIS, fit_line, fit_table, table_width
+from ..runtime.records import Record, Records
+from ..runtime.report import Report
+from ..runtime.saved_runs import load_records
+from .compare import compare_tensors, default_tolerances, dtype_text, format_error, shape_text
+
+__all__ = ["compare_runs", "RunComparison", "RunEntry", "STATUS_TEXT"]
+
+STATUS_TEXT = {
+    "equal": "equal",          # bitwise
+    "close": "close",          # within the tolerances
+    "differs": "DIFFERS",
+    "shape": "SHAPE",          # another shape, or an integer dtype against another
+    "only a": "only in a",
+    "only b": "only in b",
+    "stale": "stale",          # written in place after its capture in a run: not compared
+}
+DIVERGENT = ("differs", "shape", "only a", "only b")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunEntry:
+    """One key compared across the two runs (``section``: ``"forward"`` or ``"grad"``)."""
+
+    key: str
+    op: str
+    location: str
+    section: str
+    status: str
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    shape: str = ""
+    dtype: str = ""
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status not in DIVERGENT
+
+    def describe(self) -> str:
+        """``layer1.0.conv1 (Conv2d, resnet.py:92): max abs 0.5, max rel 1.2``."""
+        where = ", ".join(part for part in (self.op, self.location) if part)
+        what = "gradient of " if self.section == "grad" else ""
+        if self.status in ("only a", "only b", "shape", "stale"):
+            text = self.detail or STATUS_TEXT[self.status]
+        else:
+            text = f"max abs {format_error(self.max_abs)}, max rel {format_error(self.max_rel)}"
+            text += f"; {self.detail}" if self.detail else ""
+        return f"{what}{self.key} ({where}): {text}"
+
+
+@dataclasses.dataclass(repr=False)
+class RunComparison(Report):
+    """What :func:`compare_runs` found: ``ok`` when every key is equal or close in both runs."""
+
+    a: str
+    b: str
+    entries: list[RunEntry]
+    grad_entries: list[RunEntry]
+    rtol: float | None = None
+    atol: float | None = None
+
+    verdict_words = ("EQUAL", "DIFFERENT")
+
+    @property
+    def ok(self) -> bool:
+        return all(entry.ok for entry in self.entries + self.grad_entries)
+
+    @property
+    def divergences(self) -> list[RunEntry]:
+        """Entries that differ, forward (execution order) then gradients (backward order)."""
+        return [entry for entry in self.entries + self.grad_entries if not entry.ok]
+
+    @property
+    def first_divergence(self) -> RunEntry | None:
+        """The first key, in execution order, whose values differ beyond the tolerances."""
+        return next(iter(self.divergences), None)
+
+    def _size(self) -> str:
+        grads = f" and {len(self.grad_entries)} gradient(s)" if self.grad_entries else ""
+        return f"{len(self.entries)} key(s){grads}"
+
+    def _finding(self) -> str:
+        first = self.first_divergence
+        return "" if first is None else f"first divergence {first.describe()}"
+
+    def _fields(self) -> dict:
+        return {"a": self.a, "b": self.b, "rtol": self.rtol, "atol": self.atol,
+                "keys": len(self.entries), "gradients": len(self.grad_entries),
+                "first_divergence": self.first_divergence, "divergences": self.divergences}
+
+    def _tolerances(self) -> str:
+        if self.rtol is None and self.atol is None:
+            return "the tolerances per dtype of torch.testing.assert_close"
+        rtol = "per dtype" if self.rtol is None else f"{self.rtol:g}"
+        atol = "per dtype" if self.atol is None else f"{self.atol:g}"
+        return f"rtol={rtol}, atol={atol}"
+
+    def _rows(self) -> list[list[str]]:
+        rows = []
+        for entry in self.entries + self.grad_entries:
+            compared = entry.status in ("equal", "close", "differs")
+            rows.append([("grad " if entry.section == "grad" else "") + entry.key, entry.op,
+                         STATUS_TEXT[entry.status],
+                         format_error(entry.max_abs) if compared else "-",
+                         format_error(entry.max_rel) if compared else "-",
+                         entry.shape, entry.location or "-"])
+        return rows
+
+    def table(self, wide: bool | None = None) -> str:
+        """Verdict, first divergence, then every key with its error."""
+        width = table_width(wide)
+        lines = [_fit_path("compare_runs: a = ", self.a, width),
+                 _fit_path("              b = ", self.b, width),
+                 f"compared with {self._tolerances()}"]
+        counts: dict[str, int] = {}
+        for entry in self.entries + self.grad_entries:
+            counts[entry.status] = counts.get(entry.status, 0) + 1
+        total = len(self.entries) + len(self.grad_entries)
+        bad = self.divergences
+        if bad:
+            lines.append(f"verdict: DIFFERENT: {len(bad)} of {total} keys differ")
+            lines.append(f"first divergence: {bad[0].describe()}")
+        else:
+            lines.append(f"verdict: EQUAL: {total} keys agree")
+        lines = [fit_line(line, width) for line in lines]
+        lines.append("")
+        lines.append(fit_table(self._rows(), ["key", "op", "status", "max abs", "max rel",
+                                              "shape", "file:line"],
+                               width=width, drop=("file:line", "shape", "op"),
+                               truncate=("key", "file:line"),
+                               colalign=("left",) * 3 + ("right",) * 2 + ("left",) * 2))
+        summary = ", ".join(f"{counts[s]} {t}" for s, t in STATUS_TEXT.items() if s in counts)
+        lines.append(f"keys: {summary or 'none'}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        first = self.first_divergence
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in
+                       ("key", "op", "status", "max abs", "max rel", "shape", "file:line"))
+        body = []
+        entries = self.entries + self.grad_entries
+        for entry, row in zip(entries, self._rows()):
+            style = ("background:#fdd;" if not entry.ok else "") + \
+                    ("outline:2px solid #c00;" if entry is first else "")
+            cells = "".join(f"<td>{html.escape(cell)}</td>" for cell in row)
+            body.append(f"<tr style=\"{style}\">{cells}</tr>")
+        verdict = html.escape("\n".join(self.table(wide=True).splitlines()[:5]))
+        return (f"<div><pre>{verdict}</pre><table><thead><tr>{head}</tr></thead>"
+                f"<tbody>{''.join(body)}</tbody></table></div>")
+
+
+def _fit_path(prefix: str, path: str, width: int | None) -> str:
+    """``prefix + path``; a path too long for ``width`` keeps its end (``…/run-000002``)."""
+    if width is None or len(prefix) + len(path) <= width:
+        return prefix + path
+    return prefix + ELLIPSIS + path[len(prefix) + len(path) + 1 - width:]
+
+
+def compare_runs(a, b, rtol: float | None = None, atol: float | None = None) -> RunComparison:
+    """Compare two runs key by key: Records (``fxdebug.records(gm)``, ``load_records``) or
+    folders of saved runs (the latest run in a ``save_to`` folder).
+
+    ``rtol`` / ``atol`` default to ``torch.testing.assert_close``'s for the
+    narrower dtype of each pair. Relative errors are taken against run ``a``.
+
+    >>> import torch, fxdebug
+    >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    >>> _ = gm(torch.ones(1, 2)); a = fxdebug.records(gm)
+    >>> _ = gm(torch.ones(1, 2)); b = fxdebug.records(gm)
+    >>> fxdebug.compare_runs(a, b).ok
+    True
+    """
+    label_a, records_a = _open(a, "a")
+    label_b, records_b = _open(b, "b")
+    entries = _compare_all(records_a, records_b, "forward", rtol, atol)
+    grads_a = records_a._grads if records_a._grads is not None else Records()
+    grads_b = records_b._grads if records_b._grads is not None else Records()
+    grad_entries = _compare_all(grads_a, grads_b, "grad", rtol, atol, records_a.locations)
+    return RunComparison(label_a, label_b, entries, grad_entries, rtol, atol)
+
+
+def _open(run, name: str) -> tuple[str, Records]:
+    if isinstance(run, Records):
+        return getattr(run, "path", None) or "Records in memory", run
+    if isinstance(run, (str, os.PathLike)):
+        records = load_records(run)
+        return records.path, records
+    raise TypeError(f"compare_runs: run {name} is a {type(run).__name__}; give Records "
+                    f"(fxdebug.records(gm), fxdebug.load_records(path)) or the path of a saved "
+                    f"run.")
+
+
+def _compare_all(a: Records, b: Records, section: str, rtol, atol,
+                 locations: dict | None = None) -> list[RunEntry]:
+    locations = a.locations if locations is None else locations
+    found = []
+    for key in a.keys():
+        record = a.record(key)
+        location = locations.get(key) or locations.get(key.split("/", 1)[0], "")
+        if key not in b:
+            found.append(RunEntry(key, record.op, location, section, "only a",
+                                  shape=shape_text(record.shape), dtype=dtype_text(record.dtype),
+                                  detail="only in run a"))
+            continue
+        found.append(_compare_key(record, b.record(key), location, section, rtol, atol))
+    for key in b.keys():
+        if key not in a:
+            record = b.record(key)
+            found.append(RunEntry(key, record.op, b.locations.get(key, ""), section, "only b",
+                                  shape=shape_text(record.shape), dtype=dtype_text(record.dtype),
+                                  detail="only in run b"))
+    return found
+
+
+def _compare_key(ra: Record, rb: Record, location: str, section: str, rtol,
+                 atol) -> RunEntry:
+    common: dict[str, Any] = dict(key=ra.key, op=ra.op, location=location, section=section,
+                                  shape=shape_text(ra.shape), dtype=dtype_text(ra.dtype))
+    if ra.stale or rb.stale:
+        which = "a" if ra.stale else "b"
+        return RunEntry(status="stale", detail=f"stale in run {which}: written in place after "
+                                               f"its capture, not compared", **common)
+    if tuple(ra.shape) != tuple(rb.shape):
+        return RunEntry(status="shape", max_abs=math.inf, max_rel=math.inf,
+                        detail=f"shape {shape_text(ra.shape)} vs {shape_text(rb.shape)}",
+                        **common)
+    rtol_d, atol_d = default_tolerances(ra.dtype, rb.dtype)
+    rtol = rtol_d if rtol is None else float(rtol)
+    atol = atol_d if atol is None else float(atol)
+    detail = "" if ra.dtype == rb.dtype else f"dtype {dtype_text(ra.dtype)} vs {dtype_text(rb.dtype)}"
+    if ra.value is None or rb.value is None:  # statistics only
+        return _compare_stats(ra, rb, rtol, atol, common, detail)
+    va, vb = ra.value, rb.value
+    if va.dtype != vb.dtype:
+        if not (_floating(va) and _floating(vb)):
+            return RunEntry(status="shape", max_abs=math.inf, max_rel=math.inf, detail=detail,
+                            **common)
+        wider = torch.promote_types(va.dtype, vb.dtype)
+        va, vb = va.to(wider), vb.to(wider)
+    if va.device != vb.device:
+        vb = vb.to(va.device)
+    result = compare_tensors(va, vb, ra.key, rtol, atol, equal_nan=True)
+    if result.ok:  # equal: the same dtype and values (NaN where the other has NaN)
+        status = "equal" if result.max_abs == 0 and ra.dtype == rb.dtype else "close"
+    else:
+        status = "differs"
+    if not result.ok and result.detail:
+        detail = "; ".join(part for part in (detail, result.detail) if part)
+    elif status == "differs":
+        detail = "; ".join(part for part in (detail, f"{result.mismatched}/{result.numel} "
+                                                      f"elements beyond rtol={rtol:g}, "
+                                                      f"atol={atol:g}") if part)
+    return RunEntry(status=status, max_abs=result.max_abs, max_rel=result.max_rel, detail=detail,
+                    **common)
+
+
+def _floating(tensor: torch.Tensor) -> bool:
+    return tensor.is_floating_point() or tensor.is_complex()
+
+
+def _compare_stats(ra: Record, rb: Record, rtol, atol, common, detail) -> RunEntry:
+    sa, sb = ra.stats, rb.stats
+    max_abs = max_rel = 0.0
+    ok = sa.nonfinite == sb.nonfinite
+    for x, y in zip(sa[:4], sb[:4]):
+        if x == y or (math.isnan(x) and math.isnan(y)):
+            continue
+        diff = abs(y - x)
+        diff = math.inf if math.isnan(diff) else diff
+        max_abs = max(max_abs, diff)
+        max_rel = max(max_rel, diff / abs(x) if x else math.inf)
+        ok = ok and diff <= atol + rtol * abs(x)
+    exact = sa == sb or str(sa) == str(sb)
+    status = "equal" if exact else ("close" if ok else "differs")
+    what = "statistics compared (mean, std, min, max, non-finite)"
+    return RunEntry(status=status, max_abs=max_abs, max_rel=max_rel,
+                    detail="; ".join(part for part in (detail, what) if part), **common)

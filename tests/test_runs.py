@@ -1,0 +1,396 @@
+"""Saved runs, streaming to disk, and comparing two runs.
+
+Ground truth: the in-memory Records of the same forward (bitwise), forward hooks
+on the eager model (where two runs' outputs first differ), the bytes on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+import torchvision
+
+import fxdebug
+from fxdebug.runtime.saved_runs import DATA, MANIFEST
+from subprocesses import child_env
+
+X = (2, 3, 64, 64)
+
+
+def _bits(tensor: torch.Tensor) -> bytes:
+    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _assert_same(expected, loaded) -> None:
+    """Bitwise: keys in order, tensors, statistics, shapes, dtypes, ops."""
+    assert loaded.keys() == expected.keys()
+    for key in expected.keys():
+        want, got = expected.record(key), loaded.record(key)
+        assert (got.op, got.shape, got.dtype, got.via) == (want.op, want.shape, want.dtype, want.via)
+        if want.value is None:
+            assert loaded[key] == expected[key]
+        else:
+            assert got.value.dtype == want.value.dtype and got.value.shape == want.value.shape
+            assert _bits(got.value) == _bits(want.value), key
+        assert got.stats == want.stats or str(got.stats) == str(want.stats), key
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    torch.manual_seed(0)
+    return torchvision.models.resnet18().eval(), torch.randn(*X)
+
+
+@pytest.mark.parametrize("mode", ["tensor", "stats"])
+def test_round_trip_is_bitwise_with_gradients(resnet, tmp_path, mode):
+    model, x = resnet
+    gm = fxdebug.instrument(model, grads=True, mode=mode)
+    model.zero_grad()
+    gm(x).sum().backward()
+    rec = fxdebug.records(gm)
+    path = fxdebug.save_records(rec, tmp_path / "run", step=3)
+    loaded = fxdebug.load_records(path)
+    assert isinstance(loaded, fxdebug.Records)
+    _assert_same(rec, loaded)
+    _assert_same(rec.grads, loaded.grads)
+    assert loaded.table(wide=True) == rec.table(wide=True)
+    assert loaded.context["step"] == 3 and loaded.context["dtype"] == "float32"
+    assert loaded.context["device"] == "cpu" and loaded.context["torch"] == torch.__version__
+    assert loaded.context["rank"] is None and loaded.context["world_size"] is None
+    # file:line of a module call: the line in BasicBlock.forward that calls conv1
+    file, line = loaded.locations["layer1.0.conv1"].rsplit(":", 1)
+    source = open(torchvision.models.resnet.__file__).read().splitlines()[int(line) - 1]
+    assert file.endswith("resnet.py") and "self.conv1(x)" in source
+    page = fxdebug.report(loaded, tmp_path / "report.html")
+    assert "layer4.1.conv2" in open(page).read()
+    model.zero_grad()
+
+
+def _mapping_of(path: str, address: int) -> dict | None:
+    """The /proc/self/smaps entry of the mapping of ``path`` that holds ``address``."""
+    found, current = None, None
+    with open("/proc/self/smaps") as handle:
+        for line in handle:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                start, end = (int(part, 16) for part in head[0].split("-"))
+                current = {"path": head[-1] if len(head) >= 6 else "", "start": start, "end": end}
+                if current["path"] == path and start <= address < end:
+                    found = current
+            elif found is current and found is not None and head[0] == "Rss:":
+                found["rss_kb"] = int(head[1])
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux /proc needed")
+def test_loading_reads_no_tensor_bytes(tmp_path):
+    big = torch.nn.Sequential(torch.nn.Linear(256, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 8))
+    gm = fxdebug.instrument(big)
+    gm(torch.randn(1024, 256))
+    path = fxdebug.save_records(fxdebug.records(gm), tmp_path / "big")
+    data = os.path.realpath(os.path.join(path, DATA))
+    assert os.path.getsize(data) > 32 * 2**20
+    loaded = fxdebug.load_records(path)
+    value = loaded.record("1").value
+    mapping = _mapping_of(data, value.data_ptr())
+    assert mapping is not None, "the tensor is not a view of the memory-mapped tensors.bin"
+    assert mapping["rss_kb"] < 1024, mapping  # nothing read yet
+    assert loaded.record("0").value.untyped_storage().data_ptr() == \
+        value.untyped_storage().data_ptr()  # one mapping for the whole run
+    expected = fxdebug.records(gm)["1"]
+    assert torch.equal(loaded["1"], expected)
+    assert _mapping_of(data, value.data_ptr())["rss_kb"] * 1024 >= expected.numel() * 4 * 0.9
+    loaded["1"].fill_(0)  # a private mapping: the file is not changed
+    assert torch.equal(fxdebug.load_records(path)["1"], expected)
+
+
+def _small_run(tmp_path, name="run"):
+    gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()))
+    gm(torch.randn(2, 4))
+    return fxdebug.save_records(fxdebug.records(gm), tmp_path / name)
+
+
+def test_errors_name_the_file_and_what_to_do(tmp_path):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(fxdebug.SavedRunError, match="nowhere.*does not exist"):
+        fxdebug.load_records(missing)
+    path = _small_run(tmp_path)
+    with pytest.raises(fxdebug.SavedRunError, match="already holds a saved run"):
+        fxdebug.save_records(fxdebug.load_records(path), path)
+    data = os.path.join(path, DATA)
+    size = os.path.getsize(data)
+    with open(data, "r+b") as handle:
+        handle.truncate(size - 70)
+    with pytest.raises(fxdebug.SavedRunError, match=f"{DATA} is truncated.*Save the run again"):
+        fxdebug.load_records(path)
+    manifest = os.path.join(_small_run(tmp_path, "b"), MANIFEST)
+    text = open(manifest).read()
+    open(manifest, "w").write(text[: len(text) // 2])
+    with pytest.raises(fxdebug.SavedRunError, match=f"{MANIFEST} is truncated or corrupt"):
+        fxdebug.load_records(os.path.dirname(manifest))
+    manifest = os.path.join(_small_run(tmp_path, "c"), MANIFEST)
+    content = json.load(open(manifest))
+    content["version"] = 99
+    json.dump(content, open(manifest, "w"))
+    with pytest.raises(fxdebug.SavedRunError, match="format 99, newer.*Upgrade fxdebug"):
+        fxdebug.load_records(os.path.dirname(manifest))
+    assert issubclass(fxdebug.SavedRunError, fxdebug.FxdebugError)
+
+
+def test_stale_capture_stays_stale_on_disk(tmp_path):
+    gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(3, 3)))
+    out = gm(torch.ones(1, 3))
+    with torch.no_grad():
+        out.add_(1)  # written after the forward: the capture of "0" is a view of out
+    path = fxdebug.save_records(fxdebug.records(gm), tmp_path / "stale")
+    with pytest.raises(fxdebug.StaleCaptureError):
+        fxdebug.load_records(path)["0"]
+
+
+# -- streaming ---------------------------------------------------------------------------
+def _writer_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "fxdebug-run-writer"]
+
+
+@pytest.mark.parametrize("mode", ["tensor", "stats"])
+def test_streaming_equals_in_memory_capture(resnet, tmp_path, mode):
+    model, x = resnet
+    folder = tmp_path / "runs"
+    memory = fxdebug.instrument(model, grads=True, mode=mode)
+    model.zero_grad()
+    memory(x).sum().backward()
+    expected = fxdebug.records(memory)
+    streaming = fxdebug.instrument(model, grads=True, mode=mode, save_to=folder)
+    model.zero_grad()
+    fxdebug.set_step(streaming, 41)
+    streaming(x).sum().backward()
+    saved = fxdebug.records(streaming)
+    _assert_same(expected, saved)
+    _assert_same(expected.grads, saved.grads)
+    assert saved.table(wide=True) == expected.table(wide=True)
+    assert not _writer_threads()  # records() flushed: the thread has stopped
+    fxdebug.set_step(streaming, 42)
+    with torch.no_grad():
+        streaming(x + 1)
+    fxdebug.flush(streaming)
+    assert sorted(os.listdir(folder)) == ["run-000001", "run-000002"]
+    assert fxdebug.load_records(folder).context["step"] == 42
+    assert "layer4.1.conv2" in open(fxdebug.report(streaming, tmp_path / "s.html")).read()
+    first = fxdebug.load_records(folder, run=1)
+    assert first.context["step"] == 41 and len(first.grads) == len(expected.grads)
+    with torch.no_grad():
+        fc = fxdebug.load_records(folder).record("fc")
+        assert torch.equal(fc.value, model(x + 1)) if mode == "tensor" else \
+            fc.stats.max == model(x + 1).max().item()
+    with pytest.raises(fxdebug.SavedRunError, match="no run 7.*runs 1 to 2"):
+        fxdebug.load_records(folder, run=7)
+    model.zero_grad()
+
+
+def test_streaming_holds_a_bounded_queue(tmp_path):
+    """Every node of a model with more activation bytes than the queue: all written, all equal."""
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(12)])
+    x = torch.randn(256, 512)  # 512 KiB per activation, 6 MiB in all
+    gm = fxdebug.instrument(model, capture="all", save_to=tmp_path / "r")
+    recorder = gm.fxdebug_recorder
+    recorder.run_writer.limit_bytes = 2**20
+    gm(x)
+    assert 2**19 <= recorder.run_writer.peak_bytes <= 2**20  # one activation, never two
+    saved = fxdebug.records(gm)
+    memory = fxdebug.instrument(model, capture="all")
+    memory(x)
+    _assert_same(fxdebug.records(memory), saved)
+
+
+def test_writer_error_surfaces_at_flush_and_exit_flushes(tmp_path):
+    """A file size limit stands in for a full disk: the error names the run folder."""
+    script = f"""
+import resource, signal, torch, fxdebug
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (100000, 100000))
+gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(64, 256)), save_to={str(tmp_path / 'full')!r})
+gm(torch.randn(512, 64))
+try:
+    fxdebug.flush(gm)
+except fxdebug.SavedRunError as exc:
+    print("ERROR", exc)
+gm3 = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(64, 256)), save_to={str(tmp_path / 'next')!r})
+import time
+for attempt in range(100):  # the writer fails in the background; a later forward says so
+    try:
+        gm3(torch.randn(512, 64))
+    except fxdebug.SavedRunError as exc:
+        print("NEXT FORWARD", exc)
+        break
+    time.sleep(0.05)
+gm2 = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), save_to={str(tmp_path / 'exit')!r})
+gm2(torch.tensor([-1.0, 2.0]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], env=child_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "ERROR writing the run" in done.stdout and "run-000001" in done.stdout
+    assert "free disk space" in done.stdout
+    assert "NEXT FORWARD writing the run" in done.stdout and "next/run-000001" in done.stdout
+    # the second module never flushed: the exit did, the run is complete
+    assert torch.equal(fxdebug.load_records(tmp_path / "exit")["0"], torch.tensor([0.0, 2.0]))
+
+
+# -- comparing runs ----------------------------------------------------------------------
+def _first_hook_difference(model_a, model_b, x, keys) -> str:
+    """Ground truth: forward hooks on both eager models, the first module output that differs."""
+    from hooks import hook_captures
+    a, b = hook_captures(model_a, x), hook_captures(model_b, x)
+    return next(key for key in a if key in keys and not torch.equal(a[key], b[key]))
+
+
+def test_planted_perturbation_is_found_at_its_key(resnet, tmp_path):
+    import copy
+    model, x = resnet
+    perturbed = copy.deepcopy(model)
+    with torch.no_grad():
+        perturbed.layer2[1].conv2.weight[3] += 0.05
+    gm_a, gm_b = fxdebug.instrument(model), fxdebug.instrument(perturbed)
+    gm_a(x)
+    gm_b(x)
+    rec_a, rec_b = fxdebug.records(gm_a), fxdebug.records(gm_b)
+    truth = _first_hook_difference(model, perturbed, x, set(rec_a.keys()))
+    assert truth == "layer2.1.conv2"
+    for a, b in ((rec_a, rec_b), (fxdebug.save_records(rec_a, tmp_path / "a"),
+                                  fxdebug.save_records(rec_b, tmp_path / "b"))):
+        report = fxdebug.compare_runs(a, b)
+        assert not report.ok and isinstance(report, fxdebug.runtime.report.Report)
+        first = report.first_divergence
+        assert first.key == truth and first.op == "Conv2d"
+        assert first.location.split(":")[0].endswith("resnet.py")
+        before = report.entries[:[e.key for e in report.entries].index(truth)]
+        assert before and all(e.status == "equal" for e in before)
+        expected = (rec_b[truth] - rec_a[truth]).abs().max().item()
+        assert first.max_abs == pytest.approx(expected, rel=1e-6)
+    table = report.table()
+    assert f"first divergence: {truth} (Conv2d" in table
+    os.environ["COLUMNS"] = "80"
+    try:
+        assert max(len(line) for line in report.table().splitlines()) <= 80
+    finally:
+        del os.environ["COLUMNS"]
+    assert len(table.splitlines()) >= len(rec_a) + 5  # every key listed
+    page = open(fxdebug.report(report, tmp_path / "cmp.html")).read()
+    assert truth in page and "DIFFERS" in page
+
+
+def test_identical_runs_and_keys_in_one_run_only(resnet, tmp_path):
+    model, x = resnet
+    gm = fxdebug.instrument(model, grads=True)
+    gm(x).sum().backward()
+    a = fxdebug.records(gm)
+    gm(x).sum().backward()
+    b = fxdebug.records(gm)
+    report = fxdebug.compare_runs(a, b)
+    assert report.ok and report.first_divergence is None
+    assert {e.status for e in report.entries} == {"equal"}
+    assert len(report.grad_entries) == len(a.grads) > 0
+    shallow = fxdebug.instrument(model, depth=0)
+    shallow(x)
+    report = fxdebug.compare_runs(fxdebug.records(shallow), a)
+    only_b = [e.key for e in report.entries if e.status == "only b"]
+    assert not report.ok and "layer1.0.conv1" in only_b
+    assert "only in b" in report.table()
+    model.zero_grad()
+
+
+def test_float32_against_bfloat16_uses_bfloat16_tolerances():
+    # inputs and weights exact in bfloat16: the runs differ only by bfloat16's rounding
+    lin = torch.nn.Linear(16, 8)
+    with torch.no_grad():
+        lin.weight.copy_(lin.weight.bfloat16().float())
+        lin.bias.copy_(lin.bias.bfloat16().float())
+    x = torch.randn(4, 16).bfloat16().float()
+    gm = fxdebug.instrument(torch.nn.Sequential(lin))
+    gm(x)
+    a = fxdebug.records(gm)
+    gm_b = fxdebug.instrument(torch.nn.Sequential(lin).bfloat16())
+    gm_b(x.bfloat16())
+    b = fxdebug.records(gm_b)
+    report = fxdebug.compare_runs(a, b)
+    assert report.ok and report.entries[0].status == "close", report.table()
+    assert "float32 vs bfloat16" in report.entries[0].detail
+    assert not fxdebug.compare_runs(a, b, rtol=1.3e-6, atol=1e-5).ok
+
+
+def test_cli_exit_codes(resnet, tmp_path):
+    model, x = resnet
+    gm = fxdebug.instrument(model)
+    gm(x)
+    a = fxdebug.save_records(fxdebug.records(gm), tmp_path / "a")
+    same = fxdebug.save_records(fxdebug.records(gm), tmp_path / "same")
+    with torch.no_grad():
+        model.fc.bias[0] += 1.0
+    try:
+        gm(x)
+        b = fxdebug.save_records(fxdebug.records(gm), tmp_path / "b")
+    finally:
+        with torch.no_grad():
+            model.fc.bias[0] -= 1.0
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "fxdebug", "compare", *args],
+                              env=child_env(), capture_output=True, text=True, timeout=300)
+    equal, different = cli(a, same), cli(a, b)
+    assert equal.returncode == 0 and "verdict: EQUAL" in equal.stdout, equal.stderr
+    assert different.returncode == 1 and "first divergence: fc (Linear" in different.stdout
+    missing = cli(a, str(tmp_path / "nowhere"))
+    assert missing.returncode == 1 and "does not exist" in missing.stderr
+
+
+def test_guide_blocks_run_alone(tmp_path):
+    """Every python block of docs/saved-runs.md runs as written in a fresh interpreter."""
+    from test_readme import FENCE
+    from subprocesses import REPO
+    text = open(os.path.join(REPO, "docs", "saved-runs.md")).read()
+    found = [m.group("body") for m in FENCE.finditer(text) if m.group("lang") == "python"]
+    assert len(found) >= 4
+    import concurrent.futures
+
+    def run(code):
+        return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, timeout=300,
+                              env=child_env(OMP_NUM_THREADS="1"), capture_output=True, text=True)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(run, found))
+    for number, done in enumerate(results):
+        assert done.returncode == 0, f"block {number}:\n{done.stderr[-3000:]}"
+
+
+def test_context_records_rank_and_world_size(tmp_path):
+    import torch.distributed as dist
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0,
+                            world_size=1)
+    try:
+        gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), save_to=tmp_path / "runs")
+        gm(torch.ones(2))
+        fxdebug.flush(gm)
+        context = fxdebug.load_records(tmp_path / "runs").context
+    finally:
+        dist.destroy_process_group()
+    assert (context["rank"], context["world_size"]) == (0, 1)
+
+
+def test_stats_runs_compare_by_statistics(resnet):
+    model, x = resnet
+    gm = fxdebug.instrument(model, mode="stats")
+    gm(x)
+    a = fxdebug.records(gm)
+    gm(x * 1.5)
+    b = fxdebug.records(gm)
+    report = fxdebug.compare_runs(a, b)
+    assert report.first_divergence.key == "conv1"  # the first node: its input changed
+    assert "statistics compared" in report.first_divergence.detail
+    assert fxdebug.compare_runs(a, a).ok
