@@ -44,7 +44,7 @@ __all__ = ["instrument", "records", "accumulate_stats", "build_pipeline", "run_p
 
 def instrument(model: torch.nn.Module, capture="modules", depth: int | None = None,
                include=None, exclude=None, grads: bool = False, mode: str = "tensor",
-               passes: Sequence = ()) -> fx.GraphModule:
+               passes: Sequence = ()) -> torch.nn.Module:
     """Trace ``model`` (unless it is a GraphModule) and insert capture nodes.
 
     Args:
@@ -64,13 +64,14 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
             ``gm -> gm``) run after the capture pass.
 
     Returns:
-        A ``torch.fx.GraphModule`` whose graph and code show the capture
-        nodes. Run it, then read :func:`records`. When the root module
+        ``torch.nn.Module``: usually a ``torch.fx.GraphModule`` whose graph and
+        code show the capture nodes. Run it, then read :func:`records`. When the root module
         cannot be traced even with auto-leaf, the model comes back partially
         instrumented instead (a copy of it whose largest traceable submodules
         are traced and instrumented when first called, the rest eager, see
         :mod:`fxdebug.tracing.partial`); a warning after its first run lists
-        what ran eagerly and why, and ``records()`` works the same.
+        what ran eagerly and why, and ``records()`` works the same. Tell the
+        two apart with ``isinstance(result, torch.fx.GraphModule)``.
 
     Compiled models: ``torch.compile(instrument(model))`` records what the
     compiled code computes (every capture equals eager's up to the

@@ -12,7 +12,7 @@ Call tree::
       └─ Session                             each compiled graph, when it runs, notes itself
                                              (and, for keeping(), a copy of its inputs)
     keeping()                                the backend that keeps each graph, keyed, and
-                                             runs it eagerly (check_compiled's localisation)
+                                             runs it eagerly (check_compiled's localization)
 
 fxdebug never calls ``torch._dynamo.reset()``: a function the user compiled
 before stays compiled. Dynamo keys its cache entries by the code object of a

@@ -33,9 +33,9 @@ import operator
 
 import torch
 import torch.fx as fx
-from tabulate import tabulate
 
 from ..passes.aliasing import _alias_inputs, inplace_requested, mutated_argument
+from ..runtime.fit import fit_table, table_width
 from ..runtime.report import Report
 from ..tracing import keyed_module
 from ..runtime.inplace_ops import INPLACE_OPERATORS, OPERATOR_SYMBOLS
@@ -161,9 +161,9 @@ class Hazards(Report):
             return "no in-place hazards"
         rows = [(h.severity, h.key, h.op, h.location, h.destroys or "-", h.saved_by or "-", h.fix)
                 for h in self.hazards]
-        body = tabulate(rows, headers=("severity", "key", "op", "line", "destroys", "saved by",
-                                       "fix"), tablefmt="simple", disable_numparse=True,
-                        maxcolwidths=[None, None, None, None, None, None, 56])
+        body = fit_table(rows, ("severity", "key", "op", "line", "destroys", "saved by", "fix"),
+                         width=table_width(wide), drop=("saved by", "destroys", "op"),
+                         truncate=("key", "line"))  # the fix in full: it says what to do
         return f"{body}\n{len(self.errors)} error(s), {len(self.warnings)} warning(s)"
 
 

@@ -28,10 +28,10 @@ from typing import Any, Callable
 
 import torch
 import torch.fx as fx
-from tabulate import tabulate
 
 from ..errors import FxdebugError
 from ..runtime import Stats, tensor_stats
+from ..runtime.fit import fit_table, table_width
 from ..runtime.report import Report
 from ..tracing import keyed_module
 from ..tracing.keys import META_PASS, META_SOURCE, node_key, op_name
@@ -181,9 +181,11 @@ class NonfiniteReport(Report):
                 rows = [[kind, v.name, v.shape, v.dtype,
                          *(format(x, floatfmt) for x in v.stats[:4]), str(v.stats.nonfinite)]
                         for kind, v in received]
-                body = tabulate(rows, headers=["", "name", "shape", "dtype", "mean", "std", "min",
-                                               "max", "non-finite"], disable_numparse=True,
-                                colalign=("left",) * 4 + ("right",) * 5)
+                width = table_width(wide)
+                body = fit_table(rows, ["", "name", "shape", "dtype", "mean", "std", "min", "max",
+                                        "non-finite"], width=None if width is None else width - 2,
+                                 drop=("std", "mean"), truncate=("name",),
+                                 colalign=("left",) * 4 + ("right",) * 5)
                 lines.extend("  " + line for line in body.splitlines())
             lines.append(_later("  later nodes with non-finite outputs", self.later_forward))
             lines.append(_later("  every node that CREATED non-finite values (all it received "

@@ -38,6 +38,7 @@ import torch
 
 from ..errors import FxdebugError, TraceFailure
 from ..runtime import clone_inputs
+from ..runtime.report import REPR_LIMIT
 from ..runtime.torch_compat import foreach_copy_, foreach_norm
 from ..tracing import trace
 from .compare import iter_tensors
@@ -86,6 +87,17 @@ class NonfiniteWatch:
         self._kept: list[torch.Tensor] = []  # the buffer snapshot's tensors, reused
         self._outputs: list[torch.Tensor] = []
         self._out_sum: torch.Tensor | None = None
+
+    def __repr__(self) -> str:
+        """One line: the model, the steps watched, the first non-finite report's verdict.
+
+        >>> watch_nonfinite(torch.nn.Linear(2, 2))
+        <NonfiniteWatch Linear, 0 step(s), all finite so far>
+        """
+        state = "all finite so far" if self.report is None else \
+            f"NON-FINITE: {' '.join(self.report._finding().split())}"
+        text = f"<NonfiniteWatch {type(self.module).__name__}, {self.steps} step(s), {state}"
+        return (text[:REPR_LIMIT - 2] + "…>") if len(text) > REPR_LIMIT - 1 else text + ">"
 
     def __call__(self, *args, **kwargs):
         self.steps += 1

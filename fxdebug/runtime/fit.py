@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import textwrap
 from typing import Sequence
 
 from tabulate import tabulate
@@ -65,11 +66,15 @@ def fit_line(text: str, width: int | None) -> str:
     """``text`` broken after ``", "`` into lines of at most ``width`` characters (``None``: as is).
 
     A title over a fitted table fits the same width; a piece longer than the
-    width keeps its own line rather than being cut.
+    width is broken at its spaces (or, with none, inside a word), never cut.
 
     >>> print(fit_line("torchvision.models:resnet18: ResNet, input 1x3x224x224, capture=modules", 40))
     torchvision.models:resnet18: ResNet,
       input 1x3x224x224, capture=modules
+    >>> print(fit_line("a/very/long/path/to/models.py:make_model, input 1x3", 20))
+    a/very/long/path/to/
+      models.py:make_mod
+      el, input 1x3
     """
     if width is None or len(text) <= width:
         return text
@@ -83,7 +88,12 @@ def fit_line(text: str, width: int | None) -> str:
         else:
             current = candidate
     lines.append(current)
-    return "\n".join(lines)
+    fitted: list[str] = []
+    for line in lines:  # a piece longer than the width: broken at spaces, else inside words
+        fitted += [line] if len(line) <= width else textwrap.wrap(
+            line.lstrip(), width, subsequent_indent="  ", break_on_hyphens=False,
+            initial_indent="  " if line.startswith("  ") else "")
+    return "\n".join(fitted)
 
 
 def ellipsize(text: str, width: int) -> str:

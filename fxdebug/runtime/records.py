@@ -18,11 +18,11 @@ import weakref
 from typing import Any, Iterator
 
 import torch
-from tabulate import tabulate
 
 from ..errors import StaleCaptureError
 from .fit import fit_table, table_width
 from .records_html import records_table_html
+from .report import Report
 from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
 from .values import flatten_into
 
@@ -103,12 +103,16 @@ class Record:
         return 0 if self.value is None else self.value.numel() * self.value.element_size()
 
 
-class Records:
+class Records(Report):
     """Ordered store of captured values, indexable by key.
 
     ``rec[key]`` is the captured tensor (tensor mode) or its :class:`Stats`
     (stats mode). Nested outputs are flattened with ``/``: a module returning
     ``(a, {"b": c})`` under key ``blk`` gives ``blk/0`` and ``blk/1/b``.
+
+    Also a :class:`~fxdebug.runtime.report.Report` without a verdict: ``str`` is
+    :meth:`table`, ``repr`` one line (``<Records 75 tensors, 2.7 MiB>``),
+    ``to_dict()`` every record's key, op, shape, dtype and statistics.
     """
 
     def __init__(self, grads_recorded: bool | None = None, *, _of: "Records | None" = None) -> None:
@@ -325,18 +329,38 @@ class Records:
                       if stats is not None]
         if parameters:
             lines.append("")
-            lines.append(tabulate(
+            lines.append(fit_table(
                 [[name, _shape_text(shape), format(stats.norm, floatfmt), str(stats.nonfinite)]
                  for name, shape, stats in parameters],
-                headers=["parameter", "shape", "grad norm", "grad non-finite"],
-                disable_numparse=True, colalign=("left", "left", "right", "right")))
+                ["parameter", "shape", "grad norm", "grad non-finite"], width=table_width(wide),
+                truncate=("parameter",), short=RECORD_SHORT,
+                colalign=("left", "left", "right", "right")))
         lines.extend(f"note: {note}" for note in self.notes)
         if stale:
             lines.append(f"stale (written in place after capture, not shown): {', '.join(stale)}")
         return "\n".join(lines)
 
-    def __repr__(self) -> str:
-        return f"Records({len(self._records)} tensors, {_human_bytes(self.nbytes)})"
+    def _size(self) -> str:
+        return f"{len(self._records)} tensors, {_human_bytes(self.nbytes)}"
+
+    def _finding(self) -> str:
+        self._read_stats()
+        bad = next((r.key for r in self._records.values()
+                    if not r.stale and r.stats.nonfinite), None)
+        return "" if bad is None else f"first non-finite capture {bad}"
+
+    def _fields(self) -> dict[str, Any]:
+        self._read_stats()
+        records = {}
+        for record in self._records.values():
+            entry: dict[str, Any] = {"op": record.op, "shape": list(record.shape),
+                                     "dtype": str(record.dtype).replace("torch.", "")}
+            if record.stale:
+                entry["stale"] = True
+            else:
+                entry["stats"] = record.stats._asdict()
+            records[record.key] = entry
+        return {"records": records, "notes": list(self.notes), "runs": self.runs}
 
     def _repr_html_(self) -> str:
         """The table as HTML, for Jupyter (non-finite rows marked)."""

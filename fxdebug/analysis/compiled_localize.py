@@ -5,7 +5,7 @@ Call tree::
     capture_graphs(model, runs)        torch.compile with a backend that keeps each graph
                                        dynamo captured and the real inputs of its first call
                                        (compiled_runs.py: the user's dynamo caches untouched)
-    localise(graph, compile_piece)
+    localize(graph, compile_piece)
       ├─ eager values                  keyed copy + Capture("all"): fxdebug's captures of
       │                                every node; an Interpreter for the inputs of pieces
       ├─ prefix(k) diverges?           nodes[0..k] compiled alone on the eager inputs, its
@@ -39,7 +39,7 @@ from .compare import Comparison, compare_tensors
 from .compiled_runs import keeping, watched_run
 from .controlled_run import ControlledRuns
 
-__all__ = ["CapturedGraph", "Piece", "PieceResult", "capture_graphs", "localise", "build_piece"]
+__all__ = ["CapturedGraph", "Piece", "PieceResult", "capture_graphs", "localize", "build_piece"]
 
 _COMPUTE = ("call_function", "call_method", "call_module")
 
@@ -133,7 +133,7 @@ def _eager_captures(gm: fx.GraphModule, inputs: tuple) -> dict[str, torch.Tensor
             if record.value is not None}
 
 
-class _Localiser:
+class _Localizer:
     def __init__(self, graph: CapturedGraph, compile_piece: Callable, rtol, atol) -> None:
         self.graph = graph
         self.gm = graph.gm
@@ -197,7 +197,7 @@ class _Localiser:
 
 
 @dataclasses.dataclass
-class Localised:
+class Localized:
     """The first divergent node of a graph and the smallest piece that still shows it."""
 
     graph: CapturedGraph
@@ -208,12 +208,12 @@ class Localised:
     note: str = ""
 
 
-def localise(graph: CapturedGraph, compile_piece: Callable, rtol=None, atol=None
-             ) -> Localised | None:
+def localize(graph: CapturedGraph, compile_piece: Callable, rtol=None, atol=None
+             ) -> Localized | None:
     """The first node of ``graph`` whose compiled value differs, or None if the graph agrees."""
     if graph.inputs is None:
         return None
-    work = _Localiser(graph, compile_piece, rtol, atol)
+    work = _Localizer(graph, compile_piece, rtol, atol)
     if not work.nodes:
         return None
     last = len(work.nodes) - 1
@@ -240,10 +240,10 @@ def localise(graph: CapturedGraph, compile_piece: Callable, rtol=None, atol=None
         target, comparison = next(((n, c) for n, c in bad if n is stop_node), bad[0])
     stop = work.nodes.index(target)
     smallest = _smallest_piece(work, stop, target)
-    return Localised(graph, target, comparison, smallest or found, work.compiles)
+    return Localized(graph, target, comparison, smallest or found, work.compiles)
 
 
-def _smallest_piece(work: _Localiser, stop: int, target: fx.Node) -> PieceResult | None:
+def _smallest_piece(work: _Localizer, stop: int, target: fx.Node) -> PieceResult | None:
     """The piece ``nodes[s..stop]`` with the latest start ``s`` that still differs at ``target``."""
     alone = work.run(stop, stop, [target])
     if alone.diverges:
