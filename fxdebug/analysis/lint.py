@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import operator
+from typing import Iterable
 
 import torch
 import torch.fx as fx
@@ -108,7 +109,9 @@ class Hazards(Report):
     'no in-place hazards'
     """
 
-    def __init__(self, hazards=()) -> None:
+    verdict_words = ("OK", "BREAKS BACKWARD")
+
+    def __init__(self, hazards: Iterable[Hazard] = ()) -> None:
         self.hazards: list[Hazard] = list(hazards)
 
     def append(self, hazard: Hazard) -> None:
