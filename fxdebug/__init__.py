@@ -42,18 +42,22 @@ _LAZY = {
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs (tests/test_api.py
     # checks that this block, _LAZY and __all__ name the same things)
     from . import analysis, passes, reporting, runtime, testing, tracing
+    # (a function named like its module is imported from that module: mypy would take
+    # `from .analysis import vjp` for the submodule fxdebug.analysis.vjp as well)
     from .analysis import (CompiledReport, EquivalenceReport, Hazard, Hazards, JacobianNorms,
                            NonfiniteReport, NonfiniteWatch, RankNonfiniteReport, RankReport,
                            backend, check_compiled, check_equivalence, compare_ranks,
-                           find_nonfinite, jacobian_norms, lint_inplace, vjp, watch_nonfinite)
-    from .dumping import dump
+                           find_nonfinite, jacobian_norms, lint_inplace, watch_nonfinite)
+    from .analysis.vjp import vjp
+    from .dumping.dump import dump
     from .errors import (EagerFallbackWarning, FidelityWarning, FxdebugError, FxdebugWarning,
                          PassEquivalenceError, PerformanceWarning, SelectionError,
                          StaleCaptureError, TraceFailure)
     from .instrument import accumulate_stats, instrument, records
     from .pass_manager import PassManager, PassReport
-    from .reporting import (DiffRow, GraphChangedError, GraphDiff, diff, plots, print_tabular,
-                            tabular)
+    from .reporting import DiffRow, GraphChangedError, GraphDiff, plots, print_tabular
+    from .reporting.diff import diff
+    from .reporting.tabular import tabular
     from .reporting.html import report
     from .runtime import Record, Records, Stats
     from .tracing import PartialReport, keys, part_inputs, partial, trace, traced_parts

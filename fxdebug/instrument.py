@@ -32,7 +32,7 @@ import torch
 import torch.fx as fx
 
 from .errors import FxdebugError, TraceFailure
-from .passes import Capture, EagerRegions, GradHooks, as_pass
+from .passes import Capture, EagerRegions, GradHooks, Pass, as_pass
 from .runtime import RECORDER_ATTR, Recorder, Records
 from .runtime.torch_compat import compiled_inner
 from .tracing import instrument_parts, is_partial, keyed_copy, trace, unwrap_compiled
@@ -102,6 +102,7 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
     instrument_part = functools.partial(_instrument_part, user_passes=user_passes)
     if is_partial(model):
         return instrument_parts(model, instrument_part, **arguments)
+    gm: fx.GraphModule
     if isinstance(model, fx.GraphModule):
         gm = keyed_copy(model, recompile=False)  # run_pipeline recompiles once
     else:
@@ -114,7 +115,9 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
     gm = run_pipeline(gm, build_pipeline(**arguments) + user_passes)
     if not isinstance(getattr(gm, RECORDER_ATTR, None), Recorder):
         # nothing selected: remember the call, so records(gm) can say why it has nothing
-        gm.fxdebug_instrumented = _describe_call(model, arguments, passes)
+        # nn.Module's stubs type attributes as Tensor | Module; a module takes any value
+        gm.fxdebug_instrumented = _describe_call(  # type: ignore[assignment]
+            model, arguments, passes)
     return gm
 
 
@@ -141,7 +144,7 @@ def build_pipeline(capture="modules", depth=None, include=None, exclude=None, gr
     >>> [p.name for p in build_pipeline(grads=True)]
     ['capture', 'grads', 'eager_regions']
     """
-    pipeline = []
+    pipeline: list[Pass] = []
     if not (isinstance(capture, (list, tuple)) and len(capture) == 0):
         pipeline.append(Capture(capture, depth=depth, include=include, exclude=exclude, mode=mode))
     if grads:

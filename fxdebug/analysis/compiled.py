@@ -176,8 +176,8 @@ class CompiledReport(Report):
         ``expected.pt`` holds what the compiled piece gave; ``run.py`` runs the
         piece eagerly, so the difference it prints is the compiler's.
         """
-        found = self._found
-        if found is None:
+        found, first = self._found, self.first_divergence
+        if found is None or first is None:
             raise FxdebugError("nothing to dump: check_compiled found no divergent node "
                                f"({'the outputs agree' if self.ok else 'see the notes'}).")
         piece = found.piece
@@ -189,7 +189,6 @@ class CompiledReport(Report):
                     "about": f"backend {self.backend!r} (expected.pt)"}, buffer)
         with open(os.path.join(path, "expected.pt"), "wb") as handle:
             handle.write(buffer.getvalue())
-        first = self.first_divergence
         with open(os.path.join(path, "README.md"), "a") as handle:
             handle.write(f"\n## Compiled divergence\n\nThis piece of dynamo graph {first.graph} "
                          f"computes `{first.key}` ({first.location}). `expected.pt` holds what "
@@ -234,7 +233,7 @@ def _graph_breaks(ran: list[GraphRun]) -> list[GraphBreak]:
             text = f"{text}: {explanation[len('Explanation:'):].strip()}"
         source = None
         for frame in stack:
-            if is_user_file(frame.filename):
+            if is_user_file(frame.filename) and frame.lineno is not None:
                 source = (frame.filename, frame.lineno)
         entry = GraphBreak(text, source)
         if entry not in breaks:

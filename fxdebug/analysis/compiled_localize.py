@@ -56,7 +56,8 @@ class CapturedGraph:
 def capture_graphs(model: torch.nn.Module, runs: ControlledRuns) -> list[CapturedGraph]:
     """Run ``torch.compile(model)`` once with a backend that keeps the graphs (run eagerly)."""
     _, ran = watched_run(model, runs, keeping(), keep_inputs=True)
-    return [CapturedGraph(index, graph.gm, graph.inputs) for index, graph in enumerate(ran)]
+    return [CapturedGraph(index, graph.gm, graph.inputs) for index, graph in enumerate(ran)
+            if graph.gm is not None]  # keeping(): every graph has its module
 
 
 @dataclasses.dataclass
@@ -96,7 +97,7 @@ def build_piece(gm: fx.GraphModule, nodes: list[fx.Node], start: int, stop: int,
     feeds = []
     for arg in external:
         if arg.op == "get_attr":
-            mapping[arg] = graph.get_attr(arg.target)
+            mapping[arg] = graph.get_attr(str(arg.target))
         else:
             mapping[arg] = graph.placeholder(arg.name)
             feeds.append(env[arg])
@@ -143,7 +144,7 @@ class _Localizer:
         with torch.no_grad():
             interpreter.run(*clone_inputs(graph.inputs))
         self.env = interpreter.values
-        self.captured = _eager_captures(self.gm, graph.inputs)
+        self.captured = _eager_captures(self.gm, graph.inputs or ())
         self.nodes = [node for node in self.gm.graph.nodes if node.op in _COMPUTE]
         self.position = {node: index for index, node in enumerate(self.gm.graph.nodes)}
         self.alias = AliasAnalysis(self.gm)

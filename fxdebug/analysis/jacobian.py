@@ -65,7 +65,7 @@ class JacobianNorms(Report):
         key = max(self.norms, key=self.norms.__getitem__)
         return f"largest at {key}: {self.norms[key]:.4g}"
 
-    def table(self, floatfmt: str = ".4g", wide: bool | None = None) -> str:
+    def table(self, wide: bool | None = None, floatfmt: str = ".4g") -> str:
         rows = [[key, format(norm, floatfmt), format(self.stderr[key], floatfmt),
                  format(self.stderr[key] / norm * 100, ".1f") if norm else "-"]
                 for key, norm in self.norms.items()]

@@ -134,7 +134,7 @@ class Hazards(Report):
             other = other.hazards
         return self.hazards == other
 
-    __hash__ = None  # type: ignore[assignment] - mutable, compared by its hazards
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by its hazards: unhashable
 
     @property
     def ok(self) -> bool:
@@ -145,7 +145,7 @@ class Hazards(Report):
         return f"{len(self.hazards)} hazard(s)"
 
     def _finding(self) -> str:
-        first = (self.errors or self.hazards or [None])[0]
+        first = next(iter(self.errors or self.hazards), None)
         return "" if first is None else f"{first.severity} at {first.key} ({first.location})"
 
     @property
@@ -363,7 +363,7 @@ class _Watch(fx.Interpreter):
 
     def _written_tensor(self, candidate: _Candidate):
         if candidate.kind == "embedding":
-            return candidate.module.weight
+            return getattr(candidate.module, "weight", None)
         value = self.env.get(candidate.target) if candidate.target is not None else None
         return value if isinstance(value, torch.Tensor) else None
 
@@ -462,7 +462,7 @@ def _warning_problem(candidate: _Candidate) -> str:
                 "without autograd noticing.")
     if candidate.kind == "embedding":
         return (f"renormalises {candidate.node.target}.weight in place on every call "
-                f"(max_norm={candidate.module.max_norm}); in the lint run no saved value changed.")
+                f"(max_norm={getattr(candidate.module, 'max_norm', None)}); in the lint run no saved value changed.")
     return "writes in place; in the lint run it changed no value autograd saved for backward."
 
 

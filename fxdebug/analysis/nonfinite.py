@@ -158,7 +158,7 @@ class NonfiniteReport(Report):
             return f"non-finite parameter gradient {self.parameter_grads[0][0]}"
         return ""
 
-    def table(self, floatfmt: str = ".4g", wide: bool | None = None) -> str:
+    def table(self, wide: bool | None = None, floatfmt: str = ".4g") -> str:
         """The first forward and backward hits, what the forward hit received, what followed."""
         what = f"forward + backward of {self.loss}" if self.backward_ran else "forward only"
         lines = [f"find_nonfinite: {self.model_name}, inputs {self.inputs}, {self.mode} mode, "
@@ -338,7 +338,7 @@ def _first_bad(flags: list[tuple[fx.Node, torch.Tensor]]) -> tuple[fx.Node | Non
 def _module_stats(gm: fx.GraphModule, node: fx.Node) -> tuple[ValueStats, ...]:
     if node.op != "call_module":
         return ()
-    module = gm.get_submodule(node.target)
+    module = gm.get_submodule(str(node.target))
     named = list(module.named_parameters()) + list(module.named_buffers())
     return tuple(ValueStats(f"{node.target}.{name}", shape_text(t.shape), dtype_text(t.dtype),
                             tensor_stats(t))
@@ -449,8 +449,8 @@ def _forward_search(gm: fx.GraphModule, runs: ControlledRuns, watch: _Watch,
     first, later = _first_bad(watch.finite)
     if first is None:
         return None, []
-    hit = _replay(gm, runs, first, ignore)
-    if hit.nan + hit.inf == 0:  # a sum overflowed on finite values: search again, exactly
+    hit: ForwardHit | None = _replay(gm, runs, first, ignore)
+    if hit is not None and hit.nan + hit.inf == 0:  # a sum overflowed on finite values: search again, exactly
         exact = _Watch(gm, hooks=False, ignore=ignore, exact=True)
         runs.run(exact.run)
         first, later = _first_bad(exact.finite)

@@ -214,6 +214,9 @@ class NonfiniteWatch:
         """find_nonfinite on the last step's inputs, from its RNG state and buffers; the
         model's current buffers and RNG state are put back afterwards. A data-parallel
         wrapper's module is replayed (no collective runs)."""
+        if self._rng is None:
+            raise FxdebugError("NonfiniteWatch.replay() before any step: call watch(inputs) "
+                               "(instead of model(inputs)) first.")
         cpu_state, cuda_states = self._rng
         now_buffers = [b.detach().clone() for b in self.module.buffers()]
         devices = list(range(len(cuda_states)))
@@ -222,7 +225,7 @@ class NonfiniteWatch:
             if cuda_states:
                 torch.cuda.set_rng_state_all(cuda_states)
             with torch.no_grad():
-                for buffer, saved in zip(self.module.buffers(), self._buffers):
+                for buffer, saved in zip(self.module.buffers(), self._buffers or []):
                     buffer.copy_(saved)
             try:
                 try:

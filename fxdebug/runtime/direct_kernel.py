@@ -58,7 +58,9 @@ class DirectKernel:
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         from torch._inductor.compile_fx import compile_fx
 
-        compiled = compile_fx(gm, example_inputs)
+        # for a GraphModule compile_fx returns the compiled callable; its annotation also
+        # lists what it returns for other inputs (str, list[str], Weights)
+        compiled: Callable = compile_fx(gm, example_inputs)  # type: ignore[assignment]
         self._graphs.append((compiled, _argument_recipe(gm)))
         return compiled
 
@@ -85,7 +87,7 @@ class DirectKernel:
             self._refused[threads] = "its arguments are not one tensor and its sizes"
             return
         compiled = len(self._graphs)
-        for rows in self._rows:  # type: ignore[union-attr] - _adopt runs only with a range
+        for rows in self._rows:  # type: ignore[union-attr]  # _adopt runs only with a range
             self._compiled(values.new_zeros((rows, *values.shape[1:])))
         if len(self._graphs) != compiled:
             self._refused[threads] = "torch.compile compiled again within the range"

@@ -116,7 +116,7 @@ def _total(widths) -> int:
     return sum(widths) + SEPARATOR * max(len(widths) - 1, 0)
 
 
-def fit_table(rows: Sequence[Sequence[str]], headers: Sequence[str], *, width: int | None,
+def fit_table(rows: Sequence[Sequence[object]], headers: Sequence[str], *, width: int | None,
               drop: Sequence[str] = (), truncate: Sequence[str] = (),
               short: dict[str, str] | None = None,
               colalign: Sequence[str] | None = None) -> str:
@@ -126,15 +126,15 @@ def fit_table(rows: Sequence[Sequence[str]], headers: Sequence[str], *, width: i
     names whose cells may end in ``…``. ``short``: short forms of long header
     names. ``width=None`` renders the full table, unchanged.
     """
-    rows = [[str(cell) for cell in row] for row in rows]
+    cells = [[str(cell) for cell in row] for row in rows]
     headers = list(headers)
     align = list(colalign) if colalign is not None else None
 
     def render() -> str:
         kwargs = {"colalign": tuple(align)} if align is not None else {}
-        return tabulate(rows, headers=headers, disable_numparse=True, tablefmt="simple", **kwargs)
+        return tabulate(cells, headers=headers, disable_numparse=True, tablefmt="simple", **kwargs)
 
-    if width is None or _total(_widths(rows, headers)) <= width:
+    if width is None or _total(_widths(cells, headers)) <= width:
         return render()
     if short:
         headers = [short.get(h, h) for h in headers]
@@ -143,30 +143,30 @@ def fit_table(rows: Sequence[Sequence[str]], headers: Sequence[str], *, width: i
     cut = [i for i, h in enumerate(headers) if h in truncate]
 
     def cap(limit: int) -> None:
-        for row in rows:
+        for row in cells:
             for i in cut:
                 row[i] = ellipsize(row[i], max(limit, len(headers[i])))
 
     cap(FIRST_CAP)
     hidden: list[str] = []
     for name in drop:
-        if _total(_widths(rows, headers)) <= width:
+        if _total(_widths(cells, headers)) <= width:
             break
         if name in headers:
             index = headers.index(name)
             hidden.append(name)
             del headers[index]
-            for row in rows:
+            for row in cells:
                 del row[index]
             if align is not None:
                 del align[index]
             cut = [i for i, h in enumerate(headers) if h in truncate]
-    excess = _total(_widths(rows, headers)) - width
+    excess = _total(_widths(cells, headers)) - width
     if excess > 0 and cut:  # shrink the widest truncatable column first, down to MIN_CELL
-        widths = _widths(rows, headers)
+        widths = _widths(cells, headers)
         for i in sorted(cut, key=lambda i: -widths[i]):
             target = max(MIN_CELL, widths[i] - excess)
-            for row in rows:
+            for row in cells:
                 row[i] = ellipsize(row[i], target)
             excess -= widths[i] - target
             if excess <= 0:

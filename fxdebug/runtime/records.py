@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ..errors import StaleCaptureError
+from ..errors import FxdebugError, StaleCaptureError
 from .fit import fit_table, table_width
 from .records_html import records_table_html
 from .report import Report
@@ -72,8 +72,9 @@ class Record:
         # A copy (pickle, torch.save, deepcopy, all_gather_object) holds a new tensor with a
         # version counter of its own: keep how far the tensor moved since its capture instead.
         state = dict(self.__dict__)
-        now = None if self.version is None or self.value is None else _version_of(self.value)
-        state["version"] = None if now is None else ("moved", now - self.version)
+        version = self.version
+        now = None if version is None or self.value is None else _version_of(self.value)
+        state["version"] = None if now is None or version is None else ("moved", now - version)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -94,8 +95,14 @@ class Record:
     @property
     def stats(self) -> Stats:
         if self._stats is None:
-            self._stats = (stats_from_summary(self.summary) if self.summary is not None
-                           else tensor_stats(self.value))
+            if self.summary is not None:
+                self._stats = stats_from_summary(self.summary)
+            elif self.value is not None:
+                self._stats = tensor_stats(self.value)
+            else:
+                raise FxdebugError(f"the capture of {self.key!r} holds neither its tensor nor its "
+                                   f"statistics (a Record built by hand?): pass value= or "
+                                   f"summary=.")
         return self._stats
 
     @property
@@ -203,7 +210,8 @@ class Records(Report):
     def _read_stats(self) -> None:
         """Read every pending summary at once (one host read per device), after the run."""
         pending = [r for r in self._records.values() if r._stats is None and r.summary is not None]
-        for record, stats in zip(pending, stats_from_summaries([r.summary for r in pending])):
+        summaries = [r.summary for r in pending if r.summary is not None]  # all of them
+        for record, stats in zip(pending, stats_from_summaries(summaries)):
             record._stats = stats
 
     # -- reading -----------------------------------------------------------------------
@@ -214,7 +222,7 @@ class Records(Report):
         if record.stale:
             raise StaleCaptureError(
                 f"the capture of {key!r} ({record.op}) is stale: its tensor was written in place "
-                f"after it was captured (version {record.version} -> {_version_of(record.value)}), "
+                f"after it was captured (version {record.version} -> {'?' if record.value is None else _version_of(record.value)}), "
                 f"by code outside the traced graph (a forward hook, code that runs after the "
                 f"forward, a write fxdebug cannot see). It no longer shows what the model "
                 f"computed. Read fxdebug.records(gm) before that write, or make the module that "
@@ -276,7 +284,7 @@ class Records(Report):
         """Bytes of tensor data held (views of live activations and copies)."""
         return sum(record.nbytes for record in self._records.values())
 
-    def table(self, floatfmt: str = ".4g", wide: bool | None = None) -> str:
+    def table(self, wide: bool | None = None, floatfmt: str = ".4g") -> str:
         """A table of every capture: key, op, shape, dtype, statistics, then totals.
 
         In a terminal (or with ``COLUMNS`` set) the table fits its width: the

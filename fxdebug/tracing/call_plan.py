@@ -67,7 +67,8 @@ class CallPlan:
 
 def call_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> CallPlan:
     """Bind a call to ``forward``'s parameters; tensors stay inputs, the rest is fixed."""
-    signature = _forward_signature(type(module))
+    # a class is hashable; torch's stubs declare Module.__hash__ in a way mypy reads as not
+    signature = _forward_signature(type(module))  # type: ignore[arg-type]
     if signature is None:
         return CallPlan(reason="its forward has no inspectable signature")
     takes_self = static_forward(module) is None
@@ -152,7 +153,7 @@ def export_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> ExportPla
     'argument 0 holds a value of type obj'
     """
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
-    marks = []
+    marks: list[tuple] = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             marks.append(("tensor", tuple(leaf.shape), leaf.dtype, leaf.device, leaf.layout))
@@ -213,7 +214,8 @@ def note_part_output(gm: fx.GraphModule, path: str, module_type: str) -> None:
     output = next(node for node in reversed(gm.graph.nodes) if node.op == "output")
     value = output.args[0] if output.args else None
     out_spec = getattr(getattr(gm.graph._codegen, "pytree_info", None), "out_spec", None)
-    if out_spec is not None:  # arguments given as pytrees: the graph returns flat outputs
+    if out_spec is not None and isinstance(value, (list, tuple)):  # pytree arguments: the graph
+        # returns flat outputs
         value = pytree.tree_unflatten(list(value), out_spec)
     items = leaves(value, lambda item: isinstance(item, fx.Node))
     if not items:

@@ -60,7 +60,7 @@ import dataclasses
 import functools
 import logging
 import warnings
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.fx as fx
@@ -479,7 +479,7 @@ def instrument_parts(model: torch.nn.Module, instrument_graph: InstrumentGraph,
         >>> fxdebug.records(model).keys()
         ['stem.0', 'stem.1', 'stem', 'stem.0_1', 'stem.1_1', 'stem_1']
     """
-    notes = ()
+    notes: Sequence[str] = ()
     if is_partial(model):
         previous = _context_of(model)
         model, notes = previous.source, previous.report.notes
