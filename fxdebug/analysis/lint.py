@@ -461,8 +461,9 @@ def _warning_problem(candidate: _Candidate) -> str:
         return ("reads .data: a later write through it would change values autograd saved "
                 "without autograd noticing.")
     if candidate.kind == "embedding":
+        max_norm = getattr(candidate.module, "max_norm", None)
         return (f"renormalises {candidate.node.target}.weight in place on every call "
-                f"(max_norm={getattr(candidate.module, 'max_norm', None)}); in the lint run no saved value changed.")
+                f"(max_norm={max_norm}); in the lint run no saved value changed.")
     return "writes in place; in the lint run it changed no value autograd saved for backward."
 
 

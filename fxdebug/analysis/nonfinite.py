@@ -450,7 +450,8 @@ def _forward_search(gm: fx.GraphModule, runs: ControlledRuns, watch: _Watch,
     if first is None:
         return None, []
     hit: ForwardHit | None = _replay(gm, runs, first, ignore)
-    if hit is not None and hit.nan + hit.inf == 0:  # a sum overflowed on finite values: search again, exactly
+    if hit is not None and hit.nan + hit.inf == 0:
+        # a sum overflowed on finite values: search again, exactly
         exact = _Watch(gm, hooks=False, ignore=ignore, exact=True)
         runs.run(exact.run)
         first, later = _first_bad(exact.finite)

@@ -160,7 +160,8 @@ def replay_by_modules(module: torch.nn.Module, args: tuple, kwargs: dict, loss,
                 parameter_grads.append((name, int(grad.numel() - torch.isfinite(grad).sum()),
                                         grad.numel()))
     first = hooks.hits[0] if hooks.hits else None
-    later = list(dict.fromkeys(hit.key for hit in hooks.hits[1:] if first is None or hit.key != first.key))
+    first_key = None if first is None else first.key
+    later = list(dict.fromkeys(hit.key for hit in hooks.hits[1:] if hit.key != first_key))
     inputs = ", ".join(f"{shape_text(t.shape)} {dtype_text(t.dtype)}"
                        for _, t in iter_tensors((args, kwargs))) or "none"
     return NonfiniteReport(forward=first, backward=hooks.grads[0] if hooks.grads else None,

@@ -220,9 +220,10 @@ class Records(Report):
             raise TypeError(_key_type_message(key))
         record = self.record(key)
         if record.stale:
+            now = "?" if record.value is None else _version_of(record.value)
             raise StaleCaptureError(
                 f"the capture of {key!r} ({record.op}) is stale: its tensor was written in place "
-                f"after it was captured (version {record.version} -> {'?' if record.value is None else _version_of(record.value)}), "
+                f"after it was captured (version {record.version} -> {now}), "
                 f"by code outside the traced graph (a forward hook, code that runs after the "
                 f"forward, a write fxdebug cannot see). It no longer shows what the model "
                 f"computed. Read fxdebug.records(gm) before that write, or make the module that "

@@ -214,8 +214,8 @@ def note_part_output(gm: fx.GraphModule, path: str, module_type: str) -> None:
     output = next(node for node in reversed(gm.graph.nodes) if node.op == "output")
     value = output.args[0] if output.args else None
     out_spec = getattr(getattr(gm.graph._codegen, "pytree_info", None), "out_spec", None)
-    if out_spec is not None and isinstance(value, (list, tuple)):  # pytree arguments: the graph
-        # returns flat outputs
+    # arguments given as pytrees: the graph returns flat outputs
+    if out_spec is not None and isinstance(value, (list, tuple)):
         value = pytree.tree_unflatten(list(value), out_spec)
     items = leaves(value, lambda item: isinstance(item, fx.Node))
     if not items:
