@@ -10,6 +10,7 @@ torch.Size([1, 64, 16, 16])
 import importlib
 import sys
 import types
+from typing import TYPE_CHECKING, Any
 
 # Public names and the module each lives in. They are imported on first use (PEP 562), so that
 # `import fxdebug` and the `fxdebug` command's --help and argument errors do not import torch.
@@ -21,8 +22,8 @@ _LAZY = {
     **dict.fromkeys(("CompiledReport", "EquivalenceReport", "Hazard", "Hazards", "JacobianNorms",
                      "NonfiniteReport", "backend", "check_compiled", "check_equivalence",
                      "find_nonfinite", "jacobian_norms", "lint_inplace", "vjp", "watch_nonfinite",
-                     "compare_ranks", "RankReport", "RankNonfiniteReport", "compare_runs",
-                     "RunComparison"),
+                     "compare_ranks", "RankReport", "RankNonfiniteReport", "NonfiniteWatch",
+                     "compare_runs", "RunComparison"),
                     "fxdebug.analysis"),
     "dump": "fxdebug.dumping",
     **dict.fromkeys(("FxdebugError", "PassEquivalenceError", "SelectionError", "TraceFailure",
@@ -32,16 +33,43 @@ _LAZY = {
     "accumulate_stats": "fxdebug.instrument", "set_step": "fxdebug.instrument",
     "flush": "fxdebug.instrument",
     **dict.fromkeys(("save_records", "load_records", "SavedRecords"), "fxdebug.runtime.saved_runs"),
-    "PassManager": "fxdebug.pass_manager",
-    **dict.fromkeys(("DiffRow", "GraphDiff", "diff", "print_tabular", "tabular"),
+    "PassManager": "fxdebug.pass_manager", "PassReport": "fxdebug.pass_manager",
+    **dict.fromkeys(("DiffRow", "GraphChangedError", "GraphDiff", "diff", "print_tabular",
+                     "tabular"),
                     "fxdebug.reporting"),
     "report": "fxdebug.reporting.html",
     **dict.fromkeys(("Record", "Records", "Stats"), "fxdebug.runtime"),
     **dict.fromkeys(("PartialReport", "part_inputs", "trace", "traced_parts"), "fxdebug.tracing"),
 }
 
+if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs (tests/test_api.py
+    # checks that this block, _LAZY and __all__ name the same things)
+    from . import analysis, passes, reporting, runtime, testing, tracing
+    # (a function named like its module is imported from that module: mypy would take
+    # `from .analysis import vjp` for the submodule fxdebug.analysis.vjp as well)
+    from .analysis import (CompiledReport, EquivalenceReport, Hazard, Hazards, JacobianNorms,
+                           NonfiniteReport, NonfiniteWatch, RankNonfiniteReport, RankReport,
+                           RunComparison, backend, check_compiled, check_equivalence,
+                           compare_ranks, find_nonfinite, jacobian_norms, lint_inplace,
+                           watch_nonfinite)
+    from .analysis.compare_runs import compare_runs
+    from .analysis.vjp import vjp
+    from .dumping.dump import dump
+    from .errors import (EagerFallbackWarning, FidelityWarning, FxdebugError, FxdebugWarning,
+                         PassEquivalenceError, PerformanceWarning, SavedRunError,
+                         SelectionError, StaleCaptureError, TraceFailure)
+    from .instrument import accumulate_stats, flush, instrument, records, set_step
+    from .pass_manager import PassManager, PassReport
+    from .reporting import DiffRow, GraphChangedError, GraphDiff, plots, print_tabular
+    from .reporting.diff import diff
+    from .reporting.tabular import tabular
+    from .reporting.html import report
+    from .runtime import Record, Records, Stats
+    from .runtime.saved_runs import SavedRecords, load_records, save_records
+    from .tracing import PartialReport, keys, part_inputs, partial, trace, traced_parts
 
-def __getattr__(name: str):
+
+def __getattr__(name: str) -> Any:
     module_name = _LAZY.get(name)
     if module_name is None:
         raise AttributeError(f"module 'fxdebug' has no attribute {name!r}")
@@ -63,7 +91,7 @@ class _Package(types.ModuleType):
     package had before overwrote it with the function, and this keeps it that way lazily.
     """
 
-    def __setattr__(self, name: str, value) -> None:
+    def __setattr__(self, name: str, value: Any) -> None:
         if name == "instrument" and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)
@@ -93,6 +121,7 @@ __all__ = [
     "tabular",
     "diff",
     "GraphDiff",
+    "GraphChangedError",
     "DiffRow",
     "vjp",
     "jacobian_norms",
@@ -105,6 +134,7 @@ __all__ = [
     "find_nonfinite",
     "NonfiniteReport",
     "watch_nonfinite",
+    "NonfiniteWatch",
     "RankNonfiniteReport",
     "compare_ranks",
     "RankReport",
@@ -115,6 +145,7 @@ __all__ = [
     "passes",
     "dump",
     "PassManager",
+    "PassReport",
     "FxdebugError",
     "TraceFailure",
     "SelectionError",
@@ -132,4 +163,8 @@ __all__ = [
     "report",
     "keys",
     "plots",
+    "analysis",
+    "reporting",
+    "runtime",
+    "tracing",
 ]

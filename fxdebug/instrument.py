@@ -33,7 +33,7 @@ import torch
 import torch.fx as fx
 
 from .errors import FxdebugError, TraceFailure
-from .passes import Capture, EagerRegions, GradHooks, as_pass
+from .passes import Capture, EagerRegions, GradHooks, Pass, as_pass
 from .runtime import RECORDER_ATTR, Recorder, Records, capture, capture_stats, tensor_stats
 from .runtime.run_writer import RunWriter
 from .runtime.saved_runs import load_records
@@ -50,7 +50,7 @@ __all__ = ["instrument", "records", "accumulate_stats", "build_pipeline", "run_p
 
 def instrument(model: torch.nn.Module, capture="modules", depth: int | None = None,
                include=None, exclude=None, grads: bool = False, mode: str = "tensor",
-               passes: Sequence = (), save_to: str | os.PathLike | None = None) -> fx.GraphModule:
+               passes: Sequence = (), save_to: str | os.PathLike | None = None) -> torch.nn.Module:
     """Trace ``model`` (unless it is a GraphModule) and insert capture nodes.
 
     Args:
@@ -75,13 +75,14 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
             any run, :func:`set_step` tags runs, :func:`flush` finishes writing.
 
     Returns:
-        A ``torch.fx.GraphModule`` whose graph and code show the capture
-        nodes. Run it, then read :func:`records`. When the root module
+        ``torch.nn.Module``: usually a ``torch.fx.GraphModule`` whose graph and
+        code show the capture nodes. Run it, then read :func:`records`. When the root module
         cannot be traced even with auto-leaf, the model comes back partially
         instrumented instead (a copy of it whose largest traceable submodules
         are traced and instrumented when first called, the rest eager, see
         :mod:`fxdebug.tracing.partial`); a warning after its first run lists
-        what ran eagerly and why, and ``records()`` works the same.
+        what ran eagerly and why, and ``records()`` works the same. Tell the
+        two apart with ``isinstance(result, torch.fx.GraphModule)``.
 
     Compiled models: ``torch.compile(instrument(model))`` records what the
     compiled code computes (every capture equals eager's up to the
@@ -113,6 +114,7 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
     if is_partial(model):
         _no_save_to(save_to)
         return instrument_parts(model, instrument_part, **arguments)
+    gm: fx.GraphModule
     if isinstance(model, fx.GraphModule):
         gm = keyed_copy(model, recompile=False)  # run_pipeline recompiles once
     else:
@@ -127,14 +129,16 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
     recorder = getattr(gm, RECORDER_ATTR, None)
     if not isinstance(recorder, Recorder):
         # nothing selected: remember the call, so records(gm) can say why it has nothing
-        gm.fxdebug_instrumented = _describe_call(model, arguments, passes)
+        # nn.Module's stubs type attributes as Tensor | Module; a module takes any value
+        gm.fxdebug_instrumented = _describe_call(  # type: ignore[assignment]
+            model, arguments, passes)
         return gm
     locations = capture_locations(gm)
-    recorder.locations = locations
+    recorder.locations = locations  # type: ignore[assignment]  # (a module takes any value)
     if save_to is not None:
         writer = RunWriter(save_to)
         writer.locations = locations
-        recorder.run_writer = writer
+        recorder.run_writer = writer  # type: ignore[assignment]
     return gm
 
 
@@ -183,7 +187,7 @@ def build_pipeline(capture="modules", depth=None, include=None, exclude=None, gr
     >>> [p.name for p in build_pipeline(grads=True)]
     ['capture', 'grads', 'eager_regions']
     """
-    pipeline = []
+    pipeline: list[Pass] = []
     if not (isinstance(capture, (list, tuple)) and len(capture) == 0):
         pipeline.append(Capture(capture, depth=depth, include=include, exclude=exclude, mode=mode))
     if grads:

@@ -37,7 +37,7 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
-from .analysis.equivalence import check_equivalence
+from .analysis.equivalence import EquivalenceReport, check_equivalence
 from .errors import FidelityWarning, PassEquivalenceError
 from .passes.base import as_pass, unchanged_message
 from .reporting.diff import GraphDiff, GraphSnapshot, diff, snapshot
@@ -60,7 +60,7 @@ class Stage:
     snapshot: GraphSnapshot
     modified: bool
     diff: GraphDiff | None
-    equivalence: object | None  # an EquivalenceReport when check_inputs were given
+    equivalence: EquivalenceReport | None  # when check_inputs were given
 
     def __repr__(self) -> str:
         """One line: the pass, whether it changed the graph, its diff and verdict in short."""
@@ -183,11 +183,11 @@ class PassManager:
                 before = f"after {', '.join(map(repr, earlier))}" if earlier else "as the first pass"
                 exc.add_note(f"fxdebug: pass {step.name!r} failed{where} ({before}; "
                              f"{len(report.stages)} snapshots in the report).")
-                exc.report = report
+                setattr(exc, "report", report)  # any exception: the snapshots taken so far
                 raise
             now = snapshot(gm, step.name, *inputs)
             verdict = None
-            if checking:
+            if previous is not None:  # checking
                 verdict = check_equivalence(previous, gm, *inputs, rtol=self.rtol, atol=self.atol)
                 if index + 1 < len(self.passes):
                     previous = copy.deepcopy(gm)

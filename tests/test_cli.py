@@ -24,6 +24,26 @@ def test_summary_default_model_prints_the_table():
     assert "tensors captured" in result.stdout
 
 
+def test_summary_title_fits_the_columns(tmp_path):
+    folder = tmp_path / "a_folder_with_a_rather_long_name" / "and_another_one_below_it"
+    folder.mkdir(parents=True)
+    (folder / "tiny_model_factory_file.py").write_text(
+        "import torch\n\ndef make_a_small_linear_model():\n    return torch.nn.Linear(4, 3)\n")
+    spec = f"{folder / 'tiny_model_factory_file.py'}:make_a_small_linear_model"
+    assert len(spec) > 80
+    for columns in (80, 40):
+        result = fxdebug_cli("summary", spec, "--input", "2,4", cwd=tmp_path,
+                             COLUMNS=str(columns))
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        header = lines.index(next(line for line in lines if line.split()[:1] == ["key"]))
+        checked = lines if columns == 80 else lines[:header]  # the totals line is 47 wide
+        assert all(len(line) <= columns for line in checked), checked
+        title = "".join(line.strip() for line in lines[:header])
+        assert title.replace(" ", "").startswith(spec.replace(" ", ""))  # wrapped, not cut
+        assert "Linear" in title and "input2x4" in title.replace(" ", "")
+
+
 def test_summary_options():
     result = _fxdebug("summary", "torchvision.models:mobilenet_v3_small", "--input", "1,3,64,64",
                       "--capture", "features.*.block,classifier", "--mode", "stats", "--depth", "2")

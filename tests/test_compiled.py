@@ -63,7 +63,7 @@ def _net(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_user_backend_breaking_one_op_is_localised(device, hooks, tmp_path, capsys):
+def test_user_backend_breaking_one_op_is_localized(device, hooks, tmp_path, capsys):
     model, x = _net(device)
     report = fxdebug.check_compiled(model, x, backend=relu_to_sigmoid)
     assert not report.ok
@@ -113,7 +113,7 @@ class Printing(torch.nn.Module):
         return self.b(torch.relu(x))
 
 
-def test_graph_break_is_listed_with_the_user_line_and_later_graph_localised(capsys):
+def test_graph_break_is_listed_with_the_user_line_and_later_graph_localized(capsys):
     model, x = Printing().eval(), torch.randn(3, 4)
     report = fxdebug.check_compiled(model, x, backend="eager")
     assert report.ok and report.graphs == 2

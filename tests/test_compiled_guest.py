@@ -134,7 +134,7 @@ def test_package_calls_no_dynamo_reset():
 
 
 COMPILED_MODULES = ["analysis/compiled.py", "analysis/compiled_backend.py",
-                    "analysis/compiled_localise.py", "analysis/compiled_runs.py",
+                    "analysis/compiled_localize.py", "analysis/compiled_runs.py",
                     "analysis/dynamo_graphs.py", "instrument.py", "runtime/nodes.py",
                     "runtime/compiled_ops.py", "runtime/compiled_grads.py", "runtime/records.py",
                     "runtime/gradients.py", "tracing/frontends.py"]

@@ -150,6 +150,47 @@ def test_quitting_pdb_at_a_breakpoint_passes_through_without_a_note(monkeypatch,
     assert torch.is_grad_enabled()
 
 
+@torch.fx.wrap
+def _quit_debugger(x):
+    raise bdb.BdbQuit  # what pdb raises from a node when the user types q
+
+
+class _QuitsInNode(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def forward(self, x):
+        return _quit_debugger(self.lin(x))
+
+
+class _UntraceableRoot(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _QuitsInNode()
+
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent: the root runs eagerly, the part is traced
+            x = x + 1
+        return self.inner(x)
+
+
+@pytest.mark.parametrize("make", [lambda: fxdebug.trace(_QuitsInNode()),
+                                  lambda: fxdebug.instrument(_QuitsInNode(), grads=True),
+                                  lambda: fxdebug.instrument(_UntraceableRoot())],
+                         ids=["trace", "instrument", "partial"])
+def test_bdbquit_raised_from_a_node_passes_through_without_the_inputs_note(make):
+    module = make()
+    with pytest.raises(bdb.BdbQuit) as quit_:
+        module(torch.ones(1, 2))
+    notes = getattr(quit_.value, "__notes__", [])
+    assert not any("failed at node" in note or "Check that the model inputs" in note
+                   for note in notes), notes
+    with pytest.raises(RuntimeError) as failed:  # ground truth: a real failure gets the note
+        fxdebug.trace(torch.nn.Linear(3, 2))(torch.ones(1, 2))
+    assert any("failed at node" in note for note in getattr(failed.value, "__notes__", []))
+
+
 def test_pythonbreakpoint_zero_disables_the_stop(monkeypatch, capsys):
     model, gm, x = _resnet_with_breakpoint()
     monkeypatch.setenv("PYTHONBREAKPOINT", "0")

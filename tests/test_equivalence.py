@@ -186,7 +186,7 @@ def test_bias_dropped_from_one_conv(image):
     # in eval mode this randomly initialised network shrinks activations to ~1e-9 by the
     # output, below the default atol: the check rightly passes at default tolerances ...
     assert fxdebug.check_equivalence(model, gm, x).ok
-    # ... and localises the fault with atol=0, or in training mode (batch statistics)
+    # ... and localizes the fault with atol=0, or in training mode (batch statistics)
     for report in (fxdebug.check_equivalence(model, gm, x, atol=0),
                    fxdebug.check_equivalence(model, gm, x, train=True)):
         assert not report.ok and report.first_divergence.key == fc1

@@ -158,7 +158,7 @@ def test_hazard_str_and_table():
     text = str(hazards[0])
     assert text.startswith("error: setitem (operator.setitem, ")
     assert "'matmul'" in text and "'matmul_1'" in text and "Fix: " in text
-    table = hazards.table()
+    table = hazards.table(wide=True)
     assert table.splitlines()[0].split()[:5] == ["severity", "key", "op", "line", "destroys"]
     assert table.endswith("1 error(s), 0 warning(s)")
 

@@ -6,13 +6,13 @@ names nodes by key and the user's ``file:line``::
     check_equivalence(reference, candidate, *inputs)     equivalence.py
       ├─ ControlledRuns                                 controlled_run.py
       ├─ compare_values(outputs)                        compare.py
-      └─ localise: Capture("all") on both, match_nodes  node_matching.py
+      └─ localize: Capture("all") on both, match_nodes  node_matching.py
            (grads=True: activation_grads, in backward order)  activation_grads.py
     check_compiled(model, *inputs, backend=...)         compiled.py
       ├─ compiled run: fxdebug's own entry point, no dynamo reset  compiled_runs.py
       ├─ graph breaks: the reason dynamo gives each graph it ends
-      └─ localise: dynamo graphs keyed (dynamo_graphs.py), compiled piece by piece
-           against fxdebug's eager captures            compiled_localise.py
+      └─ localize: dynamo graphs keyed (dynamo_graphs.py), compiled piece by piece
+           against fxdebug's eager captures            compiled_localize.py
     backend(inner="inductor")                           compiled_backend.py
     find_nonfinite(model, *inputs)                      nonfinite.py
     watch_nonfinite(model): a flag per step, find_nonfinite on the first bad one  watch.py
@@ -21,7 +21,7 @@ names nodes by key and the user's ``file:line``::
     compare_runs(a, b): two runs (Records or saved folders) key by key   compare_runs.py
       (the group, DDP unwrapped, DTensor shards: rank_group.py; the report: ranks_report.py)
     lint_inplace(model, *inputs)                        lint.py (passes/aliasing.py)
-    vjp(model, inputs, of, wrt)                         vjp.py    } live.py: values with
+    vjp(model, *inputs, of=, wrt=)                      vjp.py    } live.py: values with
     jacobian_norms(model, *inputs)                      jacobian.py } their autograd graph
 
 >>> import torch, fxdebug

@@ -127,8 +127,8 @@ def compare_tensors(reference: torch.Tensor, candidate: torch.Tensor, path: str 
     """
     ref_dtype, cand_dtype = reference.dtype, candidate.dtype
     rtol, atol = _tolerances((ref_dtype, cand_dtype), rtol, atol)
-    common = dict(shape=shape_text(reference.shape), dtype=dtype_text(ref_dtype), rtol=rtol,
-                  atol=atol)
+    common: dict[str, Any] = dict(shape=shape_text(reference.shape), dtype=dtype_text(ref_dtype),
+                                  rtol=rtol, atol=atol)
     if tuple(reference.shape) != tuple(candidate.shape):
         return Comparison(path, False, math.inf, math.inf,
                           detail=f"shape {shape_text(reference.shape)} vs "
@@ -184,6 +184,12 @@ def _items(value: Any) -> tuple[str, list[tuple[Any, Any]]] | None:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return "mapping", [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
     return None
+
+
+def _members(value: Any) -> list[tuple[Any, Any]]:
+    """The ``(name, item)`` pairs of a container (``[]`` for anything else)."""
+    found = _items(value)
+    return [] if found is None else found[1]
 
 
 def iter_tensors(value: Any, path: str = ""):
@@ -250,7 +256,7 @@ def _compare(ref, cand, path, rtol, atol, equal_nan, found: list[Comparison]) ->
         found.append(compare_tensors(ref, cand, path, rtol, atol, equal_nan))
         return
     if ref_kind == "sequence":
-        ref_items, cand_items = _items(ref)[1], _items(cand)[1]
+        ref_items, cand_items = _members(ref), _members(cand)
         if len(ref_items) != len(cand_items):
             found.append(_mismatch(path, f"{_type_name(ref)} of {len(ref_items)} vs "
                                          f"{_type_name(cand)} of {len(cand_items)}"))
@@ -259,7 +265,7 @@ def _compare(ref, cand, path, rtol, atol, equal_nan, found: list[Comparison]) ->
             _compare(ref_item, cand_item, f"{path}/{name}", rtol, atol, equal_nan, found)
         return
     if ref_kind == "mapping":
-        ref_items, cand_map = _items(ref)[1], dict(_items(cand)[1])
+        ref_items, cand_map = _members(ref), dict(_members(cand))
         for name, ref_item in ref_items:
             if name not in cand_map:
                 found.append(_mismatch(f"{path}/{name}", f"missing in the candidate's "

@@ -9,9 +9,9 @@ Call tree::
       │    │                            user's compiled functions stay compiled (no reset)
       │    ├─ compare_values(outputs)   (+ parameter gradients with grads=True)
       │    └─ the graphs that ran       graph count, graph breaks: reason and user file:line
-      └─ outputs differ: localise        compiled_localise.py
+      └─ outputs differ: localize        compiled_localize.py
            ├─ capture_graphs             the graphs dynamo captured, keyed, and their inputs
-           └─ localise(graph)            first divergent node by bisection over prefixes,
+           └─ localize(graph)            first divergent node by bisection over prefixes,
                                          then the smallest divergent piece (report.dump)
 """
 
@@ -23,16 +23,16 @@ import os
 from typing import Any
 
 import torch
-from tabulate import tabulate
-
 from ..dumping import dump as dump_folder
 from ..dumping.folder_runtime import flatten_outputs
 from ..errors import FxdebugError
+from ..runtime.fit import fit_table, table_width
+from ..runtime.report import Report
 from ..tracing.keys import node_key, op_name
 from ..tracing.locations import format_location, is_user_file
 from .compare import Comparison, compare_values, format_error, iter_tensors
 from .compiled_backend import resolve_backend
-from .compiled_localise import Localised, capture_graphs, localise
+from .compiled_localize import Localized, capture_graphs, localize
 from .compiled_runs import GraphRun, watched_run, watching
 from .controlled_run import ControlledRuns
 
@@ -87,9 +87,13 @@ class CompiledDivergence:
         return text + (f"; {self.detail}" if self.detail else "")
 
 
-@dataclasses.dataclass
-class CompiledReport:
+@dataclasses.dataclass(repr=False)
+class CompiledReport(Report):
     """What :func:`check_compiled` found.
+
+    A :class:`~fxdebug.runtime.report.Report`: ``str`` is :meth:`table`, ``repr``
+    one line (``<CompiledReport 1 output(s), 1 graph(s), DIFFERENT: first divergence ...>``),
+    ``to_dict()`` plain data.
 
     Attributes:
         ok: compiled outputs (and, with ``grads=True``, parameter gradients)
@@ -113,10 +117,26 @@ class CompiledReport:
     atol: float | None
     model_name: str
     notes: list[str] = dataclasses.field(default_factory=list)
-    _found: Localised | None = dataclasses.field(default=None, repr=False)
+    _found: Localized | None = dataclasses.field(default=None, repr=False)
 
-    def table(self) -> str:
-        """Verdict, outputs, graph breaks, the first divergent node and its smallest piece."""
+    verdict_words = ("EQUIVALENT", "DIFFERENT")
+
+    def _size(self) -> str:
+        return (f"{len(self.outputs)} output(s), {self.graphs} graph(s), "
+                f"{len(self.graph_breaks)} break(s)")
+
+    def _finding(self) -> str:
+        if self.first_divergence is not None:
+            return f"first divergence {self.first_divergence.describe()}"
+        failed = [c for c in self.outputs + self.grads if not c.ok]
+        return f"{failed[0].path} differs (max abs {format_error(failed[0].max_abs)})" \
+            if failed else ""
+
+    def table(self, wide: bool | None = None) -> str:
+        """Verdict, outputs, graph breaks, the first divergent node and its smallest piece.
+
+        Fitted to the terminal unless ``wide=True`` (see :mod:`fxdebug.runtime.fit`).
+        """
         failed = [c for c in self.outputs if not c.ok]
         counts = f"{len(self.outputs) - len(failed)}/{len(self.outputs)} outputs agree"
         if self.grads:
@@ -131,13 +151,15 @@ class CompiledReport:
         body = [[c.path, c.shape or "-", c.dtype or "-", format_error(c.max_abs),
                  format_error(c.max_rel), "ok" if c.ok else "DIFFERS", c.detail]
                 for c in self.outputs + [c for c in self.grads if not c.ok]]
-        lines.append(tabulate(body, headers=["value", "shape", "dtype", "max abs", "max rel",
-                                             "verdict", "detail"], disable_numparse=True))
+        lines.append(fit_table(body, ["value", "shape", "dtype", "max abs", "max rel", "verdict",
+                                      "detail"], width=table_width(wide),
+                               drop=("detail", "max rel"), truncate=("value", "detail")))
         lines += ["", f"graphs captured by dynamo: {self.graphs}, graph breaks: "
                       f"{len(self.graph_breaks)}"]
         if self.graph_breaks:
-            lines.append(tabulate([[b.location, b.reason] for b in self.graph_breaks],
-                                  headers=["source", "reason"], disable_numparse=True))
+            lines.append(fit_table([[b.location, b.reason] for b in self.graph_breaks],
+                                   ["source", "reason"], width=table_width(wide),
+                                   truncate=("source", "reason")))
         first = self.first_divergence
         if first is not None:
             nodes = f"{len(first.piece)} node{'' if len(first.piece) == 1 else 's'}"
@@ -148,17 +170,14 @@ class CompiledReport:
         lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.table()
-
     def dump(self, folder, overwrite: bool = False) -> str:
         """Write the smallest divergent piece as an :func:`fxdebug.dump` folder; return its path.
 
         ``expected.pt`` holds what the compiled piece gave; ``run.py`` runs the
         piece eagerly, so the difference it prints is the compiler's.
         """
-        found = self._found
-        if found is None:
+        found, first = self._found, self.first_divergence
+        if found is None or first is None:
             raise FxdebugError("nothing to dump: check_compiled found no divergent node "
                                f"({'the outputs agree' if self.ok else 'see the notes'}).")
         piece = found.piece
@@ -170,7 +189,6 @@ class CompiledReport:
                     "about": f"backend {self.backend!r} (expected.pt)"}, buffer)
         with open(os.path.join(path, "expected.pt"), "wb") as handle:
             handle.write(buffer.getvalue())
-        first = self.first_divergence
         with open(os.path.join(path, "README.md"), "a") as handle:
             handle.write(f"\n## Compiled divergence\n\nThis piece of dynamo graph {first.graph} "
                          f"computes `{first.key}` ({first.location}). `expected.pt` holds what "
@@ -215,7 +233,7 @@ def _graph_breaks(ran: list[GraphRun]) -> list[GraphBreak]:
             text = f"{text}: {explanation[len('Explanation:'):].strip()}"
         source = None
         for frame in stack:
-            if is_user_file(frame.filename):
+            if is_user_file(frame.filename) and frame.lineno is not None:
                 source = (frame.filename, frame.lineno)
         entry = GraphBreak(text, source)
         if entry not in breaks:
@@ -272,7 +290,7 @@ def check_compiled(model: torch.nn.Module, *inputs, backend="inductor", mode: st
         raise FxdebugError("check_compiled needs example inputs: check_compiled(model, x).")
     compile_piece = resolve_backend(backend, mode)
     notes: list[str] = []
-    found: Localised | None = None
+    found: Localized | None = None
     with ControlledRuns([model], inputs, train=None) as runs:
         eager_out = runs.run(model, grad=grads)
         eager_grads = _param_grads(model, eager_out) if grads else {}
@@ -299,7 +317,7 @@ def check_compiled(model: torch.nn.Module, *inputs, backend="inductor", mode: st
         if not outputs_ok:
             graphs = capture_graphs(model, runs)
             for graph in graphs:
-                found = localise(graph, compile_piece, rtol, atol)
+                found = localize(graph, compile_piece, rtol, atol)
                 if found is not None:
                     break
             if found is None:
@@ -308,7 +326,7 @@ def check_compiled(model: torch.nn.Module, *inputs, backend="inductor", mode: st
                              "the eager code between them")
         elif not ok:
             notes.append("outputs agree but parameter gradients differ: the backward is not "
-                         "localised by node (compare fxdebug.check_equivalence with grads=True)")
+                         "localized by node (compare fxdebug.check_equivalence with grads=True)")
     divergence = None
     if found is not None:
         piece_gm = found.piece.piece.gm

@@ -12,7 +12,7 @@ Call tree::
       └─ Session                             each compiled graph, when it runs, notes itself
                                              (and, for keeping(), a copy of its inputs)
     keeping()                                the backend that keeps each graph, keyed, and
-                                             runs it eagerly (check_compiled's localisation)
+                                             runs it eagerly (check_compiled's localization)
 
 fxdebug never calls ``torch._dynamo.reset()``: a function the user compiled
 before stays compiled. Dynamo keys its cache entries by the code object of a
@@ -39,6 +39,7 @@ import functools
 import inspect
 import threading
 import traceback
+import types
 from typing import Any, Callable
 
 import torch
@@ -111,7 +112,7 @@ _LOCK = threading.Lock()
 _BACKENDS: dict[Any, tuple[Any, WatchingBackend]] = {}
 
 
-def watching(key, inner: Callable) -> WatchingBackend:
+def watching(key, inner: Callable | None) -> WatchingBackend:
     """The process's one WatchingBackend for ``key`` (a backend name and mode, or the function).
 
     >>> first = watching(("an example", None), lambda gm, example_inputs: gm.forward)
@@ -156,7 +157,7 @@ def entry_point() -> Callable:
     (3, False)
     """
     code = _call_model.__code__.replace(co_name="fxdebug_compiled_run")
-    return type(_call_model)(code, _call_model.__globals__, "fxdebug_compiled_run")
+    return types.FunctionType(code, _call_model.__globals__, "fxdebug_compiled_run")
 
 
 def watched_run(model: torch.nn.Module, runs: ControlledRuns, backend: WatchingBackend,

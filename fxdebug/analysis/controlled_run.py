@@ -51,7 +51,7 @@ class ControlledRuns:
         self._flags: list[tuple[torch.nn.Module, bool]] = []
         self._buffers: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._devices: list[int] = []
-        self._cpu_state: torch.Tensor | None = None
+        self._cpu_state = torch.empty(0, dtype=torch.uint8)  # taken in __enter__
         self._cuda_states: list[torch.Tensor] = []
 
     def __enter__(self) -> "ControlledRuns":
@@ -67,9 +67,9 @@ class ControlledRuns:
                 if id(buffer) not in buffers_seen:
                     buffers_seen[id(buffer)] = None
                     self._buffers.append((buffer, buffer.detach().clone()))
-            for tensor in root.parameters():
-                if tensor.is_cuda:
-                    devices[tensor.device.index or 0] = None
+            for parameter in root.parameters():
+                if parameter.is_cuda:
+                    devices[parameter.device.index or 0] = None
         for tensor in _tensors(self.inputs):
             if tensor.is_cuda:
                 devices[tensor.device.index or 0] = None

@@ -5,12 +5,12 @@ Call tree::
     check_equivalence(reference, candidate, *inputs)
       ├─ ControlledRuns          eval mode, same RNG state and buffers, cloned inputs
       ├─ run both -> compare_values(outputs)       (+ parameter gradients with grads=True)
-      ├─ outputs differ: localise
+      ├─ outputs differ: localize
       │    ├─ instrument(reference / candidate, capture="all")   every node captured
       │    ├─ match_nodes                                       by key, inputs, position
       │    └─ compare every matched value in the reference's execution order
       │         -> first_divergence, divergences, table()
-      └─ grads=True, outputs agree, gradients differ: localise in the backward
+      └─ grads=True, outputs agree, gradients differ: localize in the backward
            └─ activation_grads (tensor hooks) of both, compared in backward order
                 -> first_grad_divergence
 """
@@ -127,7 +127,7 @@ def check_equivalence(reference: torch.nn.Module, candidate: torch.nn.Module, *i
             to every parameter, by parameter name.
         train: run in training mode instead of eval mode.
         equal_nan: NaN equals NaN.
-        localize: ``None`` localise only when the outputs differ; ``True``
+        localize: ``None`` localize only when the outputs differ; ``True``
             always; ``False`` never.
 
     Returns:
@@ -193,7 +193,7 @@ def check_equivalence(reference: torch.nn.Module, candidate: torch.nn.Module, *i
         notes=notes, grad_nodes=grad_nodes)
 
 
-# -- localisation ------------------------------------------------------------------------
+# -- localization ------------------------------------------------------------------------
 
 def _instrumented(model: torch.nn.Module, role: str, notes: list[str]):
     """A keyed copy of ``model`` with every node captured (Capture("all")), or None and a note."""

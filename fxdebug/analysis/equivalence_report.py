@@ -1,6 +1,6 @@
 """What :func:`~fxdebug.analysis.equivalence.check_equivalence` returns: the report and its tables.
 
-    EquivalenceReport          verdict, output and gradient comparisons, localised nodes
+    EquivalenceReport          verdict, output and gradient comparisons, localized nodes
       ├─ NodeComparison        one matched node: errors, and how it was matched
       └─ table()               verdict, output table, first divergence, node table (fitted)
 """
@@ -8,8 +8,6 @@
 from __future__ import annotations
 
 import dataclasses
-
-from tabulate import tabulate
 
 from ..reporting.html import equivalence_html
 from ..runtime.fit import fit_table, table_width
@@ -90,7 +88,7 @@ class EquivalenceReport(Report):
         outputs: one :class:`~fxdebug.analysis.compare.Comparison` per output tensor,
             number or structure mismatch (``path`` like ``out/1/logits``).
         grads: the same for parameter gradients (``grad/<name>``).
-        nodes: every node value compared while localising, in the
+        nodes: every node value compared while localizing, in the
             reference's execution order (empty when the outputs agree,
             unless ``localize=True``).
         first_divergence: the first of ``nodes`` out of tolerance, or None.
@@ -175,12 +173,12 @@ class EquivalenceReport(Report):
             counts += f", {len(self.grads) - len(failed_grads)}/{len(self.grads)} gradients agree"
         lines.append(f"verdict: {verdict} ({counts})")
         lines.append("")
-        lines.append(_comparison_table(self.outputs, "output"))
+        lines.append(_comparison_table(self.outputs, "output", wide))
         if self.grads:
             lines.append("")
             worst = max(c.max_abs for c in self.grads)
             if failed_grads:
-                lines.append(_comparison_table(failed_grads, "parameter gradient"))
+                lines.append(_comparison_table(failed_grads, "parameter gradient", wide))
                 lines.append(f"the other {len(self.grads) - len(failed_grads)} parameter "
                              f"gradients agree")
             else:
@@ -223,7 +221,7 @@ class EquivalenceReport(Report):
         else:
             lines.append("nodes out of tolerance: none (node values were not compared: "
                          "the outputs agree)" if not failed else
-                         "nodes out of tolerance: not localised (see notes)")
+                         "nodes out of tolerance: not localized (see notes)")
         lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
 
@@ -263,13 +261,14 @@ def _tolerance_text(rtol, atol) -> str:
             f"atol={'dtype default' if atol is None else format(atol, 'g')}")
 
 
-def _comparison_table(rows: list[Comparison], what: str) -> str:
+def _comparison_table(rows: list[Comparison], what: str, wide: bool | None = None) -> str:
     body = [[c.path, c.shape or "-", c.dtype or "-", format_error(c.max_abs),
              format_error(c.max_rel), f"{c.mismatched}/{c.numel}" if c.numel else "-",
              "ok" if c.ok else "DIFFERS", c.detail] for c in rows]
-    return tabulate(body, headers=[what, "shape", "dtype", "max abs", "max rel",
-                                   "out of tol", "verdict", "detail"],
-                    disable_numparse=True, colalign=("left",) * 3 + ("right",) * 3 + ("left",) * 2)
+    return fit_table(body, [what, "shape", "dtype", "max abs", "max rel", "out of tol",
+                            "verdict", "detail"], width=table_width(wide),
+                     drop=("detail", "out of tol", "max rel"), truncate=(what, "detail"),
+                     colalign=("left",) * 3 + ("right",) * 3 + ("left",) * 2)
 
 
 def _node_table(rows: list[NodeComparison], wide: bool | None = None) -> str:

@@ -28,10 +28,10 @@ import dataclasses
 import math
 
 import torch
-from tabulate import tabulate
 
 from ..errors import FxdebugError
 from ..runtime import flatten_tensors
+from ..runtime.fit import fit_table, table_width
 from ..runtime.progress import progress_bar
 from ..runtime.report import Report
 from ..tracing import keyed_module
@@ -63,14 +63,15 @@ class JacobianNorms(Report):
         if not self.norms:
             return ""
         key = max(self.norms, key=self.norms.__getitem__)
-        return f"largest {key} {self.norms[key]:.4g}"
+        return f"largest at {key}: {self.norms[key]:.4g}"
 
-    def table(self, floatfmt: str = ".4g", wide: bool | None = None) -> str:
+    def table(self, wide: bool | None = None, floatfmt: str = ".4g") -> str:
         rows = [[key, format(norm, floatfmt), format(self.stderr[key], floatfmt),
                  format(self.stderr[key] / norm * 100, ".1f") if norm else "-"]
                 for key, norm in self.norms.items()]
-        text = tabulate(rows, headers=["key", "jacobian norm", "std error", "rel error %"],
-                        disable_numparse=True, colalign=("left", "right", "right", "right"))
+        text = fit_table(rows, ["key", "jacobian norm", "std error", "rel error %"],
+                         width=table_width(wide), drop=("rel error %", "std error"),
+                         truncate=("key",), colalign=("left", "right", "right", "right"))
         mode = "batched" if self.batched else "one backward per probe"
         return (f"{text}\n||d({self.output})/d(node)||_F from {self.samples} Rademacher probes "
                 f"({mode}); expected relative error <= {100 * math.sqrt(0.5 / self.samples):.1f}%")

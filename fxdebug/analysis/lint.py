@@ -30,12 +30,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import operator
+from typing import Iterable
 
 import torch
 import torch.fx as fx
-from tabulate import tabulate
 
 from ..passes.aliasing import _alias_inputs, inplace_requested, mutated_argument
+from ..runtime.fit import fit_table, table_width
 from ..runtime.report import Report
 from ..tracing import keyed_module
 from ..runtime import torch_compat
@@ -109,7 +110,9 @@ class Hazards(Report):
     'no in-place hazards'
     """
 
-    def __init__(self, hazards=()) -> None:
+    verdict_words = ("OK", "BREAKS BACKWARD")
+
+    def __init__(self, hazards: Iterable[Hazard] = ()) -> None:
         self.hazards: list[Hazard] = list(hazards)
 
     def append(self, hazard: Hazard) -> None:
@@ -132,7 +135,7 @@ class Hazards(Report):
             other = other.hazards
         return self.hazards == other
 
-    __hash__ = None  # type: ignore[assignment] - mutable, compared by its hazards
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by its hazards: unhashable
 
     @property
     def ok(self) -> bool:
@@ -143,7 +146,7 @@ class Hazards(Report):
         return f"{len(self.hazards)} hazard(s)"
 
     def _finding(self) -> str:
-        first = (self.errors or self.hazards or [None])[0]
+        first = next(iter(self.errors or self.hazards), None)
         return "" if first is None else f"{first.severity} at {first.key} ({first.location})"
 
     @property
@@ -162,9 +165,9 @@ class Hazards(Report):
             return "no in-place hazards"
         rows = [(h.severity, h.key, h.op, h.location, h.destroys or "-", h.saved_by or "-", h.fix)
                 for h in self.hazards]
-        body = tabulate(rows, headers=("severity", "key", "op", "line", "destroys", "saved by",
-                                       "fix"), tablefmt="simple", disable_numparse=True,
-                        maxcolwidths=[None, None, None, None, None, None, 56])
+        body = fit_table(rows, ("severity", "key", "op", "line", "destroys", "saved by", "fix"),
+                         width=table_width(wide), drop=("saved by", "destroys", "op"),
+                         truncate=("key", "line"))  # the fix in full: it says what to do
         return f"{body}\n{len(self.errors)} error(s), {len(self.warnings)} warning(s)"
 
 
@@ -342,7 +345,7 @@ class _Watch(fx.Interpreter):
 
     def _written_tensor(self, candidate: _Candidate):
         if candidate.kind == "embedding":
-            return candidate.module.weight
+            return getattr(candidate.module, "weight", None)
         value = self.env.get(candidate.target) if candidate.target is not None else None
         return value if isinstance(value, torch.Tensor) else None
 
@@ -440,8 +443,9 @@ def _warning_problem(candidate: _Candidate) -> str:
         return ("reads .data: a later write through it would change values autograd saved "
                 "without autograd noticing.")
     if candidate.kind == "embedding":
+        max_norm = getattr(candidate.module, "max_norm", None)
         return (f"renormalises {candidate.node.target}.weight in place on every call "
-                f"(max_norm={candidate.module.max_norm}); in the lint run no saved value changed.")
+                f"(max_norm={max_norm}); in the lint run no saved value changed.")
     return "writes in place; in the lint run it changed no value autograd saved for backward."
 
 

@@ -100,7 +100,7 @@ def _same_op(ref: fx.Node, ref_root: torch.nn.Module, cand: fx.Node,
 
 
 def _module_state(root: torch.nn.Module, node: fx.Node) -> list[tuple[str, torch.Tensor]]:
-    module = root.get_submodule(node.target)
+    module = root.get_submodule(str(node.target))
     return list(module.named_parameters()) + list(module.named_buffers())
 
 

@@ -28,10 +28,10 @@ from typing import Any, Callable
 
 import torch
 import torch.fx as fx
-from tabulate import tabulate
 
 from ..errors import FxdebugError
 from ..runtime import Stats, tensor_stats, torch_compat
+from ..runtime.fit import fit_table, table_width
 from ..runtime.report import Report
 from ..tracing import keyed_module
 from ..tracing.keys import META_PASS, META_SOURCE, node_key, op_name
@@ -158,7 +158,7 @@ class NonfiniteReport(Report):
             return f"non-finite parameter gradient {self.parameter_grads[0][0]}"
         return ""
 
-    def table(self, floatfmt: str = ".4g", wide: bool | None = None) -> str:
+    def table(self, wide: bool | None = None, floatfmt: str = ".4g") -> str:
         """The first forward and backward hits, what the forward hit received, what followed."""
         what = f"forward + backward of {self.loss}" if self.backward_ran else "forward only"
         lines = [f"find_nonfinite: {self.model_name}, inputs {self.inputs}, {self.mode} mode, "
@@ -181,9 +181,11 @@ class NonfiniteReport(Report):
                 rows = [[kind, v.name, v.shape, v.dtype,
                          *(format(x, floatfmt) for x in v.stats[:4]), str(v.stats.nonfinite)]
                         for kind, v in received]
-                body = tabulate(rows, headers=["", "name", "shape", "dtype", "mean", "std", "min",
-                                               "max", "non-finite"], disable_numparse=True,
-                                colalign=("left",) * 4 + ("right",) * 5)
+                width = table_width(wide)
+                body = fit_table(rows, ["", "name", "shape", "dtype", "mean", "std", "min", "max",
+                                        "non-finite"], width=None if width is None else width - 2,
+                                 drop=("std", "mean"), truncate=("name",),
+                                 colalign=("left",) * 4 + ("right",) * 5)
                 lines.extend("  " + line for line in body.splitlines())
             lines.append(_later("  later nodes with non-finite outputs", self.later_forward))
             lines.append(_later("  every node that CREATED non-finite values (all it received "
@@ -228,7 +230,7 @@ def _came_in_lines(hit: ForwardHit) -> list[str]:
                 f"ignore=[{hit.key!r}] if they are there on purpose"]
     return [f"forward: {hit.kind} {hit.key} of the model already holds non-finite values: "
             f"{counts}",
-            f"  no node created them: it was non-finite before this forward (an optimizer step, "
+            "  no node created them: it was non-finite before this forward (an optimizer step, "
             f"a checkpoint load, a write into it); fxdebug.watch_nonfinite(model) names the "
             f"step that made it so"]
 
@@ -336,7 +338,7 @@ def _first_bad(flags: list[tuple[fx.Node, torch.Tensor]]) -> tuple[fx.Node | Non
 def _module_stats(gm: fx.GraphModule, node: fx.Node) -> tuple[ValueStats, ...]:
     if node.op != "call_module":
         return ()
-    module = gm.get_submodule(node.target)
+    module = gm.get_submodule(str(node.target))
     named = list(module.named_parameters()) + list(module.named_buffers())
     return tuple(ValueStats(f"{node.target}.{name}", shape_text(t.shape), dtype_text(t.dtype),
                             tensor_stats(t))
@@ -447,8 +449,9 @@ def _forward_search(gm: fx.GraphModule, runs: ControlledRuns, watch: _Watch,
     first, later = _first_bad(watch.finite)
     if first is None:
         return None, []
-    hit = _replay(gm, runs, first, ignore)
-    if hit.nan + hit.inf == 0:  # a sum overflowed on finite values: search again, exactly
+    hit: ForwardHit | None = _replay(gm, runs, first, ignore)
+    if hit is not None and hit.nan + hit.inf == 0:
+        # a sum overflowed on finite values: search again, exactly
         exact = _Watch(gm, hooks=False, ignore=ignore, exact=True)
         runs.run(exact.run)
         first, later = _first_bad(exact.finite)

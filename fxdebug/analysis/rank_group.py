@@ -102,12 +102,12 @@ def unwrap(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
     """``(the module a data-parallel wrapper runs, the wrapper's class name)``; ``(model, "")``
     for any other module. The wrapper's own parameters are its module's (``module.`` prefixed).
     """
-    wrappers = [torch.nn.DataParallel]
+    wrappers: list[type[torch.nn.Module]] = [torch.nn.DataParallel]
     if getattr(torch, "distributed", None) is not None and torch.distributed.is_available():
         wrappers.append(torch.nn.parallel.DistributedDataParallel)
-    if isinstance(model, tuple(wrappers)) and isinstance(getattr(model, "module", None),
-                                                         torch.nn.Module):
-        return model.module, type(model).__name__
+    inner = getattr(model, "module", None)
+    if isinstance(model, tuple(wrappers)) and isinstance(inner, torch.nn.Module):
+        return inner, type(model).__name__
     return model, ""
 
 

@@ -83,7 +83,8 @@ def _digest(tensor: torch.Tensor) -> str:
     if flat.device.type != "cpu":
         flat = flat.cpu()
     raw = flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
-    return hashlib.blake2b(raw.numpy(), digest_size=8).hexdigest()
+    # an ndarray has the buffer protocol; numpy's stubs do not declare it (typeshed's Buffer)
+    return hashlib.blake2b(raw.numpy(), digest_size=8).hexdigest()  # type: ignore[arg-type]
 
 
 def _numbers(tensor: torch.Tensor) -> torch.Tensor:
@@ -319,15 +320,16 @@ def _entry(key: str, kind: str, fps: list[Fingerprint | None], world: tuple[int,
                 else f"only on {on_ranks(world[s] for s in differ)}")
         return make("missing", differ, best, text + (" (a tie: the lowest rank is the "
                                                      "reference)" if tie else ""))
-    stale = [s for s in slots if fps[s].state == "stale"]
+    every = present  # from here on, every rank has a fingerprint (the same list as fps)
+    stale = [s for s in slots if every[s].state == "stale"]
     if stale:
         return make("stale", stale, [], f"written in place after its capture on "
                                         f"{on_ranks(world[s] for s in stale)}: not compared")
     classes: dict[tuple, list[int]] = {}
     for slot in slots:
-        classes.setdefault(fps[slot].replica, []).append(slot)
-    signatures = [(fp.shape, fp.dtype, fp.digest) for fp in fps]
-    differ: list[int] = []
+        classes.setdefault(every[slot].replica, []).append(slot)
+    signatures = [(fp.shape, fp.dtype, fp.digest) for fp in every]
+    differ = []
     majority: list[int] = []
     found: list[tuple[str, list[int], list[int], str, bool]] = []  # status, group, best, ...
     for members in classes.values():
@@ -338,7 +340,7 @@ def _entry(key: str, kind: str, fps: list[Fingerprint | None], world: tuple[int,
         majority += best
         for group in groups:
             if group is not best:
-                status, detail = _difference(fps[best[0]], fps[group[0]], rtol)
+                status, detail = _difference(every[best[0]], every[group[0]], rtol)
                 found.append((status, group, best, detail, tie))
                 if status != "close":
                     differ += group
@@ -355,7 +357,7 @@ def _entry(key: str, kind: str, fps: list[Fingerprint | None], world: tuple[int,
         details.append((f"{on_ranks(world[s] for s in group)}: " if len(found) > 1
                         else "") + f"{detail} {against}")
     status = next(s for s in ("shape", "differs", "close") if any(f[0] == s for f in found))
-    if status == "differs" and all(fp.state == "broadcast" for fp in fps):
+    if status == "differs" and all(fp.state == "broadcast" for fp in every):
         return make("resynced", sorted(differ), sorted(majority), "; ".join(details))
     return make(status, sorted(differ), sorted(majority), "; ".join(details))
 

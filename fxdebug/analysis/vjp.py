@@ -6,6 +6,8 @@ Seed 000 does this by hand with hooks that keep live tensors and
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..errors import FxdebugError
@@ -15,12 +17,13 @@ from .live import LiveRun, find_target
 __all__ = ["vjp"]
 
 
-def vjp(model: torch.nn.Module, inputs, of: str, wrt: str, grad_outputs=None) -> torch.Tensor:
+def vjp(model: torch.nn.Module, *inputs: Any, of: str, wrt: str,
+        grad_outputs: torch.Tensor | None = None) -> torch.Tensor:
     """``grad_outputs^T · d(of)/d(wrt)``: the gradient of node ``of`` w.r.t. node ``wrt``.
 
     Args:
         model: an ``nn.Module`` (traced by fxdebug) or a GraphModule.
-        inputs: the model input, or a tuple of inputs.
+        inputs: the model inputs, as the model takes them (``vjp(model, x, y, of=..., wrt=...)``).
         of: key of the node differentiated (e.g. ``"layer2"``).
         wrt: key of an earlier node (e.g. ``"layer1.0.conv1"``); the
             gradient is taken w.r.t. its value at that node, even if a later
@@ -38,7 +41,6 @@ def vjp(model: torch.nn.Module, inputs, of: str, wrt: str, grad_outputs=None) ->
         tensor([[1., 1.]])
     """
     gm = keyed_module(model)
-    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     of_target, wrt_target = find_target(gm, of, "of"), find_target(gm, wrt, "wrt")
     order = {node: index for index, node in enumerate(gm.graph.nodes)}
     if order[of_target.anchor] < order[wrt_target.anchor]:

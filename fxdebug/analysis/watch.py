@@ -38,6 +38,7 @@ import torch
 
 from ..errors import FxdebugError, TraceFailure
 from ..runtime import clone_inputs
+from ..runtime.report import REPR_LIMIT
 from ..runtime.torch_compat import foreach_copy_, foreach_norm
 from ..tracing import trace
 from .compare import iter_tensors
@@ -86,6 +87,17 @@ class NonfiniteWatch:
         self._kept: list[torch.Tensor] = []  # the buffer snapshot's tensors, reused
         self._outputs: list[torch.Tensor] = []
         self._out_sum: torch.Tensor | None = None
+
+    def __repr__(self) -> str:
+        """One line: the model, the steps watched, the first non-finite report's verdict.
+
+        >>> watch_nonfinite(torch.nn.Linear(2, 2))
+        <NonfiniteWatch Linear, 0 step(s), all finite so far>
+        """
+        state = "all finite so far" if self.report is None else \
+            f"NON-FINITE: {' '.join(self.report._finding().split())}"
+        text = f"<NonfiniteWatch {type(self.module).__name__}, {self.steps} step(s), {state}"
+        return (text[:REPR_LIMIT - 2] + "…>") if len(text) > REPR_LIMIT - 1 else text + ">"
 
     def __call__(self, *args, **kwargs):
         self.steps += 1
@@ -202,6 +214,9 @@ class NonfiniteWatch:
         """find_nonfinite on the last step's inputs, from its RNG state and buffers; the
         model's current buffers and RNG state are put back afterwards. A data-parallel
         wrapper's module is replayed (no collective runs)."""
+        if self._rng is None:
+            raise FxdebugError("NonfiniteWatch.replay() before any step: call watch(inputs) "
+                               "(instead of model(inputs)) first.")
         cpu_state, cuda_states = self._rng
         now_buffers = [b.detach().clone() for b in self.module.buffers()]
         devices = list(range(len(cuda_states)))
@@ -210,7 +225,7 @@ class NonfiniteWatch:
             if cuda_states:
                 torch.cuda.set_rng_state_all(cuda_states)
             with torch.no_grad():
-                for buffer, saved in zip(self.module.buffers(), self._buffers):
+                for buffer, saved in zip(self.module.buffers(), self._buffers or []):
                     buffer.copy_(saved)
             try:
                 try:

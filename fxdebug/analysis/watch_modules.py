@@ -153,14 +153,15 @@ def replay_by_modules(module: torch.nn.Module, args: tuple, kwargs: dict, loss,
         t.real.sum() if t.is_complex() else t.sum() for _, t in _floats(output)
         if t.requires_grad)
     backward_ran = isinstance(value, torch.Tensor) and value.requires_grad and bool(named)
-    if backward_ran:
+    if backward_ran and isinstance(value, torch.Tensor):
         grads = torch.autograd.grad(value.reshape(()), [p for _, p in named], allow_unused=True)
         for (name, _), grad in zip(named, grads):
             if grad is not None and not bool(torch.isfinite(grad).all()):
                 parameter_grads.append((name, int(grad.numel() - torch.isfinite(grad).sum()),
                                         grad.numel()))
     first = hooks.hits[0] if hooks.hits else None
-    later = list(dict.fromkeys(hit.key for hit in hooks.hits[1:] if hit.key != first.key))
+    first_key = None if first is None else first.key
+    later = list(dict.fromkeys(hit.key for hit in hooks.hits[1:] if hit.key != first_key))
     inputs = ", ".join(f"{shape_text(t.shape)} {dtype_text(t.dtype)}"
                        for _, t in iter_tensors((args, kwargs))) or "none"
     return NonfiniteReport(forward=first, backward=hooks.grads[0] if hooks.grads else None,

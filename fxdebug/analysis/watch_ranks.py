@@ -83,10 +83,10 @@ def _finding(rank: int, nonfinite_in: str, report: NonfiniteReport) -> RankFindi
         return RankFinding(rank, nonfinite_in, True, "forward", hit.key, hit.op, hit.location,
                            f"{made} {hit.nan} NaN, {hit.inf} Inf of {hit.numel}")
     if report.backward is not None:
-        hit = report.backward
-        made = ", ".join(f"{key} ({op}, {where})" for key, op, where in hit.made_by)
-        return RankFinding(rank, nonfinite_in, True, "backward", hit.key, hit.op, hit.location,
-                           f"{hit.nonfinite} non-finite of {hit.numel} in its gradient"
+        back = report.backward
+        made = ", ".join(f"{key} ({op}, {where})" for key, op, where in back.made_by)
+        return RankFinding(rank, nonfinite_in, True, "backward", back.key, back.op, back.location,
+                           f"{back.nonfinite} non-finite of {back.numel} in its gradient"
                            + (f", made by the backward of {made}" if made else ""))
     if report.parameter_grads:
         name, count, numel = report.parameter_grads[0]

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import importlib
 
-from tabulate import tabulate
-
 from ..errors import FxdebugError
 from ._common import (BUILTIN_PASS_NAMES, add_model_arguments, describe_inputs, load_pass,
                       model_and_inputs)
@@ -91,7 +89,7 @@ def run_compiled(args) -> int:
     report = check_compiled(model, *inputs, backend=load_backend(args.backend), mode=args.mode,
                             rtol=args.rtol, atol=args.atol, grads=args.grads)
     print(f"{args.model}: {type(model).__name__}, input {describe_inputs(inputs)}")
-    print(report.table())
+    print(report.table(wide=getattr(args, "wide", None)))
     if args.dump and report.first_divergence is not None:
         print(f"smallest divergent piece written to {report.dump(args.dump)}")
     return 0 if report.ok else 1
@@ -127,7 +125,7 @@ def run(args) -> int:
                                    atol=args.atol, grads=args.grads, train=args.train)
         print(f"\n== pass {index}: {step.name} ({'modified' if result.modified else 'unchanged'}"
               f" graph), checked against {'the model' if index == 1 else 'the stage before'}")
-        print(report.table())
+        print(report.table(wide=getattr(args, "wide", None)))
         first = report.first_divergence
         summary.append([step.name, "yes" if result.modified else "no",
                         "ok" if report.ok else "DIFFERS",
@@ -135,6 +133,8 @@ def run(args) -> int:
                         "-" if first is None else f"{first.key} ({first.location})"])
         previous = gm = result.graph_module
     print()
-    print(tabulate(summary, headers=["pass", "modified", "equivalent", "max abs error",
-                                     "first divergence"], disable_numparse=True))
+    from ..runtime.fit import fit_table, table_width
+    print(fit_table(summary, ["pass", "modified", "equivalent", "max abs error",
+                              "first divergence"], width=table_width(getattr(args, "wide", None)),
+                    truncate=("pass", "first divergence")))
     return 0 if all(row[2] == "ok" for row in summary) else 1

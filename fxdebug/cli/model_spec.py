@@ -97,6 +97,9 @@ def _import_file(path: str, what: str = "model"):
     digest = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:12]
     name = f"fxdebug_user_model_{digest}"
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise FxdebugError(f"{what} file {path!r} cannot be imported as Python (name it *.py). "
+                           f"{_hint(what)}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     with _searched_first(os.path.dirname(os.path.realpath(path))):
@@ -191,10 +194,11 @@ def parse_input(text: str) -> tuple:
                            f"commas, e.g. --input 1,3,224,224 or --input 1,16:int64.")
     dtype = torch.float32
     if dtype_text:
-        dtype = getattr(torch, dtype_text, None)
-        if not isinstance(dtype, torch.dtype):
+        named = getattr(torch, dtype_text, None)
+        if not isinstance(named, torch.dtype):
             raise FxdebugError(f"--input {text!r}: {dtype_text!r} is not a torch dtype "
                                f"(try float32, float64, int64, bool).")
+        dtype = named
     return shape, dtype
 
 

@@ -29,8 +29,11 @@ def run(args) -> int:
     print(f"{args.model}: {type(model).__name__}, input {describe_inputs(inputs)}, "
           f"passes: {', '.join(p.name for p in passes)}")
     for stage in report.stages[1:]:
-        print(f"\n== pass {stage.name}: {stage.diff.summary()}")
-        print(stage.diff.code_diff() if args.code else stage.diff.table(wide=args.wide))
+        change = stage.diff
+        if change is None:  # only the input stage has no diff
+            continue
+        print(f"\n== pass {stage.name}: {change.summary()}")
+        print(change.code_diff() if args.code else change.table(wide=args.wide))
     print()
     print(report.table())
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ._common import add_model_arguments, add_pass_arguments, capture_argument, model_and_inputs
 
 
@@ -41,7 +43,7 @@ def run(args) -> int:
     else:
         with torch.no_grad():
             gm(*inputs)
-    items = [records(gm)]
+    items: list[Any] = [records(gm)]  # Records, then a PassReport
     if passes:
         _, pass_report = PassManager(passes, check_inputs=inputs).run(model)
         items.append(pass_report)

@@ -40,6 +40,7 @@ import hashlib
 import io
 import json
 import os
+from typing import Any, BinaryIO, Callable
 
 import torch
 import torch.fx as fx
@@ -274,7 +275,7 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
     weight_info = weights(gm)
     module_text, forward_line, node_lines = module_py(gm, cls, imports, forward, structure,
                                                       pickled_sha, pytree_inputs, weight_info)
-    files = {
+    files: dict[str, bytes | Callable[[BinaryIO], Any]] = {
         "__init__.py": template("package_init.py.tmpl").format(cls=cls).encode(),
         "module.py": module_text.encode(),
         "run.py": template("run.py.tmpl").format(cls=cls, runtime=run_py_source()).encode(),

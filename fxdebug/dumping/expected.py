@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import copy
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -138,7 +139,7 @@ def light_copy(gm: torch.nn.Module, copy_weights_up_to: int = 0
     if any(p is not None for m in copied for p in torch_compat.own_parameters(m).values()) or any(
             type(p) is not torch.nn.Parameter or _storage_key(p) is None for p in params):
         return None
-    memo: dict[int, object] = {}
+    memo: dict[int, Any] = {}  # deepcopy's memo: the copies by the original's id
     unique = list({id(p): p for p in params}.values())
     copied_weights = (sum(p.numel() * p.element_size() for p in unique) <= copy_weights_up_to
                       and len({_storage_key(p) for p in unique}) == len(unique))  # no two alias

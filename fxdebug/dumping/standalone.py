@@ -19,6 +19,7 @@ Outputs and parameter gradients are those of ``gm``: the dropped nodes change no
 from __future__ import annotations
 
 import copy
+from typing import Any, Sequence, cast
 
 import torch
 import torch.fx as fx
@@ -63,7 +64,8 @@ def fxdebug_nodes(gm: fx.GraphModule) -> list[fx.Node]:
 
 def _format_call(graph: fx.Graph, node: fx.Node) -> fx.Node:
     """``'... got {}!'.format(getitem_2)`` for ``traced_message('... got Proxy(getitem_2)!', ...)``."""
-    template, names, values = node.args
+    # traced_message's arguments: the text, the names of its values, the values
+    template, names, values = cast(tuple[str, Sequence[str], Sequence[Any]], node.args)
     by_name = dict(zip(names, values))
     ordered = []
 
@@ -79,7 +81,7 @@ def _format_call(graph: fx.Graph, node: fx.Node) -> fx.Node:
 
 
 def _refuse(gm: fx.GraphModule, node: fx.Node) -> FxdebugError:
-    target = node.target if node.op == "call_function" else type(gm.get_submodule(node.target))
+    target = node.target if node.op == "call_function" else type(gm.get_submodule(str(node.target)))
     name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', target)}"
     where = [format_location(node.meta[META_SOURCE])] if node.meta.get(META_SOURCE) else []
     where += [f"inserted by pass {node.meta[META_PASS]}"] if node.meta.get(META_PASS) else []
@@ -132,7 +134,7 @@ def standalone_copy(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def _attribute(gm: torch.nn.Module, target: str):
-    value = gm
+    value: Any = gm
     for part in target.split("."):
         value = getattr(value, part, None)
     return value

@@ -69,9 +69,9 @@ def _mismatch(original: torch.nn.Module, rebuilt: torch.nn.Module, path: str = "
             return f"{where}.{key} is a {type(vars(original)[key]).__name__}, which cannot be written as code"
         if not same:
             return f"{where}.{key} is {vars(original)[key]!r}, rebuilt {vars(rebuilt)[key]!r}"
-    for kind, own in (("parameters", torch_compat.own_parameters),
-                      ("buffers", torch_compat.own_buffers)):
-        mine, theirs = own(original), own(rebuilt)
+    for kind, own_tensors in (("parameters", torch_compat.own_parameters),
+                              ("buffers", torch_compat.own_buffers)):
+        mine, theirs = own_tensors(original), own_tensors(rebuilt)
         if list(mine) != list(theirs):
             return f"{where} has {kind} {list(mine)}, rebuilt {list(theirs)}"
         for name, tensor in mine.items():
@@ -88,7 +88,7 @@ def _mismatch(original: torch.nn.Module, rebuilt: torch.nn.Module, path: str = "
         other = rebuilt_children[name]
         if (child is None) != (other is None):
             return f"{_join(path, name)} is missing when rebuilt"
-        if child is not None:
+        if child is not None and other is not None:
             reason = _mismatch(child, other, _join(path, name))
             if reason:
                 return reason
@@ -99,6 +99,8 @@ def _repr_arguments(text: str) -> tuple[tuple, dict] | None:
     """``extra_repr()`` text read as a call's literal arguments, or None."""
     try:
         call = ast.parse(f"f({text})", mode="eval").body
+        if not isinstance(call, ast.Call):  # text closed the call early: "x), g(y"
+            return None
         args = tuple(ast.literal_eval(a) for a in call.args)
         kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
     except (SyntaxError, ValueError, TypeError, RecursionError, AttributeError):
@@ -127,12 +129,12 @@ def _constructor_candidates(module: torch.nn.Module, cache: dict | None = None
     except (ValueError, TypeError, RecursionError, AttributeError):  # try the signature
         text = None
     if isinstance(text, str):
-        key = ("repr", text)
+        key: tuple[str, Any] = ("repr", text)
         if key not in cache:
             cache[key] = _repr_arguments(text)
         if cache[key] is not None:
-            args, kwargs = cache[key]
-            candidates.append((args, dict(kwargs)))
+            args, literal = cache[key]
+            candidates.append((args, dict(literal)))
     key = ("signature", type(module))
     if key not in cache:
         cache[key] = _signature(type(module))

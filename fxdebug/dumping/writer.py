@@ -29,6 +29,7 @@ import re
 import tempfile
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, BinaryIO, Callable
 
 from ..errors import FxdebugError, FxdebugWarning
 from ..tracing.locations import caller_stacklevel
@@ -322,7 +323,8 @@ def prepare_destination(folder: str, overwrite: bool, known, hashes: bool = True
     return done
 
 
-def write_atomically(folder: str, files: dict[str, bytes], overwrite: bool, known) -> None:
+def write_atomically(folder: str, files: dict[str, bytes | Callable[[BinaryIO], Any]],
+                     overwrite: bool, known) -> None:
     """Write ``files`` (and manifest.json) as ``folder``, replacing an earlier dump if ``overwrite``.
 
     ``files``: name -> bytes, or a function writing the file into the binary file

@@ -78,7 +78,7 @@ def _module_of(node: fx.Node, root: torch.nn.Module | _Submodules | None):
     if root is None:
         return None
     try:
-        return root.get_submodule(node.target)
+        return root.get_submodule(str(node.target))
     except AttributeError:
         return None
 
@@ -99,7 +99,7 @@ def _has_hooks(module: torch.nn.Module) -> bool:
     return torch_compat.has_module_hooks(module, backward=False)
 
 
-def opaque_writes(node: fx.Node, root: torch.nn.Module | None) -> list[fx.Node]:
+def opaque_writes(node: fx.Node, root: torch.nn.Module | _Submodules | None) -> list[fx.Node]:
     """Inputs of ``node`` that code fx never saw may write in place; ``[]`` for known ops.
 
     Opaque: a call of a module whose code is not torch.nn's own (a user leaf
@@ -156,7 +156,8 @@ def inplace_requested(node: fx.Node) -> bool:
     return bound.arguments.get("inplace") is True
 
 
-def mutated_argument(node: fx.Node, root: torch.nn.Module | None) -> fx.Node | None:
+def mutated_argument(node: fx.Node, root: torch.nn.Module | _Submodules | None
+                     ) -> fx.Node | None:
     """The node whose storage ``node`` writes in place, or ``None``."""
     first = node.args[0] if node.args else None
     out = node.kwargs.get("out")
@@ -181,7 +182,7 @@ def mutated_argument(node: fx.Node, root: torch.nn.Module | None) -> fx.Node | N
     return None
 
 
-def _alias_inputs(node: fx.Node, root: torch.nn.Module | None) -> list[fx.Node]:
+def _alias_inputs(node: fx.Node, root: torch.nn.Module | _Submodules | None) -> list[fx.Node]:
     """Inputs whose storage ``node``'s output may share."""
     if is_fxdebug_read(node):
         return []

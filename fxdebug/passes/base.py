@@ -133,7 +133,7 @@ class FunctionPass(Pass):
 
     def __init__(self, fn: Callable, name: str | None = None) -> None:
         self.fn = fn
-        self.name = name or getattr(fn, "__name__", type(fn).__name__)
+        self.name: str = name or str(getattr(fn, "__name__", type(fn).__name__))
 
     def call(self, graph_module: fx.GraphModule) -> PassResult:
         before = graph_source(graph_module)

@@ -87,7 +87,7 @@ def _embedding(gm: fx.GraphModule, node: fx.Node):
     if node.op != "call_module":
         return None
     try:
-        module = gm.get_submodule(node.target)
+        module = gm.get_submodule(str(node.target))
     except AttributeError:
         return None
     if isinstance(module, torch.nn.Embedding) and module.max_norm is not None:
@@ -180,6 +180,9 @@ class Functionalize(Pass):
         if embedding is not None:
             return self._protect_readers_of_parameter(gm, node, f"{node.target}.weight")
         target = mutated_argument(node, gm)
+        if target is None:  # _is_write saw a write, but not into which argument
+            return (f"writes in place, but fxdebug cannot tell which argument "
+                    f"{node_key(node)!r} writes; compute the new value out of place.")
         aliases = AliasAnalysis(gm)
         position = _positions(gm.graph)
         members = aliases.members(target)
@@ -257,13 +260,13 @@ class Functionalize(Pass):
         return f"{op_name(node, gm)} has no out-of-place form known to fxdebug."
 
     def _module_copy(self, gm: fx.GraphModule, node: fx.Node):
-        module = gm.get_submodule(node.target)
+        module = gm.get_submodule(str(node.target))
         if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
             return (f"{type(module).__name__}(inplace=True) has parameters or buffers; construct "
                     f"it with inplace=False.")
         if node.target not in self._module_copies:
             fresh = copy.deepcopy(module)
-            fresh.inplace = False
+            setattr(fresh, "inplace", False)  # nn.ReLU(inplace=True) and the like
             parent_path, _, last = str(node.target).rpartition(".")
             parent = gm.get_submodule(parent_path) if parent_path else gm
             if parent is not gm and type(parent) is not torch.nn.Module:
@@ -277,8 +280,8 @@ class Functionalize(Pass):
                 name = f"{base}_{index}"
             path = f"{parent_path}.{name}" if parent_path else name
             gm.add_submodule(path, fresh)
-            self._module_copies[node.target] = path
-        node.target = self._module_copies[node.target]
+            self._module_copies[str(node.target)] = path
+        node.target = self._module_copies[str(node.target)]
         return node
 
     # -- writes that must stay: protect what was read before -----------------------------

@@ -100,7 +100,7 @@ class GradTransform(Pass):
                                  "parameter names whose gradients it edits.")
         self.fn = fn
         self.include = patterns
-        self.description = description or getattr(fn, "__name__", type(fn).__name__)
+        self.description: str = description or str(getattr(fn, "__name__", type(fn).__name__))
 
     @classmethod
     def clamp(cls, min=None, max=None, include=()) -> "GradTransform":
@@ -119,7 +119,8 @@ class GradTransform(Pass):
 
     def run(self, gm: fx.GraphModule) -> bool:
         parameter_names = [name for name, _ in gm.named_parameters()]
-        activation_patterns, parameters = [], []
+        activation_patterns: list[str] = []
+        parameters: list[str] = []
         for pattern in self.include:
             hits = [name for name in parameter_names if matches(name, pattern)]
             parameters.extend(hit for hit in hits if hit not in parameters)
@@ -181,7 +182,7 @@ def _edit_parameter(gm: fx.GraphModule, edit: fx.Node, name: str, after: fx.Node
                 module = graph.create_node("get_attr", node.target, name=f"{node.name}_module")
             module.meta[META_KEY], module.meta[META_PASS] = f"{node.target}:module", pass_name
             node.op, node.target = "call_function", runtime.call_with_parameters
-            node.args = (module, {name[len(module.target) + 1:]: view}) + tuple(node.args)
+            node.args = (module, {name[len(str(module.target)) + 1:]: view}) + tuple(node.args)
             uses += 1
         elif node.op == "call_function" and node.target is runtime.call_with_parameters:
             module, mapping = node.args[0], node.args[1]

@@ -18,8 +18,9 @@ no change (3 nodes)
 
 from . import html, plots
 from .html import report
-from .diff import DiffRow, GraphDiff, GraphSnapshot, diff, snapshot
+from .diff import DiffRow, GraphChangedError, GraphDiff, GraphSnapshot, diff, snapshot
 from .tabular import NodeView, node_views, print_tabular, render_table, tabular
 
 __all__ = ["tabular", "print_tabular", "node_views", "NodeView", "render_table", "diff",
-           "GraphDiff", "DiffRow", "GraphSnapshot", "snapshot", "plots", "html", "report"]
+           "GraphDiff", "DiffRow", "GraphChangedError", "GraphSnapshot", "snapshot", "plots",
+           "html", "report"]

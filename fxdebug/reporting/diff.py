@@ -74,7 +74,9 @@ class GraphSnapshot:
                     f"{'was deleted' if gm is None else 'changed'} after fxdebug.diff() compared "
                     f"it. Call diff() again, or pass fxdebug.reporting.snapshot(gm) to diff() "
                     f"to freeze the code before the module changes.")
-            object.__setattr__(self, "frozen_code", graph_source(gm))
+            code = graph_source(gm)
+            object.__setattr__(self, "frozen_code", code)
+            return code
         return self.frozen_code
 
     def table(self) -> str:
@@ -125,7 +127,10 @@ class DiffRow:
 
     @property
     def view(self) -> NodeView:
-        return self.after if self.after is not None else self.before
+        view = self.after if self.after is not None else self.before
+        if view is None:
+            raise FxdebugError("a DiffRow needs the node before or after the pass (both are None)")
+        return view
 
     @property
     def key(self) -> str:
@@ -182,7 +187,7 @@ class GraphDiff(Report):
                 "removed": [row.key for row in self.removed],
                 "changed": {row.key: list(row.changes) for row in self.changed}}
 
-    def table(self, unchanged: bool = False, wide: bool | None = None) -> str:
+    def table(self, wide: bool | None = None, unchanged: bool = False) -> str:
         """The rows in the tabular format; ``~`` rows say what changed.
 
         Fitted to the terminal unless ``wide=True`` (see :mod:`fxdebug.runtime.fit`).
@@ -272,10 +277,11 @@ def diff(before, after) -> GraphDiff:
                 rows.append(DiffRow("-", old_view, None))
 
     for view in new.views:
-        old_name = matched.get(view.name)
-        if old_name is None:
+        found = matched.get(view.name)
+        if found is None:
             rows.append(DiffRow("+", None, view))
             continue
+        old_name = found
         flush_removed(old_order[old_name])
         previous = old_by_name[old_name]
         changes = tuple(f"{field} {getattr(previous, field)} -> {getattr(view, field)}"

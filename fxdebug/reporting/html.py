@@ -102,7 +102,7 @@ def _norm_chart(title: str, points: list[tuple[str, float, bool]]) -> str:
     for i, (key, value, bad) in enumerate(points):
         x = left + i * bar
         if bad or not (value > 0 and math.isfinite(value)):
-            bar_height, colour = height, "#d00" if bad else "#bbb"
+            bar_height, colour = float(height), "#d00" if bad else "#bbb"
         else:
             bar_height, colour = max((math.log10(value) - low) / (high - low) * height, 1), "#4a7bd0"
         parts.append(f'<rect x="{x}" y="{20 + height - bar_height:.1f}" width="{bar - 1}" '

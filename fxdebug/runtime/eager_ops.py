@@ -232,7 +232,7 @@ class EagerScope:
         if isinstance(latest, _PartRecords):  # a traced part's view of the shared Records
             latest = latest.records
         local = self._local
-        if local.keys_of is not latest:
+        if local.keys_of is not latest or local.keys is None:
             local.keys, local.keys_of = self.new_keys(), latest
         key = local.keys.allocate(base, owner=owner)
         if self.seen is not None:
@@ -273,8 +273,8 @@ class _ScopeState(threading.local):
 
     def __init__(self) -> None:
         self.scopes: list[str | None] = []
-        self.keys = None
-        self.keys_of = None
+        self.keys: Any = None  # the run's key allocator (an EagerKeys), made on first use
+        self.keys_of: object = None  # the Records it allocates for
         self.running = 0
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import textwrap
 from typing import Sequence
 
 from tabulate import tabulate
@@ -65,11 +66,15 @@ def fit_line(text: str, width: int | None) -> str:
     """``text`` broken after ``", "`` into lines of at most ``width`` characters (``None``: as is).
 
     A title over a fitted table fits the same width; a piece longer than the
-    width keeps its own line rather than being cut.
+    width is broken at its spaces (or, with none, inside a word), never cut.
 
     >>> print(fit_line("torchvision.models:resnet18: ResNet, input 1x3x224x224, capture=modules", 40))
     torchvision.models:resnet18: ResNet,
       input 1x3x224x224, capture=modules
+    >>> print(fit_line("a/very/long/path/to/models.py:make_model, input 1x3", 20))
+    a/very/long/path/to/
+      models.py:make_mod
+      el, input 1x3
     """
     if width is None or len(text) <= width:
         return text
@@ -83,7 +88,12 @@ def fit_line(text: str, width: int | None) -> str:
         else:
             current = candidate
     lines.append(current)
-    return "\n".join(lines)
+    fitted: list[str] = []
+    for line in lines:  # a piece longer than the width: broken at spaces, else inside words
+        fitted += [line] if len(line) <= width else textwrap.wrap(
+            line.lstrip(), width, subsequent_indent="  ", break_on_hyphens=False,
+            initial_indent="  " if line.startswith("  ") else "")
+    return "\n".join(fitted)
 
 
 def ellipsize(text: str, width: int) -> str:
@@ -106,7 +116,7 @@ def _total(widths) -> int:
     return sum(widths) + SEPARATOR * max(len(widths) - 1, 0)
 
 
-def fit_table(rows: Sequence[Sequence[str]], headers: Sequence[str], *, width: int | None,
+def fit_table(rows: Sequence[Sequence[object]], headers: Sequence[str], *, width: int | None,
               drop: Sequence[str] = (), truncate: Sequence[str] = (),
               short: dict[str, str] | None = None,
               colalign: Sequence[str] | None = None) -> str:
@@ -116,15 +126,15 @@ def fit_table(rows: Sequence[Sequence[str]], headers: Sequence[str], *, width: i
     names whose cells may end in ``…``. ``short``: short forms of long header
     names. ``width=None`` renders the full table, unchanged.
     """
-    rows = [[str(cell) for cell in row] for row in rows]
+    cells = [[str(cell) for cell in row] for row in rows]
     headers = list(headers)
     align = list(colalign) if colalign is not None else None
 
     def render() -> str:
         kwargs = {"colalign": tuple(align)} if align is not None else {}
-        return tabulate(rows, headers=headers, disable_numparse=True, tablefmt="simple", **kwargs)
+        return tabulate(cells, headers=headers, disable_numparse=True, tablefmt="simple", **kwargs)
 
-    if width is None or _total(_widths(rows, headers)) <= width:
+    if width is None or _total(_widths(cells, headers)) <= width:
         return render()
     if short:
         headers = [short.get(h, h) for h in headers]
@@ -133,30 +143,30 @@ def fit_table(rows: Sequence[Sequence[str]], headers: Sequence[str], *, width: i
     cut = [i for i, h in enumerate(headers) if h in truncate]
 
     def cap(limit: int) -> None:
-        for row in rows:
+        for row in cells:
             for i in cut:
                 row[i] = ellipsize(row[i], max(limit, len(headers[i])))
 
     cap(FIRST_CAP)
     hidden: list[str] = []
     for name in drop:
-        if _total(_widths(rows, headers)) <= width:
+        if _total(_widths(cells, headers)) <= width:
             break
         if name in headers:
             index = headers.index(name)
             hidden.append(name)
             del headers[index]
-            for row in rows:
+            for row in cells:
                 del row[index]
             if align is not None:
                 del align[index]
             cut = [i for i, h in enumerate(headers) if h in truncate]
-    excess = _total(_widths(rows, headers)) - width
+    excess = _total(_widths(cells, headers)) - width
     if excess > 0 and cut:  # shrink the widest truncatable column first, down to MIN_CELL
-        widths = _widths(rows, headers)
+        widths = _widths(cells, headers)
         for i in sorted(cut, key=lambda i: -widths[i]):
             target = max(MIN_CELL, widths[i] - excess)
-            for row in rows:
+            for row in cells:
                 row[i] = ellipsize(row[i], target)
             excess -= widths[i] - target
             if excess <= 0:

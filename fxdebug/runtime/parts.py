@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.fx.node import has_side_effect
 
+from ..errors import FxdebugError
 from .compiled_ops import register_recorder
 from .nodes import Recorder, begin_run, emit_if_tracing
 from .records import Records
@@ -90,6 +91,8 @@ class PartRecorder(Recorder):
     ('head.conv.0/1', 'head.conv.0_2/1')
     """
 
+    shared: SharedRecorder  # set with object.__setattr__: not a submodule
+
     def __init__(self, shared: SharedRecorder, path: str, plan: dict | None = None) -> None:
         torch.nn.Module.__init__(self)
         register_recorder(self)  # the id compiled code finds it by
@@ -98,9 +101,17 @@ class PartRecorder(Recorder):
         self.plan = dict(plan or {})
         self.call = 0
 
-    @property
+    # Recorder.latest is the Records captures go to; a part's is a view of the shared Records
+    # that renames keys (add and grads only), and it is never assigned: not a Records subclass
+    @property  # type: ignore[override]
     def latest(self) -> _PartRecords:
         return _PartRecords(self.shared.latest, self, self.call)
+
+    @latest.setter
+    def latest(self, records: Records) -> None:
+        raise FxdebugError(f"the recorder of traced part {self.path!r} has no Records of its "
+                           f"own: a run starts on the model's shared recorder "
+                           f"(begin_run(part.shared, ...)), which the part's captures go to.")
 
     def begin_call(self) -> None:
         """A new call of this part: start a run when nothing else did, then count the call."""

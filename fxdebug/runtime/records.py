@@ -18,12 +18,12 @@ import weakref
 from typing import Any, Iterator
 
 import torch
-from tabulate import tabulate
 
-from ..errors import StaleCaptureError
+from ..errors import FxdebugError, StaleCaptureError
 from .fit import fit_table, table_width
 from .records_html import records_table_html
 from . import torch_compat
+from .report import Report
 from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
 from .values import flatten_into
 
@@ -73,8 +73,9 @@ class Record:
         # A copy (pickle, torch.save, deepcopy, all_gather_object) holds a new tensor with a
         # version counter of its own: keep how far the tensor moved since its capture instead.
         state = dict(self.__dict__)
-        now = None if self.version is None or self.value is None else _version_of(self.value)
-        state["version"] = None if now is None else ("moved", now - self.version)
+        version = self.version
+        now = None if version is None or self.value is None else _version_of(self.value)
+        state["version"] = None if now is None or version is None else ("moved", now - version)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -95,8 +96,14 @@ class Record:
     @property
     def stats(self) -> Stats:
         if self._stats is None:
-            self._stats = (stats_from_summary(self.summary) if self.summary is not None
-                           else tensor_stats(self.value))
+            if self.summary is not None:
+                self._stats = stats_from_summary(self.summary)
+            elif self.value is not None:
+                self._stats = tensor_stats(self.value)
+            else:
+                raise FxdebugError(f"the capture of {self.key!r} holds neither its tensor nor its "
+                                   f"statistics (a Record built by hand?): pass value= or "
+                                   f"summary=.")
         return self._stats
 
     @property
@@ -104,12 +111,16 @@ class Record:
         return 0 if self.value is None else self.value.numel() * self.value.element_size()
 
 
-class Records:
+class Records(Report):
     """Ordered store of captured values, indexable by key.
 
     ``rec[key]`` is the captured tensor (tensor mode) or its :class:`Stats`
     (stats mode). Nested outputs are flattened with ``/``: a module returning
     ``(a, {"b": c})`` under key ``blk`` gives ``blk/0`` and ``blk/1/b``.
+
+    Also a :class:`~fxdebug.runtime.report.Report` without a verdict: ``str`` is
+    :meth:`table`, ``repr`` one line (``<Records 75 tensors, 2.7 MiB>``),
+    ``to_dict()`` every record's key, op, shape, dtype and statistics.
     """
 
     def __init__(self, grads_recorded: bool | None = None, *, _of: "Records | None" = None) -> None:
@@ -122,7 +133,7 @@ class Records:
         self._of = _of
         # Summaries taken this run, by tensor identity: a container module's output is
         # usually its last child's, and its statistics are not computed twice.
-        self._summaries: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+        self._summaries: dict[int, tuple[weakref.ref, int | None, torch.Tensor]] = {}
         self.runs = 1
         self.accumulating = False
         # file:line of each key's code (set by fxdebug.records(gm), kept by saved runs)
@@ -204,7 +215,8 @@ class Records:
     def _read_stats(self) -> None:
         """Read every pending summary at once (one host read per device), after the run."""
         pending = [r for r in self._records.values() if r._stats is None and r.summary is not None]
-        for record, stats in zip(pending, stats_from_summaries([r.summary for r in pending])):
+        summaries = [r.summary for r in pending if r.summary is not None]  # all of them
+        for record, stats in zip(pending, stats_from_summaries(summaries)):
             record._stats = stats
 
     # -- reading -----------------------------------------------------------------------
@@ -213,9 +225,10 @@ class Records:
             raise TypeError(_key_type_message(key))
         record = self.record(key)
         if record.stale:
+            now = "?" if record.value is None else _version_of(record.value)
             raise StaleCaptureError(
                 f"the capture of {key!r} ({record.op}) is stale: its tensor was written in place "
-                f"after it was captured (version {record.version} -> {_version_of(record.value)}), "
+                f"after it was captured (version {record.version} -> {now}), "
                 f"by code outside the traced graph (a forward hook, code that runs after the "
                 f"forward, a write fxdebug cannot see). It no longer shows what the model "
                 f"computed. Read fxdebug.records(gm) before that write, or make the module that "
@@ -277,7 +290,7 @@ class Records:
         """Bytes of tensor data held (views of live activations and copies)."""
         return sum(record.nbytes for record in self._records.values())
 
-    def table(self, floatfmt: str = ".4g", wide: bool | None = None) -> str:
+    def table(self, wide: bool | None = None, floatfmt: str = ".4g") -> str:
         """A table of every capture: key, op, shape, dtype, statistics, then totals.
 
         In a terminal (or with ``COLUMNS`` set) the table fits its width: the
@@ -330,18 +343,38 @@ class Records:
                       if stats is not None]
         if parameters:
             lines.append("")
-            lines.append(tabulate(
+            lines.append(fit_table(
                 [[name, _shape_text(shape), format(stats.norm, floatfmt), str(stats.nonfinite)]
                  for name, shape, stats in parameters],
-                headers=["parameter", "shape", "grad norm", "grad non-finite"],
-                disable_numparse=True, colalign=("left", "left", "right", "right")))
+                ["parameter", "shape", "grad norm", "grad non-finite"], width=table_width(wide),
+                truncate=("parameter",), short=RECORD_SHORT,
+                colalign=("left", "left", "right", "right")))
         lines.extend(f"note: {note}" for note in self.notes)
         if stale:
             lines.append(f"stale (written in place after capture, not shown): {', '.join(stale)}")
         return "\n".join(lines)
 
-    def __repr__(self) -> str:
-        return f"Records({len(self._records)} tensors, {_human_bytes(self.nbytes)})"
+    def _size(self) -> str:
+        return f"{len(self._records)} tensors, {_human_bytes(self.nbytes)}"
+
+    def _finding(self) -> str:
+        self._read_stats()
+        bad = next((r.key for r in self._records.values()
+                    if not r.stale and r.stats.nonfinite), None)
+        return "" if bad is None else f"first non-finite capture {bad}"
+
+    def _fields(self) -> dict[str, Any]:
+        self._read_stats()
+        records = {}
+        for record in self._records.values():
+            entry: dict[str, Any] = {"op": record.op, "shape": list(record.shape),
+                                     "dtype": str(record.dtype).replace("torch.", "")}
+            if record.stale:
+                entry["stale"] = True
+            else:
+                entry["stats"] = record.stats._asdict()
+            records[record.key] = entry
+        return {"records": records, "notes": list(self.notes), "runs": self.runs}
 
     def _repr_html_(self) -> str:
         """The table as HTML, for Jupyter (non-finite rows marked)."""

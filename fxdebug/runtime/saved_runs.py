@@ -63,10 +63,10 @@ class SavedRecords(Records):
         super().__init__(grads_recorded)
         self.path = path
         self.context = context
-        self._saved_parameters: list[tuple[str, tuple[int, ...], Stats | None]] = []
+        self._parameter_stats_saved: list[tuple[str, tuple[int, ...], Stats | None]] = []
 
     def parameter_grads(self) -> list[tuple[str, tuple[int, ...], Stats | None]]:
-        return list(self._saved_parameters)
+        return list(self._parameter_stats_saved)
 
     def __repr__(self) -> str:
         step = self.context.get("step")
@@ -283,7 +283,7 @@ def load_records(path: str | os.PathLike, run: int | None = None) -> SavedRecord
             grads = records.grads
             for entry in manifest["grads"]:
                 grads._records[entry["key"]] = _record(entry, storage)
-        records._saved_parameters = [
+        records._parameter_stats_saved = [
             (name, tuple(shape), None if stats is None else Stats(*stats))
             for name, shape, stats in manifest.get("parameters", [])]
         records.locations = {e["key"]: e["location"] for e in manifest["records"]

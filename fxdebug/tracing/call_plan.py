@@ -66,7 +66,8 @@ class CallPlan:
 
 def call_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> CallPlan:
     """Bind a call to ``forward``'s parameters; tensors stay inputs, the rest is fixed."""
-    signature = _forward_signature(type(module))
+    # a class is hashable; torch's stubs declare Module.__hash__ in a way mypy reads as not
+    signature = _forward_signature(type(module))  # type: ignore[arg-type]
     if signature is None:
         return CallPlan(reason="its forward has no inspectable signature")
     takes_self = static_forward(module) is None
@@ -151,7 +152,7 @@ def export_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> ExportPla
     'argument 0 holds a value of type obj'
     """
     leaves, spec = torch_compat.tree_flatten((tuple(args), dict(kwargs)))
-    marks = []
+    marks: list[tuple] = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             marks.append(("tensor", tuple(leaf.shape), leaf.dtype, leaf.device, leaf.layout))
@@ -212,7 +213,8 @@ def note_part_output(gm: fx.GraphModule, path: str, module_type: str) -> None:
     output = next(node for node in reversed(gm.graph.nodes) if node.op == "output")
     value = output.args[0] if output.args else None
     specs = torch_compat.pytree_specs(gm.graph)
-    if specs is not None and specs[1] is not None:  # arguments given as pytrees: flat outputs
+    # arguments given as pytrees: the graph returns flat outputs
+    if specs is not None and specs[1] is not None and isinstance(value, (list, tuple)):
         value = torch_compat.tree_unflatten(list(value), specs[1])
     items = leaves(value, lambda item: isinstance(item, fx.Node))
     if not items:

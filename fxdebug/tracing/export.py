@@ -57,7 +57,7 @@ def _user_source(node: fx.Node) -> tuple[str, int] | None:
 
 
 def _short_op_name(node: fx.Node) -> str:
-    target = node.target
+    target: Any = node.target
     if torch_compat.is_op_overload(target):
         return target.overloadpacket.__name__
     if torch_compat.is_op_packet(target):

@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -78,6 +79,8 @@ _local = threading.local()  # .stack: this thread's active TracePatches; .real: 
 
 class UnfaithfulTrace(RuntimeError):
     """Raised under tracing where the graph would not compute what eager ``forward`` computes."""
+
+    fxdebug_location: tuple[str, int] | None = None  # the user's line, where known
 
 
 def _packet(name: str):
@@ -174,7 +177,7 @@ def tracing_here() -> "TracePatches | None":
     True
     """
     stack = getattr(_local, "stack", None)
-    if not stack or getattr(_local, "real", 0):
+    if not stack or getattr(_local, "real", False):  # .real: a depth, 0 when not set
         return None
     return stack[-1]
 
@@ -499,7 +502,7 @@ def constant_value(node: fx.Node, root: torch.nn.Module):
     if any(writes_in_place(user) and user not in ancestors
            for ancestor in ancestors for user in ancestor.users):
         return NOT_CONSTANT
-    values: dict[fx.Node, object] = {}
+    values: dict[fx.Node, Any] = {}
     for current in node.graph.nodes:  # graph order: in-place writes happen as in eager
         if current not in ancestors:
             continue

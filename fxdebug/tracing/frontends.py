@@ -12,7 +12,7 @@ Call tree::
 from __future__ import annotations
 
 import warnings
-from typing import Iterable
+from typing import Iterable, Literal, overload
 
 import torch
 import torch.fx as fx
@@ -32,9 +32,21 @@ __all__ = ["trace", "keyed_module", "unwrap_compiled"]
 _FRONTENDS = ("fx", "export", "auto")
 
 
-def trace(model: torch.nn.Module, *example_inputs, leaf_modules: Iterable = (),
+@overload
+def trace(model: torch.nn.Module, *example_inputs: object, leaf_modules: Iterable = (),
           concrete_args: dict | None = None, auto_leaf: bool = True,
-          frontend: str = "fx") -> fx.GraphModule:
+          frontend: Literal["fx", "export"] = "fx") -> fx.GraphModule: ...
+
+
+@overload
+def trace(model: torch.nn.Module, *example_inputs: object, leaf_modules: Iterable = (),
+          concrete_args: dict | None = None, auto_leaf: bool = True,
+          frontend: str = "auto") -> torch.nn.Module: ...
+
+
+def trace(model: torch.nn.Module, *example_inputs: object, leaf_modules: Iterable = (),
+          concrete_args: dict | None = None, auto_leaf: bool = True,
+          frontend: str = "fx") -> torch.nn.Module:
     """Trace ``model`` into a GraphModule with stable keys and source lines.
 
     Args:
@@ -59,10 +71,14 @@ def trace(model: torch.nn.Module, *example_inputs, leaf_modules: Iterable = (),
             ``model.fxdebug_partial``).
 
     Returns:
-        A ``torch.fx.GraphModule``; every node has ``node.meta["fxdebug_key"]``
-        and ``node.meta["fxdebug_source"]`` (user ``(filename, lineno)``).
-        With ``frontend="auto"`` and neither fx nor export working, the
-        partially traced model (an ``nn.Module``; pass it to ``instrument``).
+        With ``frontend="fx"`` or ``"export"``: a ``torch.fx.GraphModule``; every
+        node has ``node.meta["fxdebug_key"]`` and ``node.meta["fxdebug_source"]``
+        (user ``(filename, lineno)``). With ``frontend="auto"``: that, or, when
+        neither fx nor export works, the partially traced model (an
+        ``nn.Module`` that is not a GraphModule, see
+        :func:`fxdebug.partial.is_partial`; pass it to ``instrument``). The
+        annotation says so: ``GraphModule`` for fx and export, ``nn.Module``
+        for ``"auto"``.
 
         A module returned by ``torch.compile`` is traced through: the module
         it compiles is traced, and the result runs eagerly (one
@@ -119,7 +135,7 @@ def unwrap_compiled(model: torch.nn.Module, caller: str) -> torch.nn.Module:
     then = (f"compile the result again (torch.compile({caller}(model)) records what the "
             f"compiled code computes), or record compiled graphs with torch.compile(model, "
             f"backend=fxdebug.backend(inner=...))" if caller == "fxdebug.instrument" else
-            f"compile the result again if it must run compiled; fxdebug.backend(inner=...) "
+            "compile the result again if it must run compiled; fxdebug.backend(inner=...) "
             f"records what compiled graphs compute")
     warnings.warn(f"{caller} got a torch.compile'd module: it works on the module inside "
                   f"({type(inner).__name__}, OptimizedModule._orig_mod) and returns an eager "

@@ -189,11 +189,11 @@ def op_name(node: fx.Node, root: torch.nn.Module | None = None,
     for many nodes (a dict lookup instead of walking the path each time).
     """
     if node.op == "call_module":
-        if modules is not None and isinstance(modules.get(node.target), torch.nn.Module):
-            return type(modules[node.target]).__name__
+        if modules is not None and isinstance(modules.get(str(node.target)), torch.nn.Module):
+            return type(modules[str(node.target)]).__name__
         if root is not None:
             try:
-                return type(root.get_submodule(node.target)).__name__
+                return type(root.get_submodule(str(node.target))).__name__
             except AttributeError:
                 pass
         return str(node.target)

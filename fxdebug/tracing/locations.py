@@ -127,7 +127,7 @@ def caller_stacklevel() -> int:
     The first frame that is neither fxdebug's, nor torch's (``Module.__call__``
     runs an instrumented module's forward), nor generated code.
     """
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     level = 1
     while frame is not None and _not_users(frame.f_code.co_filename):
         frame = frame.f_back

@@ -60,7 +60,7 @@ import dataclasses
 import functools
 import logging
 import warnings
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.fx as fx
@@ -173,7 +173,7 @@ class _Dispatch:
                     f"which an exported graph would not do at run time either")
         dropout = next((path for path, sub in self.module.named_modules()
                         if isinstance(sub, torch_compat.DROPOUT_TYPES)
-                        and sub.training and sub.p > 0), None)
+                        and getattr(sub, "training", False) and getattr(sub, "p", 0) > 0), None)
         if dropout is not None:
             return (f"not tried: {join_path(self.path, dropout) or '(root)'} is a dropout in "
                     f"train mode: random draws in an exported graph are not known to match "
@@ -479,7 +479,7 @@ def instrument_parts(model: torch.nn.Module, instrument_graph: InstrumentGraph,
         >>> fxdebug.records(model).keys()
         ['stem.0', 'stem.1', 'stem', 'stem.0_1', 'stem.1_1', 'stem_1']
     """
-    notes = ()
+    notes: Sequence[str] = ()
     if is_partial(model):
         previous = _context_of(model)
         model, notes = previous.source, previous.report.notes

@@ -133,7 +133,8 @@ class PartialReport(Report):
         caches = [e for e in self.eager if _CACHE.search(f"{e.reason} {e.export_reason}")]
         if not caches:
             return []
-        name = _CACHE.search(f"{caches[0].reason} {caches[0].export_reason}").group(1)
+        match = _CACHE.search(f"{caches[0].reason} {caches[0].export_reason}")
+        name = match.group(1) if match else "a cache"
         return [f"{len(caches)} module(s) ran eagerly because of a key/value cache ({name}: "
                 f"transformers' use_cache=True, the default), which neither symbolic tracing "
                 f"nor torch.export takes as an argument or output. Build the model with "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
-from typing import Iterable, Sequence
+from typing import Iterable, Protocol, Sequence
 
 import torch.fx as fx
 
@@ -39,7 +39,7 @@ class Target:
 
     key: str
     op: str
-    value: object
+    value: fx.node.Argument
     nodes: tuple[fx.Node, ...]
     anchor: fx.Node
     is_module: bool
@@ -112,7 +112,14 @@ def close_keys_hint(pattern: str, keys: Sequence[str]) -> str:
     return f" Close keys: {', '.join(map(repr, close))}." if close else ""
 
 
-def check_patterns(kind: str, patterns: Sequence[str], pool: Sequence[Target]) -> None:
+class Keyed(Protocol):
+    """Anything with a ``key`` (a :class:`Target`, a part's module key)."""
+
+    @property
+    def key(self) -> str: ...
+
+
+def check_patterns(kind: str, patterns: Sequence[str], pool: Sequence[Keyed]) -> None:
     keys = [target.key for target in pool]
     for pattern in patterns:
         if not isinstance(pattern, str):

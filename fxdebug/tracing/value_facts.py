@@ -32,7 +32,7 @@ shape change reaches has no facts at all.
 from __future__ import annotations
 
 import operator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx as fx
@@ -294,13 +294,15 @@ class ValueFacts:
     # -- one node --------------------------------------------------------------------------
     def visit(self, node: fx.Node) -> None:
         """Work out ``node``'s facts from its inputs' (visit nodes in graph order)."""
-        dtype, shape, floating = ("value", node.name), None, False
+        dtype: tuple[Any, ...] | None = ("value", node.name)
+        shape: Shape | None = None
+        floating = False
         opaque = Shape(("lead", node.name, 0), ())
         first = node.args[0] if node.args else None
         if node.op == "placeholder":
             shape = opaque
         elif node.op == "get_attr":
-            value = self.root
+            value: Any = self.root
             for part in str(node.target).split("."):
                 value = getattr(value, part, None)
             floating = isinstance(value, torch.Tensor) and value.is_floating_point()

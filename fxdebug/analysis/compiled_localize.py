@@ -5,7 +5,7 @@ Call tree::
     capture_graphs(model, runs)        torch.compile with a backend that keeps each graph
                                        dynamo captured and the real inputs of its first call
                                        (compiled_runs.py: the user's dynamo caches untouched)
-    localise(graph, compile_piece)
+    localize(graph, compile_piece)
       ├─ eager values                  keyed copy + Capture("all"): fxdebug's captures of
       │                                every node; an Interpreter for the inputs of pieces
       ├─ prefix(k) diverges?           nodes[0..k] compiled alone on the eager inputs, its
@@ -39,7 +39,7 @@ from .compare import Comparison, compare_tensors
 from .compiled_runs import keeping, watched_run
 from .controlled_run import ControlledRuns
 
-__all__ = ["CapturedGraph", "Piece", "PieceResult", "capture_graphs", "localise", "build_piece"]
+__all__ = ["CapturedGraph", "Piece", "PieceResult", "capture_graphs", "localize", "build_piece"]
 
 _COMPUTE = ("call_function", "call_method", "call_module")
 
@@ -56,7 +56,8 @@ class CapturedGraph:
 def capture_graphs(model: torch.nn.Module, runs: ControlledRuns) -> list[CapturedGraph]:
     """Run ``torch.compile(model)`` once with a backend that keeps the graphs (run eagerly)."""
     _, ran = watched_run(model, runs, keeping(), keep_inputs=True)
-    return [CapturedGraph(index, graph.gm, graph.inputs) for index, graph in enumerate(ran)]
+    return [CapturedGraph(index, graph.gm, graph.inputs) for index, graph in enumerate(ran)
+            if graph.gm is not None]  # keeping(): every graph has its module
 
 
 @dataclasses.dataclass
@@ -96,7 +97,7 @@ def build_piece(gm: fx.GraphModule, nodes: list[fx.Node], start: int, stop: int,
     feeds = []
     for arg in external:
         if arg.op == "get_attr":
-            mapping[arg] = graph.get_attr(arg.target)
+            mapping[arg] = graph.get_attr(str(arg.target))
         else:
             mapping[arg] = graph.placeholder(arg.name)
             feeds.append(env[arg])
@@ -133,7 +134,7 @@ def _eager_captures(gm: fx.GraphModule, inputs: tuple) -> dict[str, torch.Tensor
             if record.value is not None}
 
 
-class _Localiser:
+class _Localizer:
     def __init__(self, graph: CapturedGraph, compile_piece: Callable, rtol, atol) -> None:
         self.graph = graph
         self.gm = graph.gm
@@ -143,7 +144,7 @@ class _Localiser:
         with torch.no_grad():
             interpreter.run(*clone_inputs(graph.inputs))
         self.env = interpreter.values
-        self.captured = _eager_captures(self.gm, graph.inputs)
+        self.captured = _eager_captures(self.gm, graph.inputs or ())
         self.nodes = [node for node in self.gm.graph.nodes if node.op in _COMPUTE]
         self.position = {node: index for index, node in enumerate(self.gm.graph.nodes)}
         self.alias = AliasAnalysis(self.gm)
@@ -197,7 +198,7 @@ class _Localiser:
 
 
 @dataclasses.dataclass
-class Localised:
+class Localized:
     """The first divergent node of a graph and the smallest piece that still shows it."""
 
     graph: CapturedGraph
@@ -208,12 +209,12 @@ class Localised:
     note: str = ""
 
 
-def localise(graph: CapturedGraph, compile_piece: Callable, rtol=None, atol=None
-             ) -> Localised | None:
+def localize(graph: CapturedGraph, compile_piece: Callable, rtol=None, atol=None
+             ) -> Localized | None:
     """The first node of ``graph`` whose compiled value differs, or None if the graph agrees."""
     if graph.inputs is None:
         return None
-    work = _Localiser(graph, compile_piece, rtol, atol)
+    work = _Localizer(graph, compile_piece, rtol, atol)
     if not work.nodes:
         return None
     last = len(work.nodes) - 1
@@ -240,10 +241,10 @@ def localise(graph: CapturedGraph, compile_piece: Callable, rtol=None, atol=None
         target, comparison = next(((n, c) for n, c in bad if n is stop_node), bad[0])
     stop = work.nodes.index(target)
     smallest = _smallest_piece(work, stop, target)
-    return Localised(graph, target, comparison, smallest or found, work.compiles)
+    return Localized(graph, target, comparison, smallest or found, work.compiles)
 
 
-def _smallest_piece(work: _Localiser, stop: int, target: fx.Node) -> PieceResult | None:
+def _smallest_piece(work: _Localizer, stop: int, target: fx.Node) -> PieceResult | None:
     """The piece ``nodes[s..stop]`` with the latest start ``s`` that still differs at ``target``."""
     alone = work.run(stop, stop, [target])
     if alone.diverges:
