@@ -15,8 +15,10 @@ from typing import Any
 
 import torch
 
+from ..runtime import children
+
 __all__ = ["Comparison", "default_tolerances", "compare_tensors", "compare_values",
-           "iter_tensors", "shape_text", "dtype_text", "format_error"]
+           "shape_text", "dtype_text", "format_error"]
 
 # (rtol, atol) per dtype, the values torch.testing.assert_close uses.
 _TOLERANCES = {
@@ -173,33 +175,14 @@ def _plain(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _items(value: Any) -> tuple[str, list[tuple[Any, Any]]] | None:
-    """``("sequence"|"mapping", [(name, item), ...])`` for containers, else None."""
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return "sequence", list(zip(value._fields, value))
-    if isinstance(value, (tuple, list)):
-        return "sequence", list(enumerate(value))
-    if isinstance(value, dict):
-        return "mapping", list(value.items())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return "mapping", [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
-    return None
-
-
-def iter_tensors(value: Any, path: str = ""):
-    """Yield ``(path, tensor)`` for every tensor in a nested value, in order.
-
-    >>> [p for p, _ in iter_tensors((torch.ones(1), {"b": torch.ones(1)}), "out")]
-    ['out/0', 'out/1/b']
-    """
-    if isinstance(value, torch.Tensor):
-        yield path, value
-        return
-    found = _items(value)
-    if found is None:
-        return
-    for name, item in found[1]:
-        yield from iter_tensors(item, f"{path}/{name}" if path else str(name))
+def _items(value: Any) -> tuple[str, list[tuple[str, Any]]] | None:
+    """``("sequence"|"mapping", [(name, item), ...])`` for containers (dicts and dataclasses
+    compare by key, the rest by position), else None."""
+    items = children(value)
+    if items is None:
+        return None
+    keyed = isinstance(value, dict) or (dataclasses.is_dataclass(value) and not isinstance(value, type))
+    return ("mapping" if keyed else "sequence"), items
 
 
 def _kind(value: Any) -> str:

@@ -1,14 +1,18 @@
 """The dumped folder's own small runtime: run.py carries a copy of these functions.
 
 run.py must run where fxdebug is not installed, so :func:`fxdebug.dump` writes
-the source of every function here into it (``inspect.getsource``); fxdebug
-itself uses the same functions to record what the folder must reproduce.
+the source of every function here into it (``inspect.getsource``), with the
+nested-value walker of :mod:`fxdebug.runtime.values` it calls (its source too,
+and the line importing torch's ``tree_flatten_with_path``); fxdebug itself uses
+the same functions to record what the folder must reproduce.
 """
 
-import dataclasses
 import inspect
 
 import torch
+
+from ..runtime.torch_compat import TREE_FLATTEN_WITH_PATH_IMPORT
+from ..runtime.values import WALKER_FUNCTIONS, named_leaves
 
 __all__ = ["flatten_outputs", "loss_of", "first_line", "tolerance", "GRADIENT_SCALE",
            "nonfinite_text", "compare_tensor", "compare", "run_py_source"]
@@ -17,27 +21,11 @@ __all__ = ["flatten_outputs", "loss_of", "first_line", "tolerance", "GRADIENT_SC
 def flatten_outputs(value, prefix="output"):
     """Flatten a (nested) output into ``{"output/0/logits": tensor, ...}``; other leaves kept if simple.
 
-    >>> list(flatten_outputs((torch.ones(1), {"b": 2})))
+    >>> list(flatten_outputs((torch.ones(1), {"b": 2, "c": object()})))
     ['output/0', 'output/1/b']
     """
-    if isinstance(value, torch.Tensor):
-        return {prefix: value}
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        items = list(zip(value._fields, value))
-    elif isinstance(value, (tuple, list)):
-        items = list(enumerate(value))
-    elif isinstance(value, dict):
-        items = list(value.items())
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        items = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
-    elif value is None or isinstance(value, (bool, int, float, str)):
-        return {prefix: value}
-    else:
-        return {}
-    flat = {}
-    for name, item in items:
-        flat.update(flatten_outputs(item, f"{prefix}/{name}"))
-    return flat
+    return {key: leaf for key, leaf in named_leaves(value, prefix)
+            if leaf is None or isinstance(leaf, (torch.Tensor, bool, int, float, str))}
 
 
 def loss_of(flat):
@@ -174,9 +162,10 @@ def compare(title, expected, got, scaled=False):
 
 
 def run_py_source():
-    """The source run.py carries: every function above, and GRADIENT_SCALE."""
+    """The source run.py carries: the nested-value walker, every function above, GRADIENT_SCALE."""
+    walker = [TREE_FLATTEN_WITH_PATH_IMPORT] + [inspect.getsource(f).rstrip() for f in WALKER_FUNCTIONS]
     functions = (flatten_outputs, loss_of, first_line, tolerance, nonfinite_text, compare_tensor,
                  compare)
     parts = [inspect.getsource(function).rstrip() for function in functions]
     parts.insert(4, f"GRADIENT_SCALE = {GRADIENT_SCALE}")
-    return "\n\n\n".join(parts) + "\n"
+    return "\n\n\n".join(walker + parts) + "\n"

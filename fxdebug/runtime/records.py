@@ -24,7 +24,7 @@ from ..errors import StaleCaptureError
 from .fit import fit_table, table_width
 from .records_html import records_table_html
 from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
-from .values import flatten_into
+from .values import flatten_tensors
 
 __all__ = ["Records", "Record", "Stats", "tensor_stats"]
 
@@ -167,8 +167,7 @@ class Records:
         tensor object: compiled code may write a buffer without bumping its
         version counter.
         """
-        tensors: list[tuple[str, torch.Tensor]] = []
-        flatten_into(value, key, tensors, self.notes)
+        tensors = flatten_tensors(value, key, self.notes)
         for name, tensor in tensors:
             if stats_only:
                 summary = self._summary(tensor) if reuse else summarize(tensor)

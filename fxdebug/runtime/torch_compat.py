@@ -30,7 +30,8 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as _pytree  # no public pytree module up to torch 2.14 (checked 2.9.1, 2.14.1)
 
-__all__ = ["torch_version", "tree_leaves", "is_op_packet", "op_schema", "SET_GRAD_ENABLED",
+__all__ = ["torch_version", "tree_leaves", "tree_flatten_with_path", "tree_map", "TREE_FLATTEN_WITH_PATH_IMPORT",
+           "assert_close_tolerances", "is_op_packet", "op_schema", "SET_GRAD_ENABLED",
            "ENTER_AUTOCAST", "EXIT_AUTOCAST", "AUTOCAST_NODE_FUNCTIONS", "CODE_ONLY_MODULE",
            "autocast_arguments", "lineno_map", "pytree_specs", "custom_builtin_imports",
            "def_line", "is_persistent_buffer", "compiled_inner", "lookup_backend",
@@ -39,6 +40,18 @@ __all__ = ["torch_version", "tree_leaves", "is_op_packet", "op_schema", "SET_GRA
 
 tree_leaves = _pytree.tree_leaves
 """``torch.utils._pytree.tree_leaves`` (checked on 2.9.1 and 2.14.1; torch has no public twin)."""
+
+tree_flatten_with_path = _pytree.tree_flatten_with_path
+"""``torch.utils._pytree.tree_flatten_with_path(tree, is_leaf=None)``: ``([(key path, leaf)], spec)``
+with ``SequenceKey(idx)``/``MappingKey(key)``/``GetAttrKey(name)`` entries (checked on 2.9.1
+and 2.14.1; torch has no public twin). fxdebug's one nested-value walker,
+:mod:`fxdebug.runtime.values`, is built on it."""
+
+tree_map = _pytree.tree_map
+"""``torch.utils._pytree.tree_map(fn, tree, is_leaf=None)`` (checked on 2.9.1 and 2.14.1)."""
+
+TREE_FLATTEN_WITH_PATH_IMPORT = "from torch.utils._pytree import tree_flatten_with_path"
+"""The line a dumped folder's run.py imports :data:`tree_flatten_with_path` with (no fxdebug there)."""
 
 SET_GRAD_ENABLED = torch._C._set_grad_enabled
 """What ``no_grad``/``enable_grad`` call: the grad-mode node ``torch.export`` emits too
@@ -52,6 +65,27 @@ AUTOCAST_NODE_FUNCTIONS = (ENTER_AUTOCAST, EXIT_AUTOCAST)
 
 CODE_ONLY_MODULE: type = getattr(fx.graph_module, "_CodeOnlyModule", fx.GraphModule)
 """What ``torch.load`` re-traces a saved GraphModule into (2.9.1, 2.14.1); GraphModule if gone."""
+
+
+def assert_close_tolerances() -> dict[torch.dtype, tuple[float, float]]:
+    """``{dtype: (rtol, atol)}`` that ``torch.testing.assert_close`` picks by default.
+
+    Private: ``torch.testing._comparison._DTYPE_PRECISIONS`` (checked on 2.9.1 and
+    2.14.1, the same table on both). Fallback: that table as written in torch 2.14
+    (``tests/test_trust_runtime.py`` checks it against assert_close's verdicts).
+
+    >>> assert_close_tolerances()[torch.float32]
+    (1.3e-06, 1e-05)
+    """
+    try:
+        from torch.testing._comparison import _DTYPE_PRECISIONS
+    except ImportError:  # pragma: no cover - a torch without it
+        _DTYPE_PRECISIONS = {
+            torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5),
+            torch.float32: (1.3e-6, 1e-5), torch.float64: (1e-7, 1e-7),
+            torch.complex32: (1e-3, 1e-5), torch.complex64: (1.3e-6, 1e-5),
+            torch.complex128: (1e-7, 1e-7)}
+    return {dtype: (float(rtol), float(atol)) for dtype, (rtol, atol) in _DTYPE_PRECISIONS.items()}
 
 
 def autocast_arguments(autocast: torch.autocast) -> tuple:

@@ -90,8 +90,8 @@ def _output_structures(model: torch.nn.Module, inputs: tuple, kwargs: dict) -> d
         def hook(_module, _args, output, path=path):
             index = calls.get(path, 0)
             calls[path] = index + 1
-            found[(path, index)] = [(name[1:], tuple(tensor.shape))
-                                    for name, tensor in flatten_tensors(output, "", [])]
+            found[(path, index)] = [(name, tuple(tensor.shape))
+                                    for name, tensor in flatten_tensors(output)]
 
         handles.append(module.register_forward_hook(hook))
     try:
