@@ -29,9 +29,10 @@ from ..dumping import dump as dump_folder
 from ..dumping.folder_runtime import flatten_outputs
 from ..errors import FxdebugError
 from ..runtime import flatten_tensors
+from ..runtime.formatting import format_error, format_location
 from ..tracing.keys import node_key, op_name
-from ..tracing.locations import format_location, is_user_file
-from .compare import Comparison, compare_values, format_error
+from ..tracing.locations import is_user_file
+from .compare import Comparison, compare_values
 from .compiled_backend import resolve_backend
 from .compiled_localise import Localised, capture_graphs, localise
 from .compiled_runs import GraphRun, watched_run, watching

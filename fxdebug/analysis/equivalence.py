@@ -27,6 +27,7 @@ import torch.fx as fx
 from ..errors import FxdebugError, TraceFailure
 from ..passes import Capture
 from ..runtime import RECORDER_ATTR, flatten_tensors
+from ..runtime.formatting import value_text
 from ..tracing import keyed_copy, keyed_module, trace
 from ..tracing.keys import META_PROVENANCE, META_SOURCE, node_key, op_name, target_name
 from .activation_grads import activation_grads
@@ -38,14 +39,7 @@ from .node_matching import NodeMatching, match_nodes, value_nodes
 __all__ = ["check_equivalence", "EquivalenceReport", "NodeComparison"]
 
 def _describe_inputs(inputs) -> str:
-    parts = []
-    for value in inputs:
-        if isinstance(value, torch.Tensor):
-            parts.append(f"{'x'.join(map(str, value.shape)) or 'scalar'} "
-                         f"{str(value.dtype).replace('torch.', '')}")
-        else:
-            parts.append(type(value).__name__)
-    return ", ".join(parts) or "none"
+    return ", ".join(map(value_text, inputs)) or "none"
 
 
 def _model_name(model: torch.nn.Module) -> str:

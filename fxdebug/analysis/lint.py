@@ -41,7 +41,7 @@ from ..runtime.report import Report
 from ..tracing import keyed_module
 from ..runtime.inplace_ops import INPLACE_OPERATORS, OPERATOR_SYMBOLS
 from ..tracing.keys import META_SOURCE, node_key, op_name
-from ..tracing.locations import format_location
+from ..runtime.formatting import format_location
 
 __all__ = ["Hazard", "Hazards", "lint_inplace"]
 

@@ -32,12 +32,11 @@ from tabulate import tabulate
 
 from ..errors import FxdebugError
 from ..runtime import Stats, flatten_tensors, tensor_stats
+from ..runtime.formatting import dtype_text, format_location, shape_text
 from ..runtime.report import Report
 from ..tracing import keyed_module
 from ..tracing.keys import META_PASS, META_SOURCE, node_key, op_name
-from ..tracing.locations import format_location
 from ..tracing.selection import matches
-from .compare import dtype_text, shape_text
 from .controlled_run import ControlledRuns
 
 __all__ = ["find_nonfinite", "NonfiniteReport", "ForwardHit", "BackwardHit", "ValueStats"]

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ..runtime import flatten_tensors, tensor_stats
-from .compare import dtype_text, shape_text
+from ..runtime.formatting import dtype_text, shape_text
 from .nonfinite import BackwardHit, ForwardHit, NonfiniteReport, ValueStats
 
 __all__ = ["replay_by_modules"]

@@ -22,6 +22,7 @@ import importlib
 from tabulate import tabulate
 
 from ..errors import FxdebugError
+from ..runtime.formatting import format_error
 from ._common import (BUILTIN_PASS_NAMES, add_model_arguments, describe_inputs, load_pass,
                       model_and_inputs)
 
@@ -131,7 +132,7 @@ def run(args) -> int:
         first = report.first_divergence
         summary.append([step.name, "yes" if result.modified else "no",
                         "ok" if report.ok else "DIFFERS",
-                        f"{report.max_error:.3g}" if report.max_error else "0",
+                        format_error(report.max_error or 0.0),
                         "-" if first is None else f"{first.key} ({first.location})"])
         previous = gm = result.graph_module
     print()

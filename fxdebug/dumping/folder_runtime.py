@@ -11,10 +11,11 @@ import inspect
 
 import torch
 
+from ..runtime.formatting import TOLERANCES
 from ..runtime.torch_compat import TREE_FLATTEN_WITH_PATH_IMPORT
 from ..runtime.values import WALKER_FUNCTIONS, named_leaves
 
-__all__ = ["flatten_outputs", "loss_of", "first_line", "tolerance", "GRADIENT_SCALE",
+__all__ = ["flatten_outputs", "loss_of", "first_line", "tolerance", "GRADIENT_SCALE", "TOLERANCES",
            "nonfinite_text", "compare_tensor", "compare", "run_py_source"]
 
 
@@ -49,7 +50,8 @@ def first_line(exc):
 
 
 def tolerance(want, scaled):
-    """``(rtol, atol)`` for comparing with ``want``: torch.testing.assert_close's for its dtype.
+    """``(rtol, atol)`` for comparing with ``want``: torch.testing.assert_close's for its dtype
+    (:data:`~fxdebug.runtime.formatting.TOLERANCES`; run.py carries the table as a literal).
 
     ``scaled`` (gradients) adds ``GRADIENT_SCALE * rtol * max|want|`` to atol: a
     gradient sums many terms, and the order of that sum (it changes with the
@@ -63,10 +65,7 @@ def tolerance(want, scaled):
     >>> tolerance(torch.tensor([1.0, -50.0, float("nan"), float("inf")]), scaled=True)
     (1.3e-06, 0.00027)
     """
-    rtol, atol = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5),
-                  torch.float32: (1.3e-6, 1e-5), torch.float64: (1e-7, 1e-7),
-                  torch.complex64: (1.3e-6, 1e-5), torch.complex128: (1e-7, 1e-7)
-                  }.get(want.dtype, (0.0, 0.0))
+    rtol, atol = TOLERANCES.get(want.dtype, (0.0, 0.0))
     finite = want[torch.isfinite(want)] if want.is_floating_point() or want.is_complex() else want
     if scaled and finite.numel() and (rtol or atol):
         atol += GRADIENT_SCALE * rtol * finite.abs().max().item()
@@ -118,7 +117,8 @@ def compare_tensor(want, have, scaled=False):
             want, have = want[~bad_want], have[~bad_want]
             if torch.equal(have, want):
                 return f"equal ({same_places})"
-    diff = (have.double() - want.double()).abs().max().item() if want.numel() else 0.0
+    wide = torch.complex128 if want.is_complex() else torch.float64  # complex keeps its imaginary part
+    diff = (have.to(wide) - want.to(wide)).abs().max().item() if want.numel() else 0.0
     rtol, atol = tolerance(want, scaled)
     figures = f"max abs diff {diff:.3g}; rtol {rtol:.2g}, atol {atol:.2g}"
     figures += f"; {same_places}" if same_places else ""
@@ -164,6 +164,8 @@ def compare(title, expected, got, scaled=False):
 def run_py_source():
     """The source run.py carries: the nested-value walker, every function above, GRADIENT_SCALE."""
     walker = [TREE_FLATTEN_WITH_PATH_IMPORT] + [inspect.getsource(f).rstrip() for f in WALKER_FUNCTIONS]
+    table = "".join(f"\n    {dtype!r}: {pair!r}," for dtype, pair in TOLERANCES.items())
+    walker.append(f"TOLERANCES = {{{table}\n}}  # torch.testing.assert_close's (rtol, atol)")
     functions = (flatten_outputs, loss_of, first_line, tolerance, nonfinite_text, compare_tensor,
                  compare)
     parts = [inspect.getsource(function).rstrip() for function in functions]

@@ -22,6 +22,7 @@ from tabulate import tabulate
 
 from ..errors import StaleCaptureError
 from .fit import fit_table, table_width
+from .formatting import dtype_text, shape_text
 from .records_html import records_table_html
 from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
 from .values import flatten_tensors
@@ -84,8 +85,8 @@ class Record:
 
     def __repr__(self) -> str:
         stats = self.stats
-        shape = _shape_text(self.shape)
-        dtype = str(self.dtype).replace("torch.", "")
+        shape = shape_text(self.shape)
+        dtype = dtype_text(self.dtype)
         copied = ", copied" if self.copied else ""
         return (f"Record({self.key!r}, {self.op}, {shape} {dtype}{copied}, mean={stats.mean:.4g} "
                 f"std={stats.std:.4g} min={stats.min:.4g} max={stats.max:.4g} "
@@ -291,12 +292,12 @@ class Records:
         for record in self._records.values():
             if record.stale:
                 stale.append(record.key)
-                row = [record.key, record.op, _shape_text(record.shape),
-                       str(record.dtype).replace("torch.", ""), *["stale"] * 6]
+                row = [record.key, record.op, shape_text(record.shape),
+                       dtype_text(record.dtype), *["stale"] * 6]
             else:
                 stats = record.stats
-                row = [record.key, record.op, _shape_text(record.shape),
-                       str(record.dtype).replace("torch.", ""),
+                row = [record.key, record.op, shape_text(record.shape),
+                       dtype_text(record.dtype),
                        *(format(value, floatfmt) for value in stats[:4]),
                        format(stats.zeros_pct, ".1f"), str(stats.nonfinite)]
             if grads is not None:
@@ -325,7 +326,7 @@ class Records:
         if parameters:
             lines.append("")
             lines.append(tabulate(
-                [[name, _shape_text(shape), format(stats.norm, floatfmt), str(stats.nonfinite)]
+                [[name, shape_text(shape), format(stats.norm, floatfmt), str(stats.nonfinite)]
                  for name, shape, stats in parameters],
                 headers=["parameter", "shape", "grad norm", "grad non-finite"],
                 disable_numparse=True, colalign=("left", "left", "right", "right")))
@@ -355,10 +356,6 @@ def _key_type_message(key) -> str:
     return (f"Records keys are strings, got {type(key).__name__} {key!r}: a node key "
             f"('layer1.0.conv1', 'relu_1') or a nested output 'key/index' ('lstm/0'). "
             f"rec.keys() lists them in execution order; by position: rec[rec.keys()[{key!r}]].")
-
-
-def _shape_text(shape) -> str:
-    return "x".join(map(str, shape)) or "scalar"
 
 
 def _human_bytes(count: int) -> str:

@@ -30,7 +30,7 @@ import torch
 
 from .torch_compat import tree_flatten_with_path, tree_map
 
-__all__ = ["children", "named_leaves", "leaves", "flatten_tensors", "map_tensors",
+__all__ = ["children", "named_leaves", "leaves", "flatten_tensors", "map_leaves", "map_tensors",
            "clone_inputs", "WALKER_FUNCTIONS"]
 
 
@@ -146,23 +146,35 @@ def _rebuilt(value: Any, items: list) -> Any:
     return type(value)(items)
 
 
+def map_leaves(function: Callable[[Any], Any], value: Any, is_leaf: Callable[[Any], bool]) -> Any:
+    """``value`` rebuilt with ``function(leaf)`` in place of each leaf ``is_leaf`` accepts.
+
+    >>> map_leaves(str, (1, {"k": [2, "x"]}), lambda item: isinstance(item, int))
+    ('1', {'k': ['2', 'x']})
+    """
+    def stop(item):
+        return isinstance(item, torch.Tensor) or bool(is_leaf(item))
+
+    def leaf(item):
+        if is_leaf(item):
+            return function(item)
+        items = None if stop(item) else _opened_here(item)
+        if items is None:
+            return item
+        return _rebuilt(item, [map_leaves(function, inner, is_leaf) for _, inner in items])
+
+    if stop(value):
+        return leaf(value)
+    return tree_map(leaf, value, is_leaf=stop)
+
+
 def map_tensors(function: Callable[[torch.Tensor], Any], value: Any) -> Any:
     """``value`` rebuilt with ``function(tensor)`` in place of each tensor; other leaves kept.
 
     >>> map_tensors(lambda t: t * 2, (torch.ones(1), {"k": [torch.ones(1), "x"]}))
     (tensor([2.]), {'k': [tensor([2.]), 'x']})
     """
-    def leaf(item):
-        if isinstance(item, torch.Tensor):
-            return function(item)
-        items = _opened_here(item)
-        if items is None:
-            return item
-        return _rebuilt(item, [map_tensors(function, inner) for _, inner in items])
-
-    if isinstance(value, torch.Tensor):
-        return function(value)
-    return tree_map(leaf, value, is_leaf=lambda item: isinstance(item, torch.Tensor))
+    return map_leaves(function, value, lambda item: isinstance(item, torch.Tensor))
 
 
 def _clone(tensor: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from ..runtime import RECORDER_ATTR, SharedRecorder, leaves
+from ..runtime.formatting import dtype_text
 from .fidelity import static_forward
 from .keys import META_RETURNS, ModuleReturn
 from .module_copy import module_tree_copy
@@ -139,7 +140,7 @@ class ExportPlan:
 
 
 def _describe_tensor(tensor: torch.Tensor) -> str:
-    return f"{str(tensor.dtype).replace('torch.', '')}[{', '.join(map(str, tensor.shape))}]"
+    return f"{dtype_text(tensor.dtype)}[{', '.join(map(str, tensor.shape))}]"
 
 
 def export_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> ExportPlan:

@@ -40,7 +40,8 @@ from ..runtime import flatten_tensors
 from .graph_module import DebugGraphModule
 from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, ModuleReturn,
                    key_base)
-from .locations import format_location, is_user_file, user_location_in_traceback
+from .locations import is_user_file, user_location_in_traceback
+from ..runtime.formatting import format_location
 from .module_copy import module_tree_copy
 
 __all__ = ["export_trace"]
