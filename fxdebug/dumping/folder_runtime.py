@@ -3,7 +3,7 @@
 run.py must run where fxdebug is not installed, so :func:`fxdebug.dump` writes
 the source of every function here into it (``inspect.getsource``), with the
 nested-value walker of :mod:`fxdebug.runtime.values` it calls (its source too,
-and the line importing torch's ``tree_flatten_with_path``); fxdebug itself uses
+and the line importing torch's pytree functions it calls); fxdebug itself uses
 the same functions to record what the folder must reproduce.
 """
 
@@ -12,7 +12,7 @@ import inspect
 import torch
 
 from ..runtime.formatting import TOLERANCES
-from ..runtime.torch_compat import TREE_FLATTEN_WITH_PATH_IMPORT
+from ..runtime.torch_compat import PYTREE_IMPORT
 from ..runtime.values import WALKER_FUNCTIONS, named_leaves
 
 __all__ = ["flatten_outputs", "loss_of", "first_line", "tolerance", "GRADIENT_SCALE", "TOLERANCES",
@@ -163,7 +163,7 @@ def compare(title, expected, got, scaled=False):
 
 def run_py_source():
     """The source run.py carries: the nested-value walker, every function above, GRADIENT_SCALE."""
-    walker = [TREE_FLATTEN_WITH_PATH_IMPORT] + [inspect.getsource(f).rstrip() for f in WALKER_FUNCTIONS]
+    walker = [PYTREE_IMPORT] + [inspect.getsource(f).rstrip() for f in WALKER_FUNCTIONS]
     table = "".join(f"\n    {dtype!r}: {pair!r}," for dtype, pair in TOLERANCES.items())
     walker.append(f"TOLERANCES = {{{table}\n}}  # torch.testing.assert_close's (rtol, atol)")
     functions = (flatten_outputs, loss_of, first_line, tolerance, nonfinite_text, compare_tensor,

