@@ -41,7 +41,7 @@ from .runtime.torch_compat import compiled_inner
 from .tracing import instrument_parts, is_partial, keyed_copy, trace, unwrap_compiled
 from .tracing.graph_module import DebugGraphModule
 from .tracing.keys import META_SOURCE
-from .tracing.locations import format_location
+from .runtime.formatting import format_location
 from .tracing.selection import candidates
 
 __all__ = ["instrument", "records", "accumulate_stats", "build_pipeline", "run_pipeline",

@@ -174,3 +174,25 @@ def test_compare_tensor_agrees_with_allclose_on_the_finite_values(scaled):
     flipped = want.clone()
     flipped[5] = -float("inf")
     assert compare_tensor(want, flipped).startswith("DIFFERENT")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                                   torch.complex64, torch.complex128])
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_default_tolerances_give_assert_close_verdicts(dtype, factor):
+    # the folder's compare_tensor and fxdebug's compare_tensors share one tolerance table:
+    # half of it must pass torch.testing.assert_close and twice it must fail, in every dtype
+    from fxdebug.analysis.compare import compare_tensors
+    from fxdebug.runtime.formatting import TOLERANCES
+    rtol, atol = TOLERANCES[dtype]
+    want = torch.tensor([1.0, 3.0, -2.0], dtype=torch.float64)
+    have = want + factor * (atol + rtol * want.abs())
+    want, have = want.to(dtype), have.to(dtype)
+    try:
+        torch.testing.assert_close(have, want)
+        truth = True
+    except AssertionError:
+        truth = False
+    assert truth is (factor < 1)  # the shift survives the rounding to dtype
+    assert compare_tensor(want, have).startswith(("equal", "close")) is truth
+    assert compare_tensors(want, have).ok is truth

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..runtime import flatten_tensors
 from ..tracing.keys import META_PASS
-from .compare import iter_tensors
 
 __all__ = ["activation_grads"]
 
@@ -31,7 +31,7 @@ class _Collect(fx.Interpreter):
     def run_node(self, node: fx.Node):
         out = super().run_node(node)
         if node.op in _OPS and META_PASS not in node.meta:
-            for sub, tensor in iter_tensors(out):
+            for sub, tensor in flatten_tensors(out):
                 if tensor.requires_grad and (not tensor.is_leaf or node.op == "placeholder"):
                     tensor.register_hook(self._hook(node, sub))
         return out
@@ -59,8 +59,8 @@ def activation_grads(gm: fx.GraphModule, args: tuple, loss_of) -> dict[fx.Node, 
         loss = loss_of(collect.run(*args))
     if loss is None or not loss.requires_grad:
         return {}
-    wrt = [p for p in gm.parameters() if p.requires_grad]
-    wrt += [t for _, t in iter_tensors(args) if t.requires_grad]
+    wrt: list[torch.Tensor] = [p for p in gm.parameters() if p.requires_grad]
+    wrt += [t for _, t in flatten_tensors(args) if t.requires_grad]
     if wrt:
         torch.autograd.grad(loss, wrt, allow_unused=True)
     return collect.grads

@@ -15,33 +15,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["Comparison", "default_tolerances", "compare_tensors", "compare_values",
-           "iter_tensors", "shape_text", "dtype_text", "format_error"]
+from ..runtime import children
+from ..runtime.formatting import default_tolerances, dtype_text, format_error, shape_text
 
-# (rtol, atol) per dtype, the values torch.testing.assert_close uses.
-_TOLERANCES = {
-    torch.float16: (1e-3, 1e-5),
-    torch.bfloat16: (1.6e-2, 1e-5),
-    torch.float32: (1.3e-6, 1e-5),
-    torch.float64: (1e-7, 1e-7),
-    torch.complex32: (1e-3, 1e-5),
-    torch.complex64: (1.3e-6, 1e-5),
-    torch.complex128: (1e-7, 1e-7),
-}
-
-
-def default_tolerances(*dtypes: torch.dtype) -> tuple[float, float]:
-    """``(rtol, atol)`` torch.testing.assert_close would use; the loosest over ``dtypes``.
-
-    Integer and bool dtypes compare exactly.
-
-    >>> default_tolerances(torch.float32), default_tolerances(torch.float16, torch.float32)
-    ((1.3e-06, 1e-05), (0.001, 1e-05))
-    >>> default_tolerances(torch.int64)
-    (0.0, 0.0)
-    """
-    found = [_TOLERANCES.get(dtype, (0.0, 0.0)) for dtype in dtypes]
-    return max(r for r, _ in found), max(a for _, a in found)
+__all__ = ["Comparison", "compare_tensors", "compare_values"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,26 +52,6 @@ class Comparison:
             text += (f" ({self.mismatched}/{self.numel} elements beyond rtol="
                      f"{self.rtol:g}, atol={self.atol:g})")
         return text + (f"; {self.detail}" if self.detail else "")
-
-
-def shape_text(shape) -> str:
-    """``1x3x64x64``; ``scalar`` for a 0-d tensor."""
-    return "x".join(str(int(size)) for size in shape) or "scalar"
-
-
-def dtype_text(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-def format_error(value: float) -> str:
-    """Errors in tables: ``0`` for exact equality, else 3 significant digits."""
-    if value == 0:
-        return "0"
-    if math.isinf(value):
-        return "inf"
-    if math.isnan(value):
-        return "nan"
-    return f"{value:.3g}"
 
 
 def _type_name(value: Any) -> str:
@@ -173,39 +130,20 @@ def _plain(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _items(value: Any) -> tuple[str, list[tuple[Any, Any]]] | None:
-    """``("sequence"|"mapping", [(name, item), ...])`` for containers, else None."""
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return "sequence", list(zip(value._fields, value))
-    if isinstance(value, (tuple, list)):
-        return "sequence", list(enumerate(value))
-    if isinstance(value, dict):
-        return "mapping", list(value.items())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return "mapping", [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
-    return None
+def _items(value: Any) -> tuple[str, list[tuple[str, Any]]] | None:
+    """``("sequence"|"mapping", [(name, item), ...])`` for containers (dicts and dataclasses
+    compare by key, the rest by position), else None."""
+    items = children(value)
+    if items is None:
+        return None
+    keyed = isinstance(value, dict) or (dataclasses.is_dataclass(value) and not isinstance(value, type))
+    return ("mapping" if keyed else "sequence"), items
 
 
 def _members(value: Any) -> list[tuple[Any, Any]]:
     """The ``(name, item)`` pairs of a container (``[]`` for anything else)."""
     found = _items(value)
     return [] if found is None else found[1]
-
-
-def iter_tensors(value: Any, path: str = ""):
-    """Yield ``(path, tensor)`` for every tensor in a nested value, in order.
-
-    >>> [p for p, _ in iter_tensors((torch.ones(1), {"b": torch.ones(1)}), "out")]
-    ['out/0', 'out/1/b']
-    """
-    if isinstance(value, torch.Tensor):
-        yield path, value
-        return
-    found = _items(value)
-    if found is None:
-        return
-    for name, item in found[1]:
-        yield from iter_tensors(item, f"{path}/{name}" if path else str(name))
 
 
 def _kind(value: Any) -> str:

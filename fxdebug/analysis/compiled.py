@@ -26,11 +26,13 @@ import torch
 from ..dumping import dump as dump_folder
 from ..dumping.folder_runtime import flatten_outputs
 from ..errors import FxdebugError
+from ..runtime import flatten_tensors
 from ..runtime.fit import fit_table, table_width
+from ..runtime.formatting import format_error, format_location
 from ..runtime.report import Report
 from ..tracing.keys import node_key, op_name
-from ..tracing.locations import format_location, is_user_file
-from .compare import Comparison, compare_values, format_error, iter_tensors
+from ..tracing.locations import is_user_file
+from .compare import Comparison, compare_values
 from .compiled_backend import resolve_backend
 from .compiled_localize import Localized, capture_graphs, localize
 from .compiled_runs import GraphRun, watched_run, watching
@@ -211,11 +213,11 @@ def _backend_name(backend) -> str:
 def _param_grads(model: torch.nn.Module, output: Any) -> dict:
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     with torch.enable_grad():  # the caller may be under no_grad; grads=True asks for them
-        terms = [t.sum() for _, t in iter_tensors(output, "out")
+        terms = [t.sum() for _, t in flatten_tensors(output, "out")
                  if t.requires_grad and t.is_floating_point()]
         if not named or not terms:
             return {}
-        found = torch.autograd.grad(sum(terms), [p for _, p in named], allow_unused=True)
+        found = torch.autograd.grad(sum(terms[1:], terms[0]), [p for _, p in named], allow_unused=True)
     return {name: grad for (name, _), grad in zip(named, found)}
 
 

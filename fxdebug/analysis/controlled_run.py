@@ -9,24 +9,13 @@ flags are set for the runs and restored, module by module, afterwards.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 import torch
 
-from ..runtime import clone_inputs
+from ..runtime import clone_inputs, flatten_tensors
 
 __all__ = ["ControlledRuns"]
-
-
-def _tensors(value: Any) -> Iterable[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
 
 
 class ControlledRuns:
@@ -70,7 +59,7 @@ class ControlledRuns:
             for parameter in root.parameters():
                 if parameter.is_cuda:
                     devices[parameter.device.index or 0] = None
-        for tensor in _tensors(self.inputs):
+        for _, tensor in flatten_tensors(self.inputs):
             if tensor.is_cuda:
                 devices[tensor.device.index or 0] = None
         self._devices = sorted(devices)

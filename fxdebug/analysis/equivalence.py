@@ -26,11 +26,12 @@ import torch.fx as fx
 
 from ..errors import FxdebugError, TraceFailure
 from ..passes import Capture
-from ..runtime import RECORDER_ATTR
+from ..runtime import RECORDER_ATTR, flatten_tensors
+from ..runtime.formatting import value_text
 from ..tracing import keyed_copy, keyed_module, trace
 from ..tracing.keys import META_PROVENANCE, META_SOURCE, node_key, op_name, target_name
 from .activation_grads import activation_grads
-from .compare import Comparison, compare_tensors, compare_values, iter_tensors
+from .compare import Comparison, compare_tensors, compare_values
 from .controlled_run import ControlledRuns
 from .equivalence_report import EquivalenceReport, NodeComparison
 from .node_matching import NodeMatching, match_nodes, value_nodes
@@ -38,14 +39,7 @@ from .node_matching import NodeMatching, match_nodes, value_nodes
 __all__ = ["check_equivalence", "EquivalenceReport", "NodeComparison"]
 
 def _describe_inputs(inputs) -> str:
-    parts = []
-    for value in inputs:
-        if isinstance(value, torch.Tensor):
-            parts.append(f"{'x'.join(map(str, value.shape)) or 'scalar'} "
-                         f"{str(value.dtype).replace('torch.', '')}")
-        else:
-            parts.append(type(value).__name__)
-    return ", ".join(parts) or "none"
+    return ", ".join(map(value_text, inputs)) or "none"
 
 
 def _model_name(model: torch.nn.Module) -> str:
@@ -59,13 +53,14 @@ def _param_grads(model: torch.nn.Module, output: Any, notes: list[str], role: st
     """Gradients of ``sum(output.sum())`` for every named parameter that requires grad."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     with torch.enable_grad():  # the caller may be under no_grad; grads=True asks for them
-        terms = [t.sum() for _, t in iter_tensors(output, "out")
+        terms = [t.sum() for _, t in flatten_tensors(output, "out")
                  if t.requires_grad and (t.is_floating_point() or t.is_complex())]
         if not named or not terms:
             why = "no parameter requires grad" if not named else "no output requires grad"
             notes.append(f"grads=True: the {role} has no parameter gradient to compare ({why})")
             return {}
-        loss = sum(t.real if t.is_complex() else t for t in terms)
+        reals = [t.real if t.is_complex() else t for t in terms]
+        loss = sum(reals[1:], reals[0])
         found = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
     return {name: grad for (name, _), grad in zip(named, found)}
 
@@ -225,9 +220,9 @@ def _values_by_node(gm: fx.GraphModule) -> dict[str, list[tuple[str, torch.Tenso
 
 
 def _loss_of(output: Any) -> torch.Tensor | None:
-    terms = [t.real.sum() if t.is_complex() else t.sum() for _, t in iter_tensors(output, "out")
+    terms = [t.real.sum() if t.is_complex() else t.sum() for _, t in flatten_tensors(output, "out")
              if t.requires_grad and (t.is_floating_point() or t.is_complex())]
-    return sum(terms) if terms else None
+    return sum(terms[1:], terms[0]) if terms else None
 
 
 def _localize_grads(reference, candidate, runs: ControlledRuns, rtol, atol, equal_nan,

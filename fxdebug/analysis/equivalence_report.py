@@ -12,8 +12,8 @@ import dataclasses
 from ..reporting.html import equivalence_html
 from ..runtime.fit import fit_table, table_width
 from ..runtime.report import Report
-from ..tracing.locations import format_location
-from .compare import Comparison, format_error
+from ..runtime.formatting import format_error, format_location
+from .compare import Comparison
 
 __all__ = ["EquivalenceReport", "NodeComparison"]
 

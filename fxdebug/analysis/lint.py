@@ -36,13 +36,14 @@ import torch
 import torch.fx as fx
 
 from ..passes.aliasing import _alias_inputs, inplace_requested, mutated_argument
+from ..runtime import flatten_tensors, map_tensors
 from ..runtime.fit import fit_table, table_width
 from ..runtime.report import Report
 from ..tracing import keyed_module
 from ..runtime import torch_compat
 from ..runtime.inplace_ops import INPLACE_OPERATORS, OPERATOR_SYMBOLS
 from ..tracing.keys import META_SOURCE, node_key, op_name
-from ..tracing.locations import format_location
+from ..runtime.formatting import format_location
 
 __all__ = ["Hazard", "Hazards", "lint_inplace"]
 
@@ -297,10 +298,6 @@ def _storage(tensor: torch.Tensor):
     return (str(tensor.device), pointer) if pointer else None
 
 
-def _tensors(value) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    fx.node.map_aggregate(value, lambda v: found.append(v) if isinstance(v, torch.Tensor) else v)
-    return found
 
 
 class _Stop(Exception):
@@ -338,7 +335,7 @@ class _Watch(fx.Interpreter):
             if not entry.broken and not _same_values(entry.tensor, before):
                 entry.broken = True
                 self.damage.setdefault(node, []).append((entry, "value"))
-        for tensor in _tensors(result):
+        for _, tensor in flatten_tensors(result):
             self.produced.append((node, tensor))
             self._discover(node, tensor)
         return result
@@ -455,20 +452,18 @@ def _lint_copy(model: torch.nn.Module) -> fx.GraphModule:
 
 def _private_inputs(inputs) -> tuple:
     def private(value):
-        if not isinstance(value, torch.Tensor):
-            return value
         clone = value.detach().clone()
         if value.requires_grad:
             clone.requires_grad_(True)
             if not value.is_leaf:
                 clone = clone.clone()  # keep it a non-leaf, as the caller's was
         return clone
-    return tuple(fx.node.map_aggregate(value, private) for value in inputs)
+    return tuple(map_tensors(private, value) for value in inputs)
 
 
 def _devices(gm: fx.GraphModule, inputs) -> list[int]:
     devices: dict[int, None] = {}
-    for tensor in list(gm.parameters()) + _tensors(inputs):
+    for tensor in list(gm.parameters()) + [t for _, t in flatten_tensors(inputs)]:
         if tensor.device.type == "cuda":
             devices[tensor.device.index or 0] = None
     return list(devices)

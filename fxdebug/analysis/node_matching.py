@@ -32,6 +32,7 @@ import dataclasses
 import torch
 import torch.fx as fx
 
+from ..runtime import leaves
 from ..tracing.keys import META_PASS, META_PROVENANCE, node_key, op_name
 
 __all__ = ["Match", "NodeMatching", "match_nodes", "module_changed", "value_nodes", "arg_slots"]
@@ -74,23 +75,9 @@ def arg_slots(node: fx.Node) -> dict[str, fx.Node]:
     {'0': 'a', '1': 'b'}
     """
     slots: dict[str, fx.Node] = {}
-
-    def visit(value, label: str) -> None:
-        if isinstance(value, fx.Node):
-            slots[label] = value
-        elif isinstance(value, (tuple, list)):
-            for index, item in enumerate(value):
-                visit(item, f"{label}/{index}")
-        elif isinstance(value, dict):
-            for name, item in value.items():
-                visit(item, f"{label}/{name}")
-        elif isinstance(value, slice):
-            visit((value.start, value.stop, value.step), label)
-
-    for index, arg in enumerate(node.args):
-        visit(arg, str(index))
-    for name, arg in node.kwargs.items():
-        visit(arg, name)
+    named = [(str(index), arg) for index, arg in enumerate(node.args)] + list(node.kwargs.items())
+    for label, arg in named:
+        slots.update(leaves(arg, lambda value: isinstance(value, fx.Node), label))
     return slots
 
 

@@ -30,14 +30,13 @@ import torch
 import torch.fx as fx
 
 from ..errors import FxdebugError
-from ..runtime import Stats, tensor_stats, torch_compat
+from ..runtime import Stats, flatten_tensors, tensor_stats, torch_compat
 from ..runtime.fit import fit_table, table_width
+from ..runtime.formatting import dtype_text, format_location, shape_text
 from ..runtime.report import Report
 from ..tracing import keyed_module
 from ..tracing.keys import META_PASS, META_SOURCE, node_key, op_name
-from ..tracing.locations import format_location
 from ..tracing.selection import matches
-from .compare import dtype_text, iter_tensors, shape_text
 from .controlled_run import ControlledRuns
 
 __all__ = ["find_nonfinite", "NonfiniteReport", "ForwardHit", "BackwardHit", "ValueStats"]
@@ -275,13 +274,13 @@ class _Watch(fx.Interpreter):
                 ValueStats(node_key(arg) + ("" if not sub else f"/{sub}"),
                            shape_text(t.shape), dtype_text(t.dtype), tensor_stats(t))
                 for arg in node.all_input_nodes
-                for sub, t in iter_tensors(self.env.get(arg)))
+                for sub, t in flatten_tensors(self.env.get(arg)))
         out = super().run_node(node)
         if node is self.stop_at:
             self.stop_output = out
             raise _Stop
         if self._watched(node):
-            for _, tensor in iter_tensors(out):
+            for _, tensor in flatten_tensors(out):
                 if not (tensor.is_floating_point() or tensor.is_complex()):
                     continue
                 self.finite.append((node, self.check(tensor)))
@@ -426,7 +425,7 @@ def _run_once(gm: fx.GraphModule, watch: _Watch, args: tuple, backward: bool, lo
     if not backward:
         return False
     wrt_named = [(name, p) for name, p in gm.named_parameters() if p.requires_grad]
-    wrt_inputs = [t for _, t in iter_tensors(args) if t.requires_grad]
+    wrt_inputs = [t for _, t in flatten_tensors(args) if t.requires_grad]
     with torch.enable_grad():
         value = _loss(out, loss)
     if value is None or not value.requires_grad or not (wrt_named or wrt_inputs):
@@ -517,9 +516,9 @@ def _loss(out: Any, loss) -> torch.Tensor | None:
             raise FxdebugError(f"find_nonfinite: loss(output) must return a scalar tensor, got "
                                f"{got}; reduce it, e.g. loss=lambda out: out.mean().")
         return value.reshape(())
-    terms = [t.real.sum() if t.is_complex() else t.sum() for _, t in iter_tensors(out)
+    terms = [t.real.sum() if t.is_complex() else t.sum() for _, t in flatten_tensors(out)
              if t.requires_grad and (t.is_floating_point() or t.is_complex())]
-    return sum(terms) if terms else None
+    return sum(terms[1:], terms[0]) if terms else None
 
 
 def _replay(gm: fx.GraphModule, runs: ControlledRuns, node: fx.Node, ignore) -> ForwardHit:
@@ -529,7 +528,7 @@ def _replay(gm: fx.GraphModule, runs: ControlledRuns, node: fx.Node, ignore) -> 
         runs.run(watch.run)
     except _Stop:
         pass
-    tensors = [t for _, t in iter_tensors(watch.stop_output)
+    tensors = [t for _, t in flatten_tensors(watch.stop_output)
                if t.is_floating_point() or t.is_complex()]
     nan = sum(int(torch.isnan(t).sum()) for t in tensors)
     inf = sum(int(torch.isinf(t).sum()) for t in tensors)

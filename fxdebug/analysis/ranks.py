@@ -33,8 +33,8 @@ import torch
 
 from ..errors import FxdebugError
 from ..runtime import Records
-from ..tracing.locations import format_location, user_location
-from .compare import dtype_text, shape_text
+from ..runtime.formatting import dtype_text, format_location, shape_text
+from ..tracing.locations import user_location
 from .rank_group import RankGroup, local_view, on_ranks, unwrap
 from .ranks_report import RankEntry, RankReport
 

@@ -37,11 +37,10 @@ from typing import Any, Callable
 import torch
 
 from ..errors import FxdebugError, TraceFailure
-from ..runtime import clone_inputs
+from ..runtime import clone_inputs, flatten_tensors
 from ..runtime.report import REPR_LIMIT
 from ..runtime.torch_compat import foreach_copy_, foreach_norm
 from ..tracing import trace
-from .compare import iter_tensors
 from .nonfinite import NonfiniteReport, find_nonfinite
 from .rank_group import RankGroup, distributed_ready, unwrap
 from .watch_modules import replay_by_modules
@@ -123,7 +122,7 @@ class NonfiniteWatch:
             self._snapshot_buffers()
             output = self.model(*args, **kwargs)
         self._outputs = ([output] if type(output) is torch.Tensor else
-                         [t for _, t in iter_tensors(output)])
+                         [t for _, t in flatten_tensors(output)])
         self._outputs = [t for t in self._outputs if _is_float(t)]
         sums = [_sum(t) for t in self._outputs]
         self._out_sum = sums[0] if len(sums) == 1 else (
@@ -292,7 +291,7 @@ def _replay_call(module: torch.nn.Module, args: tuple,
                            f"named parameters of forward.")
     values = [bound.arguments[name] for name in names]
     constant = {name: value for name, value in zip(names, values)
-                if not any(True for _ in iter_tensors(value))}
+                if not any(True for _ in flatten_tensors(value))}
     if not constant:
         return module, tuple(values)
     return trace(module, concrete_args=constant), tuple(values)

@@ -29,15 +29,15 @@ from typing import Any
 
 import torch
 
-from ..runtime import tensor_stats
-from .compare import dtype_text, iter_tensors, shape_text
+from ..runtime import flatten_tensors, tensor_stats
+from ..runtime.formatting import dtype_text, shape_text
 from .nonfinite import BackwardHit, ForwardHit, NonfiniteReport, ValueStats
 
 __all__ = ["replay_by_modules"]
 
 
 def _floats(value: Any) -> list[tuple[str, torch.Tensor]]:
-    return [(path, t) for path, t in iter_tensors(value) if t.is_floating_point() or t.is_complex()]
+    return [(path, t) for path, t in flatten_tensors(value) if t.is_floating_point() or t.is_complex()]
 
 
 def _finite(tensors) -> bool:
@@ -163,7 +163,7 @@ def replay_by_modules(module: torch.nn.Module, args: tuple, kwargs: dict, loss,
     first_key = None if first is None else first.key
     later = list(dict.fromkeys(hit.key for hit in hooks.hits[1:] if hit.key != first_key))
     inputs = ", ".join(f"{shape_text(t.shape)} {dtype_text(t.dtype)}"
-                       for _, t in iter_tensors((args, kwargs))) or "none"
+                       for _, t in flatten_tensors((args, kwargs))) or "none"
     return NonfiniteReport(forward=first, backward=hooks.grads[0] if hooks.grads else None,
                            later_forward=later,
                            later_backward=[hit.key for hit in hooks.grads[1:]],

@@ -37,7 +37,9 @@ def model_and_inputs(args) -> tuple:
 
 def describe_inputs(inputs) -> str:
     import torch
-    return ", ".join("x".join(map(str, t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
+
+    from ..runtime.formatting import shape_text
+    return ", ".join(shape_text(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
                      for t in inputs)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 
 from ..errors import FxdebugError
+from ..runtime.formatting import format_error
 from ._common import (BUILTIN_PASS_NAMES, add_model_arguments, describe_inputs, load_pass,
                       model_and_inputs)
 
@@ -129,7 +130,7 @@ def run(args) -> int:
         first = report.first_divergence
         summary.append([step.name, "yes" if result.modified else "no",
                         "ok" if report.ok else "DIFFERS",
-                        f"{report.max_error:.3g}" if report.max_error else "0",
+                        format_error(report.max_error or 0.0),
                         "-" if first is None else f"{first.key} ({first.location})"])
         previous = gm = result.graph_module
     print()

@@ -21,6 +21,5 @@ True
 """
 
 from .dump import FILES, dump
-from .forward import portable_location
 
-__all__ = ["dump", "portable_location", "FILES"]
+__all__ = ["dump", "FILES"]

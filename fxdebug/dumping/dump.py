@@ -47,6 +47,7 @@ import torch.fx as fx
 
 from ..errors import FxdebugError
 from ..runtime import clone_inputs, torch_compat
+from ..runtime.formatting import value_text
 from ..tracing import trace
 from ..tracing.keys import META_PASS, node_key
 from .expected import expected_results
@@ -73,8 +74,7 @@ def _example_key(gm: fx.GraphModule) -> str:
 
 def _readme(cls: str, inputs: tuple, structure: Structure,
             imports: Imports, example: str, wrapped: list[str], copied: list[str]) -> str:
-    shapes = ", ".join("x".join(map(str, t.shape)) + f" {str(t.dtype).replace('torch.', '')}"
-                       if isinstance(t, torch.Tensor) else type(t).__name__ for t in inputs)
+    shapes = ", ".join(map(value_text, inputs))
     lines = [
         f"# {cls}, dumped by fxdebug",
         "",

@@ -1,43 +1,32 @@
 """The dumped folder's own small runtime: run.py carries a copy of these functions.
 
 run.py must run where fxdebug is not installed, so :func:`fxdebug.dump` writes
-the source of every function here into it (``inspect.getsource``); fxdebug
-itself uses the same functions to record what the folder must reproduce.
+the source of every function here into it (``inspect.getsource``), with the
+nested-value walker of :mod:`fxdebug.runtime.values` it calls (its source too,
+and the line importing torch's pytree functions it calls); fxdebug itself uses
+the same functions to record what the folder must reproduce.
 """
 
-import dataclasses
 import inspect
 
 import torch
 
-__all__ = ["flatten_outputs", "loss_of", "first_line", "tolerance", "GRADIENT_SCALE",
+from ..runtime.formatting import TOLERANCES
+from ..runtime.torch_compat import PYTREE_IMPORT
+from ..runtime.values import WALKER_FUNCTIONS, named_leaves
+
+__all__ = ["flatten_outputs", "loss_of", "first_line", "tolerance", "GRADIENT_SCALE", "TOLERANCES",
            "nonfinite_text", "compare_tensor", "compare", "run_py_source"]
 
 
 def flatten_outputs(value, prefix="output"):
     """Flatten a (nested) output into ``{"output/0/logits": tensor, ...}``; other leaves kept if simple.
 
-    >>> list(flatten_outputs((torch.ones(1), {"b": 2})))
+    >>> list(flatten_outputs((torch.ones(1), {"b": 2, "c": object()})))
     ['output/0', 'output/1/b']
     """
-    if isinstance(value, torch.Tensor):
-        return {prefix: value}
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        items = list(zip(value._fields, value))
-    elif isinstance(value, (tuple, list)):
-        items = list(enumerate(value))
-    elif isinstance(value, dict):
-        items = list(value.items())
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        items = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
-    elif value is None or isinstance(value, (bool, int, float, str)):
-        return {prefix: value}
-    else:
-        return {}
-    flat = {}
-    for name, item in items:
-        flat.update(flatten_outputs(item, f"{prefix}/{name}"))
-    return flat
+    return {key: leaf for key, leaf in named_leaves(value, prefix)
+            if leaf is None or isinstance(leaf, (torch.Tensor, bool, int, float, str))}
 
 
 def loss_of(flat):
@@ -61,7 +50,8 @@ def first_line(exc):
 
 
 def tolerance(want, scaled):
-    """``(rtol, atol)`` for comparing with ``want``: torch.testing.assert_close's for its dtype.
+    """``(rtol, atol)`` for comparing with ``want``: torch.testing.assert_close's for its dtype
+    (:data:`~fxdebug.runtime.formatting.TOLERANCES`; run.py carries the table as a literal).
 
     ``scaled`` (gradients) adds ``GRADIENT_SCALE * rtol * max|want|`` to atol: a
     gradient sums many terms, and the order of that sum (it changes with the
@@ -75,10 +65,7 @@ def tolerance(want, scaled):
     >>> tolerance(torch.tensor([1.0, -50.0, float("nan"), float("inf")]), scaled=True)
     (1.3e-06, 0.00027)
     """
-    rtol, atol = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5),
-                  torch.float32: (1.3e-6, 1e-5), torch.float64: (1e-7, 1e-7),
-                  torch.complex64: (1.3e-6, 1e-5), torch.complex128: (1e-7, 1e-7)
-                  }.get(want.dtype, (0.0, 0.0))
+    rtol, atol = TOLERANCES.get(want.dtype, (0.0, 0.0))
     finite = want[torch.isfinite(want)] if want.is_floating_point() or want.is_complex() else want
     if scaled and finite.numel() and (rtol or atol):
         atol += GRADIENT_SCALE * rtol * finite.abs().max().item()
@@ -130,7 +117,8 @@ def compare_tensor(want, have, scaled=False):
             want, have = want[~bad_want], have[~bad_want]
             if torch.equal(have, want):
                 return f"equal ({same_places})"
-    diff = (have.double() - want.double()).abs().max().item() if want.numel() else 0.0
+    wide = torch.complex128 if want.is_complex() else torch.float64  # complex keeps its imaginary part
+    diff = (have.to(wide) - want.to(wide)).abs().max().item() if want.numel() else 0.0
     rtol, atol = tolerance(want, scaled)
     figures = f"max abs diff {diff:.3g}; rtol {rtol:.2g}, atol {atol:.2g}"
     figures += f"; {same_places}" if same_places else ""
@@ -174,9 +162,12 @@ def compare(title, expected, got, scaled=False):
 
 
 def run_py_source():
-    """The source run.py carries: every function above, and GRADIENT_SCALE."""
+    """The source run.py carries: the nested-value walker, every function above, GRADIENT_SCALE."""
+    walker = [PYTREE_IMPORT] + [inspect.getsource(f).rstrip() for f in WALKER_FUNCTIONS]
+    table = "".join(f"\n    {dtype!r}: {pair!r}," for dtype, pair in TOLERANCES.items())
+    walker.append(f"TOLERANCES = {{{table}\n}}  # torch.testing.assert_close's (rtol, atol)")
     functions = (flatten_outputs, loss_of, first_line, tolerance, nonfinite_text, compare_tensor,
                  compare)
     parts = [inspect.getsource(function).rstrip() for function in functions]
     parts.insert(4, f"GRADIENT_SCALE = {GRADIENT_SCALE}")
-    return "\n\n\n".join(parts) + "\n"
+    return "\n\n\n".join(walker + parts) + "\n"

@@ -10,11 +10,8 @@ each node sits (what ``breakpoints.json`` and ``fxdebug debug --break`` use).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import keyword
-import os
 import re
-import sys
 import types
 from importlib import resources
 
@@ -23,12 +20,13 @@ import torch.fx as fx
 
 from ..errors import FxdebugError
 from ..runtime import Recorder, torch_compat
+from ..runtime.formatting import format_location
 from ..tracing.keys import META_PASS, META_SOURCE, node_key, op_name
 from .literals import Imports, importable, literal
 from .script_source import ScriptSource, is_script_object
 from .structure import Structure
 
-__all__ = ["portable_location", "Forward", "forward_code", "module_py", "class_name", "weights",
+__all__ = ["Forward", "forward_code", "module_py", "class_name", "weights",
            "template", "PICKLED_FILE"]
 
 PICKLED_FILE = "pickled_modules.pt"
@@ -42,41 +40,9 @@ def template(name: str) -> str:
     return resources.files(__package__).joinpath("templates", name).read_text(encoding="utf-8")
 
 
-def portable_location(location) -> str:
-    """``file:line`` without an absolute path: relative to the ``sys.path`` entry holding it.
-
-    Files on no ``sys.path`` entry are shown by their base name, so a dump
-    never records where it was written.
-
-    >>> import os, sys, torch
-    >>> site = os.path.dirname(os.path.dirname(torch.__file__))
-    >>> portable_location((os.path.join(site, "torch", "nn", "modules", "conv.py"), 12))
-    'torch/nn/modules/conv.py:12'
-    >>> portable_location(("/nowhere/model.py", 3))
-    'model.py:3'
-    """
-    if location is None:
-        return "?"
-    filename, lineno = location
-    return f"{_portable_path(filename, os.getcwd(), tuple(sys.path))}:{lineno}"
-
-
-@functools.lru_cache(maxsize=1024)
-def _portable_path(filename: str, cwd: str, search_path: tuple) -> str:
-    """``filename`` relative to its ``search_path`` entry (a graph has few files, many nodes)."""
-    path = os.path.abspath(filename)
-    best = ""
-    for entry in search_path:
-        root = os.path.join(os.path.abspath(entry or os.curdir), "")
-        if path.startswith(root) and len(root) > len(best):
-            best = root
-    relative = path[len(best):] if best else os.path.basename(path)
-    return relative.replace(os.sep, '/')
-
-
 def _node_where(node: fx.Node) -> str:
     source = node.meta.get(META_SOURCE)
-    return portable_location(source) if source else "no source line"
+    return format_location(source, portable=True) if source else "no source line"
 
 
 @dataclasses.dataclass

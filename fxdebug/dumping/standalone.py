@@ -28,7 +28,7 @@ from ..errors import FxdebugError
 from .. import runtime
 from ..runtime import PROXY_IN_TEXT
 from ..tracing.keys import META_PASS, META_SOURCE, inherit_key, node_key
-from ..tracing.locations import format_location
+from ..runtime.formatting import format_location
 
 __all__ = ["standalone_copy", "fxdebug_nodes"]
 

@@ -7,7 +7,7 @@ import dataclasses
 import torch.fx as fx
 
 from .. import runtime
-from ..runtime import RECORDER_ATTR
+from ..runtime import RECORDER_ATTR, map_leaves
 from ..tracing.keys import META_KEY, META_PASS, META_SOURCE
 
 __all__ = ["ensure_recorder", "insert_per_target", "own_inputs"]
@@ -96,11 +96,12 @@ def own_inputs(gm: fx.GraphModule, targets, pass_name: str) -> list:
                 user.op == "call_function" and getattr(user.target, "__name__", "") in _READS_INPUTS))
         owned[placeholder] = own
 
-    def repoint(value):
-        if isinstance(value, fx.Node):
-            return owned.get(value, value)
-        if isinstance(value, dict):
-            return {key: repoint(item) for key, item in value.items()}
-        return value
+    def repoint(node: fx.Node) -> fx.Node:
+        return owned.get(node, node)
 
-    return [dataclasses.replace(target, value=repoint(target.value)) for target in targets]
+    return [dataclasses.replace(target, value=map_leaves(repoint, target.value, _is_node))
+            for target in targets]
+
+
+def _is_node(value) -> bool:
+    return isinstance(value, fx.Node)

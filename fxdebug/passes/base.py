@@ -25,7 +25,7 @@ from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from ..runtime.inplace_ops import INPLACE_OPERATORS
 from ..tracing.keys import META_SOURCE, node_key
-from ..tracing.locations import format_location
+from ..runtime.formatting import format_location
 
 __all__ = ["Pass", "PassResult", "as_pass", "FunctionPass", "graph_source", "unchanged_message"]
 

@@ -50,7 +50,8 @@ from ..errors import FidelityWarning
 from .aliasing import AliasAnalysis, _signature, inplace_requested, mutated_argument
 from ..runtime.inplace_ops import INPLACE_OPERATORS
 from ..tracing.keys import META_KEY, META_PASS, META_RETURNS, META_SOURCE, node_key, op_name
-from ..tracing.locations import caller_stacklevel, format_location
+from ..tracing.locations import caller_stacklevel
+from ..runtime.formatting import format_location
 from .base import Pass
 
 __all__ = ["Functionalize", "Unrewritten"]

@@ -25,7 +25,7 @@ from tabulate import tabulate
 from .. import runtime
 from ..runtime.fit import fit_table, table_width
 from ..tracing.keys import META_PASS, META_SOURCE, module_path, node_key, target_name
-from ..tracing.locations import format_location
+from ..runtime.formatting import dtype_text, format_location, shape_text
 
 __all__ = ["NodeView", "NodeRef", "node_views", "render_parts", "tabular", "print_tabular",
            "render_table"]
@@ -145,7 +145,7 @@ def _render_leaf(value: Any) -> str:
     if isinstance(value, torch.nn.Module):
         return type(value).__name__
     if isinstance(value, torch.Tensor):
-        return f"tensor({'x'.join(map(str, value.shape)) or 'scalar'} {value.dtype})"
+        return f"tensor({shape_text(value.shape)} {value.dtype})"
     if callable(value):
         return target_name(value)
     text = repr(value)
@@ -173,12 +173,10 @@ def _shapes(gm: fx.GraphModule, inputs: tuple) -> dict[fx.Node, tuple[str, str]]
                 return None  # captures and hooks: nothing to propagate, no Records touched
             value = super().run_node(node)
             if isinstance(value, torch.Tensor):
-                found[node] = ("x".join(map(str, value.shape)) or "scalar",
-                               str(value.dtype).replace("torch.", ""))
+                found[node] = (shape_text(value.shape), dtype_text(value.dtype))
             elif isinstance(value, (tuple, list)) and value and all(
                     isinstance(v, torch.Tensor) for v in value):
-                found[node] = (", ".join("x".join(map(str, v.shape)) for v in value),
-                               str(value[0].dtype).replace("torch.", ""))
+                found[node] = (", ".join(shape_text(v.shape) for v in value), dtype_text(value[0].dtype))
             return value
 
     # eval mode: a shape run must not update batch-norm statistics (shared with the user's

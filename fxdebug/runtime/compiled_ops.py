@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from .records import Records
-from .values import children
+from .values import flatten_tensors
 
 __all__ = ["register_recorder", "ensure_ops", "start_run", "compiled_begin_run",
            "compiled_capture"]
@@ -148,20 +148,6 @@ def _nothing(*args, **kwargs) -> None:
     return None
 
 
-def _flatten(value: Any, key: str, out: list, skipped: list) -> None:
-    """Records.add's keys (``key/0``, ``key/1/b``), read while dynamo traces."""
-    if isinstance(value, torch.Tensor):
-        out.append((key, value))
-        return
-    items = children(value)
-    if items is None:
-        if value is not None:
-            skipped.append(f"{key}: {type(value).__name__} is not a tensor, skipped")
-        return
-    for name, item in items:
-        _flatten(item, f"{key}/{name}", out, skipped)
-
-
 def compiled_begin_run(recorder) -> None:
     """``begin_run`` as dynamo records it: one op, run where the compiled code starts a forward.
 
@@ -182,9 +168,8 @@ def compiled_capture(recorder, value: Any, key: str, op: str, stats_only: bool) 
     True
     """
     number = getattr(recorder, ID_ATTR)
-    tensors: list = []
     skipped: list = []
-    _flatten(value, key, tensors, skipped)
+    tensors = flatten_tensors(value, key, skipped)  # Records.add's keys, read while dynamo traces
     for name, tensor in tensors:
         _OPS["capture"](_TOKEN, tensor, number, name, op, stats_only)
     for text in skipped:

@@ -21,9 +21,9 @@ import contextlib
 import os
 import sys
 
-import torch
 from torch.fx.node import has_side_effect
 
+from .formatting import value_text
 from .nodes import emit_if_tracing
 
 __all__ = ["stop", "stops_disabled"]
@@ -45,13 +45,6 @@ def stops_disabled():
         _DISABLED[0] -= 1
 
 
-def _describe(value) -> str:
-    if isinstance(value, torch.Tensor):
-        shape = "x".join(map(str, value.shape)) or "scalar"
-        return f"{shape} {str(value.dtype).replace('torch.', '')}"
-    return type(value).__name__
-
-
 @has_side_effect
 def stop(key: str, op: str, inputs: dict):
     """Stop in pdb just before node ``key``; ``inputs`` maps its input variables to their values."""
@@ -61,7 +54,7 @@ def stop(key: str, op: str, inputs: dict):
     hook = os.environ.get("PYTHONBREAKPOINT", "")
     if _DISABLED[0] or hook == "0":
         return None
-    described = ", ".join(f"{name} ({_describe(value)})" for name, value in inputs.items())
+    described = ", ".join(f"{name} ({value_text(value)})" for name, value in inputs.items())
     print(f"fxdebug: stopped before node {key!r} ({op}); its inputs: {described or 'none'}",
           flush=True)
     if hook not in ("", "pdb.set_trace"):

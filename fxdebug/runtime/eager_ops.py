@@ -43,6 +43,7 @@ from torch.overrides import TorchFunctionMode
 from .gradients import record_grads
 from .inplace_ops import INPLACE_NAMES
 from .parts import _PartRecords
+from .values import flatten_tensors
 
 __all__ = ["EagerScope", "EagerKeys", "RegionForward", "RegionForwards", "REGIONS_ATTR", "OpRecorder",
            "op_key_name", "EAGER_OP", "EAGER_MODULE"]
@@ -131,17 +132,9 @@ class OpRecorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         output = func(*args, **(kwargs or {}))
         path = self.scope.current()
-        if path is not None and _has_tensor(output):
+        if path is not None and flatten_tensors(output):
             self.scope.record_op(path, func, output)
         return output
-
-
-def _has_tensor(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    if isinstance(value, (tuple, list)):
-        return any(isinstance(item, torch.Tensor) for item in value)
-    return False
 
 
 class EagerScope:

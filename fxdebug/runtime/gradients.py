@@ -26,7 +26,7 @@ from torch.overrides import TorchFunctionMode
 from ..errors import FxdebugError
 from .nodes import Recorder, emit_if_tracing
 from .records import Records
-from .values import flatten_tensors
+from .values import flatten_tensors, map_tensors
 
 __all__ = ["PASSES_THROUGH", "GradEdit", "own_value", "record_grads", "edit_grads", "edited_parameter",
            "call_with_parameters"]
@@ -55,15 +55,7 @@ def own_value(value):
     emitted = emit_if_tracing(own_value, (value,), {})
     if emitted is not None:
         return emitted
-    if isinstance(value, torch.Tensor):
-        return _own(value)
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(own_value(item) for item in value))
-    if type(value) in (tuple, list):
-        return type(value)(own_value(item) for item in value)
-    if type(value) is dict:
-        return {key: own_value(item) for key, item in value.items()}
-    return value
+    return map_tensors(_own, value)
 
 
 class _StoreGrad:

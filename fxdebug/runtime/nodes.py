@@ -97,6 +97,9 @@ class Recorder(torch.nn.Module):
 
 
 def _first_proxy(*values):
+    # torch.fx's own walk of call arguments (in C++ since torch 2.6; ~30x faster than
+    # fxdebug.runtime.values), because this runs on every capture; proxies only sit where
+    # fx records arguments, which is exactly what map_aggregate walks
     found = []
 
     def visit(value):

@@ -21,11 +21,12 @@ import torch
 
 from ..errors import FxdebugError, StaleCaptureError
 from .fit import fit_table, table_width
+from .formatting import dtype_text, shape_text
 from .records_html import records_table_html
 from . import torch_compat
 from .report import Report
 from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
-from .values import flatten_into
+from .values import flatten_tensors
 
 __all__ = ["Records", "Record", "Stats", "tensor_stats"]
 
@@ -86,8 +87,8 @@ class Record:
 
     def __repr__(self) -> str:
         stats = self.stats
-        shape = _shape_text(self.shape)
-        dtype = str(self.dtype).replace("torch.", "")
+        shape = shape_text(self.shape)
+        dtype = dtype_text(self.dtype)
         copied = ", copied" if self.copied else ""
         return (f"Record({self.key!r}, {self.op}, {shape} {dtype}{copied}, mean={stats.mean:.4g} "
                 f"std={stats.std:.4g} min={stats.min:.4g} max={stats.max:.4g} "
@@ -182,8 +183,7 @@ class Records(Report):
         tensor object: compiled code may write a buffer without bumping its
         version counter.
         """
-        tensors: list[tuple[str, torch.Tensor]] = []
-        flatten_into(value, key, tensors, self.notes)
+        tensors = flatten_tensors(value, key, self.notes)
         for name, tensor in tensors:
             if stats_only:
                 summary = self._summary(tensor) if reuse else summarize(tensor)
@@ -310,12 +310,12 @@ class Records(Report):
         for record in self._records.values():
             if record.stale:
                 stale.append(record.key)
-                row = [record.key, record.op, _shape_text(record.shape),
-                       str(record.dtype).replace("torch.", ""), *["stale"] * 6]
+                row = [record.key, record.op, shape_text(record.shape),
+                       dtype_text(record.dtype), *["stale"] * 6]
             else:
                 stats = record.stats
-                row = [record.key, record.op, _shape_text(record.shape),
-                       str(record.dtype).replace("torch.", ""),
+                row = [record.key, record.op, shape_text(record.shape),
+                       dtype_text(record.dtype),
                        *(format(value, floatfmt) for value in stats[:4]),
                        format(stats.zeros_pct, ".1f"), str(stats.nonfinite)]
             if grads is not None:
@@ -344,7 +344,7 @@ class Records(Report):
         if parameters:
             lines.append("")
             lines.append(fit_table(
-                [[name, _shape_text(shape), format(stats.norm, floatfmt), str(stats.nonfinite)]
+                [[name, shape_text(shape), format(stats.norm, floatfmt), str(stats.nonfinite)]
                  for name, shape, stats in parameters],
                 ["parameter", "shape", "grad norm", "grad non-finite"], width=table_width(wide),
                 truncate=("parameter",), short=RECORD_SHORT,
@@ -391,10 +391,6 @@ def _key_type_message(key) -> str:
     return (f"Records keys are strings, got {type(key).__name__} {key!r}: a node key "
             f"('layer1.0.conv1', 'relu_1') or a nested output 'key/index' ('lstm/0'). "
             f"rec.keys() lists them in execution order; by position: rec[rec.keys()[{key!r}]].")
-
-
-def _shape_text(shape) -> str:
-    return "x".join(map(str, shape)) or "scalar"
 
 
 def _human_bytes(count: int) -> str:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import html
 
+from .formatting import dtype_text, shape_text
+
 __all__ = ["records_table_html", "records_rows"]
 
 HEADERS = ("key", "op", "shape", "dtype", "mean", "std", "min", "max", "norm", "zeros %",
@@ -31,8 +33,8 @@ def records_rows(records, floatfmt: str = ".4g") -> tuple[list[str], list[tuple[
     rows = []
     for record in records.records():
         stats = record.stats
-        cells = [record.key, record.op, "x".join(map(str, record.shape)) or "scalar",
-                 str(record.dtype).replace("torch.", ""),
+        cells = [record.key, record.op, shape_text(record.shape),
+                 dtype_text(record.dtype),
                  *(format(value, floatfmt) for value in stats[:4]), format(stats.norm, floatfmt),
                  format(stats.zeros_pct, ".1f"), str(stats.nonfinite)]
         bad = stats.nonfinite > 0

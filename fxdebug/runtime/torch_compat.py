@@ -68,12 +68,47 @@ __all__ = ["MINIMUM_TORCH", "require_torch", "TorchDispatchMode", "torch_version
            "AUTOCAST_NODE_FUNCTIONS", "CODE_ONLY_MODULE", "autocast_arguments", "lineno_map",
            "pytree_specs", "custom_builtin_imports", "def_line", "is_persistent_buffer",
            "compiled_inner", "lookup_backend", "inductor_backend", "graph_break_reason",
-           "dynamo_frame_id", "foreach_norm", "foreach_copy_"]
+           "dynamo_frame_id", "foreach_norm", "foreach_copy_", "tree_flatten_with_path",
+           "tree_is_leaf", "PYTREE_IMPORT", "assert_close_tolerances"]
 
 # torch.utils._pytree (checked on 2.9.1 and 2.14.1; torch has no public twin). treespec_dumps:
 # a TreeSpec as JSON, what a dumped script loads with torch.utils._pytree.treespec_loads.
 tree_leaves, tree_flatten, tree_unflatten = _pytree.tree_leaves, _pytree.tree_flatten, _pytree.tree_unflatten
 treespec_dumps = _pytree.treespec_dumps
+
+tree_flatten_with_path = _pytree.tree_flatten_with_path
+"""``torch.utils._pytree.tree_flatten_with_path(tree, is_leaf=None)``: ``([(key path, leaf)], spec)``
+with ``SequenceKey(idx)``/``MappingKey(key)``/``GetAttrKey(name)`` entries (checked on 2.9.1
+and 2.14.1; torch has no public twin). fxdebug's one nested-value walker,
+:mod:`fxdebug.runtime.values`, is built on it."""
+
+tree_is_leaf = _pytree.tree_is_leaf
+"""``torch.utils._pytree.tree_is_leaf(tree)``: pytree keeps ``tree`` whole, a type no one
+registered (checked on 2.9.1 and 2.14.1)."""
+
+PYTREE_IMPORT = "from torch.utils._pytree import tree_flatten_with_path, tree_is_leaf"
+"""The line a dumped folder's run.py imports pytree's walk with (no fxdebug there)."""
+
+
+def assert_close_tolerances() -> dict[torch.dtype, tuple[float, float]]:
+    """``{dtype: (rtol, atol)}`` that ``torch.testing.assert_close`` picks by default.
+
+    Private: ``torch.testing._comparison._DTYPE_PRECISIONS`` (checked on 2.9.1 and
+    2.14.1, the same table on both). Fallback: that table as written in torch 2.14
+    (``tests/test_trust_runtime.py`` checks it against assert_close's verdicts).
+
+    >>> assert_close_tolerances()[torch.float32]
+    (1.3e-06, 1e-05)
+    """
+    try:
+        from torch.testing._comparison import _DTYPE_PRECISIONS
+    except ImportError:  # pragma: no cover - a torch without it
+        _DTYPE_PRECISIONS = {
+            torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5),
+            torch.float32: (1.3e-6, 1e-5), torch.float64: (1e-7, 1e-7),
+            torch.complex32: (1e-3, 1e-5), torch.complex64: (1.3e-6, 1e-5),
+            torch.complex128: (1e-7, 1e-7)}
+    return {dtype: (float(rtol), float(atol)) for dtype, (rtol, atol) in _DTYPE_PRECISIONS.items()}
 
 SET_GRAD_ENABLED = torch._C._set_grad_enabled
 """What ``no_grad``/``enable_grad`` call: the grad-mode node ``torch.export`` emits too

@@ -1,74 +1,194 @@
-"""Nested values (tuples, lists, dicts, namedtuples, dataclasses) of tensors: flatten, copy.
+"""Nested values (tuples, lists, dicts, namedtuples, dataclasses, model outputs): the one walker.
 
-Module outputs come nested (``(h, {"gate": g})``, a transformers ``ModelOutput``);
-captures flatten them into ``/`` keys (``enc/0``, ``enc/1/gate``), and runs that
-must not see each other's in-place writes take copies of their inputs.
+Module outputs come nested (``(h, {"gate": g})``, a transformers ``ModelOutput``,
+torchvision detection's list of dicts); captures flatten them into ``/`` keys
+(``enc/0``, ``enc/1/gate``, ``out/0/boxes``), and runs that must not see each
+other's in-place writes take copies of their inputs. Everything in fxdebug that
+looks inside such a value goes through this module.
+
+The walk is torch's pytree (``tree_flatten_with_path``, through
+:mod:`fxdebug.runtime.torch_compat`): every type pytree knows (tuple, list,
+dict, namedtuple, ``OrderedDict``, ``torch.Size``, ``torch.return_types``,
+transformers' ``ModelOutput``, what a library registered) is walked as pytree
+walks it; plain tuples, lists, dicts and namedtuples are read directly, with the
+names pytree gives them (pytree's own walk costs ~10x more, and this runs on
+every capture). Containers pytree leaves whole are opened here, once:
+dataclasses, unregistered subclasses of tuple/list/dict, and slices
+(``(start, stop, step)``). A key is the ``/``-joined path: list and tuple
+positions, dict keys, namedtuple and dataclass field names.
+
+The dumped folder's run.py carries :func:`named_leaves` and the functions it
+calls (see ``fxdebug.dumping.folder_runtime``), so they use nothing from
+fxdebug but ``tree_flatten_with_path`` and ``tree_is_leaf``.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 
-__all__ = ["children", "leaves", "flatten_tensors", "flatten_into", "clone_inputs"]
+from .torch_compat import tree_flatten_with_path, tree_is_leaf, tree_unflatten
+
+__all__ = ["children", "named_leaves", "leaves", "flatten_tensors", "map_leaves", "map_tensors",
+           "clone_inputs", "WALKER_FUNCTIONS"]
 
 
-def children(value: Any) -> Iterable[tuple[Any, Any]] | None:
-    """The named items of a container (namedtuple, tuple, list, dict, dataclass); None for a leaf.
+def _key_name(entry) -> str:
+    """The text of one pytree key entry: a position, a dict key or a field name."""
+    for attribute in ("idx", "key", "name"):  # SequenceKey, MappingKey, GetAttrKey
+        if hasattr(entry, attribute):
+            return str(getattr(entry, attribute))
+    return str(entry)
 
-    >>> list(children({"a": 1})), list(children([5])), children(3)
-    ([('a', 1)], [(0, 5)], None)
-    """
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return zip(value._fields, value)
-    if isinstance(value, (tuple, list)):
-        return enumerate(value)
-    if isinstance(value, dict):
-        return value.items()
+
+def _opened_here(value):
+    """``[(name, item)]`` of a container pytree keeps whole, else None."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return ((field.name, getattr(value, field.name)) for field in dataclasses.fields(value))
+        return [(field.name, getattr(value, field.name)) for field in dataclasses.fields(value)]
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return list(zip(value._fields, value))
+    if isinstance(value, (tuple, list)):
+        return [(str(index), item) for index, item in enumerate(value)]
+    if isinstance(value, dict):
+        return [(str(key), item) for key, item in value.items()]
+    if isinstance(value, slice):
+        return [("0", value.start), ("1", value.stop), ("2", value.step)]
     return None
 
 
+def children(value):
+    """One level of a nested value: ``[(name, item)]`` of a container, None for a leaf.
+
+    Plain tuples, lists, dicts and namedtuples are read directly (the names
+    pytree gives them, without its cost: this runs on every capture).
+
+    >>> children({"a": 1}), children([5]), children(3), children(())
+    ([('a', 1)], [('0', 5)], None, [])
+    """
+    if isinstance(value, (torch.Tensor, str, int, float, type(None))):  # leaves: no pytree question
+        return None
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return [(str(index), item) for index, item in enumerate(value)]
+    if kind is dict:
+        return [(str(key), item) for key, item in value.items()]
+    if tree_is_leaf(value):  # pytree keeps it whole
+        return _opened_here(value)
+    if isinstance(value, tuple) and hasattr(kind, "_fields"):
+        return list(zip(value._fields, value))
+    flat = tree_flatten_with_path(value, is_leaf=lambda item: item is not value)[0]
+    return [(_key_name(path[0]), item) for path, item in flat]
+
+
+def named_leaves(value, prefix="", is_leaf=None):
+    """``[(key, leaf)]`` of a nested value, in order; ``is_leaf(item)`` stops the walk at ``item``.
+
+    Keys join the path with ``/`` after ``prefix`` (the value itself is keyed ``prefix``).
+    ``None`` is a leaf; an empty container has none.
+
+    >>> import collections
+    >>> Pair = collections.namedtuple("Pair", "h c")
+    >>> named_leaves((1, {"b": Pair(2, None)}, []), "out")
+    [('out/0', 1), ('out/1/b/h', 2), ('out/1/b/c', None)]
+    """
+    if isinstance(value, (torch.Tensor, str, int, float, type(None))) or (
+            is_leaf is not None and is_leaf(value)):
+        return [(prefix, value)]
+    items = children(value)
+    if items is None:
+        return [(prefix, value)]
+    found = []
+    for name, item in items:
+        found.extend(named_leaves(item, f"{prefix}/{name}" if prefix else name, is_leaf))
+    return found
+
+
 def leaves(value: Any, is_leaf: Callable[[Any], bool], path: str = "") -> list[tuple[str, Any]]:
-    """``(path, leaf)`` for every leaf ``is_leaf`` accepts, nested names joined with ``/``.
+    """``(path, leaf)`` for every leaf ``is_leaf`` accepts (the others left out).
 
     >>> leaves((1, {"b": 2, "c": "x"}), lambda v: isinstance(v, int))
     [('0', 1), ('1/b', 2)]
     """
-    if is_leaf(value):
-        return [(path, value)]
-    found: list[tuple[str, Any]] = []
-    for name, item in children(value) or ():
-        found.extend(leaves(item, is_leaf, f"{path}/{name}" if path else str(name)))
-    return found
+    return [(key, leaf) for key, leaf in named_leaves(value, path, is_leaf) if is_leaf(leaf)]
 
 
-def flatten_into(value: Any, key: str, out: list, notes: list) -> None:
-    """Append ``(key/path, tensor)`` for every tensor in ``value`` to ``out``; a note per skipped leaf."""
-    if isinstance(value, torch.Tensor):
-        out.append((key, value))
-        return
-    items = children(value)
-    if items is None:
-        if value is not None:
-            notes.append(f"{key}: {type(value).__name__} is not a tensor, skipped")
-        return
-    for name, item in items:
-        flatten_into(item, f"{key}/{name}", out, notes)
-
-
-def flatten_tensors(value: Any, key: str, notes: list | None = None) -> list[tuple[str, torch.Tensor]]:
+def flatten_tensors(value: Any, key: str = "", notes: list | None = None) -> list[tuple[str, torch.Tensor]]:
     """``(key/path, tensor)`` for every tensor in a nested value, in order.
+
+    ``notes`` (when given) receives a line per leaf that is neither a tensor nor None.
 
     >>> [k for k, _ in flatten_tensors((torch.ones(1), {"b": torch.ones(1)}), "blk")]
     ['blk/0', 'blk/1/b']
+    >>> notes = []; _ = flatten_tensors((torch.ones(1), "text"), "blk", notes); notes
+    ['blk/1: str is not a tensor, skipped']
     """
     found: list[tuple[str, torch.Tensor]] = []
-    flatten_into(value, key, found, notes if notes is not None else [])
+    for name, leaf in named_leaves(value, key):
+        if isinstance(leaf, torch.Tensor):
+            found.append((name, leaf))
+        elif leaf is not None and notes is not None:
+            notes.append(f"{name}: {type(leaf).__name__} is not a tensor, skipped")
     return found
+
+
+def _rebuilt(value: Any, items: list) -> Any:
+    """``value``'s container (one :func:`children` opens) holding ``items`` instead."""
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return kind(items)
+    if kind is dict:
+        return dict(zip(value.keys(), items))
+    if isinstance(value, tuple) and hasattr(kind, "_fields"):
+        return kind(*items)
+    if not tree_is_leaf(value):  # a type pytree knows: pytree rebuilds it
+        return tree_unflatten(items, tree_flatten_with_path(value, is_leaf=lambda item: item is not value)[1])
+    if dataclasses.is_dataclass(value):
+        new = copy.copy(value)
+        for field, item in zip(dataclasses.fields(value), items):
+            object.__setattr__(new, field.name, item)  # frozen dataclasses too
+        return new
+    if isinstance(value, dict):
+        return kind(zip(value.keys(), items))
+    if isinstance(value, slice):
+        return slice(*items)
+    return kind(items)
+
+
+def map_leaves(function: Callable[[Any], Any], value: Any, is_leaf: Callable[[Any], bool]) -> Any:
+    """``value`` rebuilt with ``function(leaf)`` in place of each leaf ``is_leaf`` accepts.
+
+    >>> map_leaves(str, (1, {"k": [2, "x"]}), lambda item: isinstance(item, int))
+    ('1', {'k': ['2', 'x']})
+    """
+    if is_leaf(value):
+        return function(value)
+    items = children(value)
+    if items is None:
+        return value
+    return _rebuilt(value, [map_leaves(function, item, is_leaf) for _, item in items])
+
+
+def map_tensors(function: Callable[[torch.Tensor], Any], value: Any) -> Any:
+    """``value`` rebuilt with ``function(tensor)`` in place of each tensor; other leaves kept.
+
+    >>> map_tensors(lambda t: t * 2, (torch.ones(1), {"k": [torch.ones(1), "x"]}))
+    (tensor([2.]), {'k': [tensor([2.]), 'x']})
+    """
+    return map_leaves(function, value, _is_tensor)
+
+
+def _is_tensor(value) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+def _clone(tensor: torch.Tensor) -> torch.Tensor:
+    copied = tensor.detach().clone()
+    if tensor.requires_grad:
+        copied.requires_grad_(True)
+    return copied
 
 
 def clone_inputs(value: Any) -> Any:
@@ -79,15 +199,8 @@ def clone_inputs(value: Any) -> Any:
     >>> y[0] is x, y[0].requires_grad, y[1]["k"][0] is x
     (False, True, False)
     """
-    if isinstance(value, torch.Tensor):
-        copy = value.detach().clone()
-        if value.requires_grad:
-            copy.requires_grad_(True)
-        return copy
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(clone_inputs(item) for item in value))
-    if isinstance(value, (tuple, list)):
-        return type(value)(clone_inputs(item) for item in value)
-    if isinstance(value, dict):
-        return type(value)((key, clone_inputs(item)) for key, item in value.items())
-    return value
+    return map_tensors(_clone, value)
+
+
+WALKER_FUNCTIONS = (_key_name, _opened_here, children, named_leaves)
+"""What the dumped folder's run.py copies (their source) to flatten outputs without fxdebug."""

@@ -17,6 +17,7 @@ import torch
 import torch.fx as fx
 
 from ..runtime import RECORDER_ATTR, SharedRecorder, leaves, torch_compat
+from ..runtime.formatting import dtype_text
 from .fidelity import static_forward
 from .keys import META_RETURNS, ModuleReturn
 from .module_copy import module_tree_copy
@@ -139,7 +140,7 @@ class ExportPlan:
 
 
 def _describe_tensor(tensor: torch.Tensor) -> str:
-    return f"{str(tensor.dtype).replace('torch.', '')}[{', '.join(map(str, tensor.shape))}]"
+    return f"{dtype_text(tensor.dtype)}[{', '.join(map(str, tensor.shape))}]"
 
 
 def export_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> ExportPlan:

@@ -39,7 +39,8 @@ from ..runtime import flatten_tensors, torch_compat
 from .graph_module import DebugGraphModule
 from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, ModuleReturn,
                    key_base)
-from .locations import format_location, is_user_file, user_location_in_traceback
+from .locations import is_user_file, user_location_in_traceback
+from ..runtime.formatting import format_location
 from .module_copy import module_tree_copy
 
 __all__ = ["export_trace"]
@@ -89,8 +90,8 @@ def _output_structures(model: torch.nn.Module, inputs: tuple, kwargs: dict) -> d
         def hook(_module, _args, output, path=path):
             index = calls.get(path, 0)
             calls[path] = index + 1
-            found[(path, index)] = [(name[1:], tuple(tensor.shape))
-                                    for name, tensor in flatten_tensors(output, "", [])]
+            found[(path, index)] = [(name, tuple(tensor.shape))
+                                    for name, tensor in flatten_tensors(output)]
 
         handles.append(module.register_forward_hook(hook))
     try:

@@ -10,7 +10,8 @@ import torch
 import torch.fx as fx
 
 from ..errors import TraceFailure
-from .locations import format_location, is_user_file, user_location_in_traceback
+from .locations import is_user_file, user_location_in_traceback
+from ..runtime.formatting import format_location
 
 __all__ = ["explain_failure"]
 

@@ -33,7 +33,7 @@ import torch.fx as fx
 from .. import runtime
 from ..runtime import torch_compat
 from .keys import META_KEY, META_SOURCE, assign_missing_keys, op_name
-from .locations import format_location
+from ..runtime.formatting import format_location, value_text
 
 __all__ = ["DebugGraphModule", "keyed_copy", "lazy_graph_module"]
 
@@ -231,17 +231,11 @@ def _failing_node(gm: fx.GraphModule, exc: BaseException):
     return (nodes[index] if 0 <= index < len(nodes) else None), found.tb_frame.f_locals
 
 
-def _describe(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return "x".join(map(str, value.shape)) + f" {str(value.dtype).replace('torch.', '')}"
-    return type(value).__name__
-
-
 def _called_with(gm: fx.GraphModule, args: tuple, kwargs: dict) -> str:
     """``x: 1x3x64x64 float32``: the module's inputs by placeholder name, as it was called."""
     names = [node.target for node in gm.graph.nodes if node.op == "placeholder"]
     given = list(zip(names, args)) + [(name, value) for name, value in kwargs.items()]
-    return ", ".join(f"{str(name).lstrip('*')}: {_describe(value)}" for name, value in given)
+    return ", ".join(f"{str(name).lstrip('*')}: {value_text(value)}" for name, value in given)
 
 
 def _annotate(gm: fx.GraphModule, exc: BaseException, args: tuple = (), kwargs=None) -> None:
@@ -253,7 +247,7 @@ def _annotate(gm: fx.GraphModule, exc: BaseException, args: tuple = (), kwargs=N
     inputs = []
     for arg in node.all_input_nodes:
         if arg.name in local_vars:
-            inputs.append(f"{arg.meta.get(META_KEY, arg.name)}: {_describe(local_vars[arg.name])}")
+            inputs.append(f"{arg.meta.get(META_KEY, arg.name)}: {value_text(local_vars[arg.name])}")
     where = node.meta.get(META_SOURCE)
     inputs_text = f" with inputs {', '.join(inputs)}" if inputs else ""
     exc.add_note(

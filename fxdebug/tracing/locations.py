@@ -74,53 +74,6 @@ def user_location_in_traceback(tb: types.TracebackType | None) -> tuple[str, int
     return found
 
 
-def format_location(location: tuple[str, int] | None) -> str:
-    """Render ``(filename, lineno)`` as a short ``path:line``.
-
-    Paths under the working directory are shown relative to it, installed
-    packages relative to their ``site-packages`` folder, anything else in full.
-
-    >>> format_location(("/nowhere/model.py", 12))
-    '/nowhere/model.py:12'
-    """
-    if location is None:
-        return "?"
-    filename, lineno = location
-    return f"{_short_path(filename)}:{lineno}"
-
-
-_SHORT_PATHS: dict[tuple, str] = {}
-
-
-def _short_path(filename: str) -> str:
-    """Cached: a 10k-node table asks for the same few files thousands of times."""
-    key = (filename, os.getcwd(), tuple(sys.path))
-    short = _SHORT_PATHS.get(key)
-    if short is None:
-        if len(_SHORT_PATHS) > 4096:
-            _SHORT_PATHS.clear()
-        short = _SHORT_PATHS[key] = _compute_short_path(filename)
-    return short
-
-
-def _compute_short_path(filename: str) -> str:
-    path = os.path.abspath(filename)
-    best = ""  # installed packages first: a virtualenv may sit inside the working directory
-    for entry in sys.path:
-        if not entry:
-            continue
-        root = os.path.abspath(entry) + os.sep
-        if path.startswith(root) and len(root) > len(best) and (
-                "site-packages" in root or "dist-packages" in root):
-            best = root
-    if best:
-        return path[len(best):]
-    cwd = os.getcwd() + os.sep
-    if path.startswith(cwd):
-        return path[len(cwd):]
-    return path
-
-
 def caller_stacklevel() -> int:
     """``stacklevel`` for ``warnings.warn`` that points at the user's line.
 
