@@ -1,14 +1,11 @@
 from __future__ import annotations
 
-import os
 import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-
-from hooks import hook_captures  # noqa: E402
+from hooks import hook_captures
 
 
 @pytest.fixture(scope="session", autouse=True)

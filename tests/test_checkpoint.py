@@ -229,7 +229,6 @@ def test_functionalize_then_checkpoint_is_equivalent_with_gradients():
 
 SCRIPT = """
 import sys, warnings, torch, fxdebug
-sys.path.insert(0, "tests")
 from inplace_models import HarmlessInplaceRelu
 from models import NestedOutputs
 warnings.simplefilter("ignore")

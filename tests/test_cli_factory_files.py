@@ -10,7 +10,6 @@ run with plain ``python``.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 import uuid
@@ -19,7 +18,7 @@ import torch
 
 from fxdebug.cli import main
 from fxdebug.cli.model_spec import load_model
-from subprocesses import child_env, fxdebug_cli
+from subprocesses import child_env, fxdebug_cli, python
 
 TINY = textwrap.dedent("""
     import torch
@@ -64,8 +63,7 @@ def _story_files(folder, tag=""):
 
 def test_plain_python_runs_the_factory_file(tmp_path):  # the ground truth the CLI must match
     folder = _story_files(tmp_path / "stories")
-    run = subprocess.run([sys.executable, str(folder / "s5_factory.py")], cwd=tmp_path,
-                         capture_output=True, text=True, env=child_env(), timeout=300)
+    run = python([str(folder / "s5_factory.py")], cwd=str(tmp_path), env=child_env())
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "(1, 2)"
 

@@ -9,7 +9,6 @@ import os
 import pdb
 import re
 import shutil
-import subprocess
 import sys
 import traceback
 
@@ -18,6 +17,7 @@ import torch
 import torchvision
 
 import fxdebug
+from subprocesses import python
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
@@ -38,8 +38,7 @@ def _conv2_input_shape(x):
 def cli_folder(tmp_path_factory):
     """resnet18 written by `fxdebug dump`, then moved."""
     base = tmp_path_factory.mktemp("debug")
-    proc = subprocess.run([sys.executable, "-m", "fxdebug", "dump", "made", "--input", "1,3,64,64"],
-                          cwd=base, env=ENV, capture_output=True, text=True, timeout=300)
+    proc = python(["-m", "fxdebug", "dump", "made", "--input", "1,3,64,64"], cwd=str(base), env=ENV)
     assert proc.returncode == 0, proc.stderr
     shutil.move(base / "made", base / "moved")
     (base / "elsewhere").mkdir()
@@ -47,8 +46,7 @@ def cli_folder(tmp_path_factory):
 
 
 def _debug(folder, *args, stdin, cwd):
-    return subprocess.run([sys.executable, "-m", "fxdebug", "debug", str(folder), *args],
-                          input=stdin, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
+    return python(["-m", "fxdebug", "debug", str(folder), *args], input=stdin, cwd=str(cwd), env=ENV)
 
 
 def _debug_here(folder, *args, stdin, monkeypatch, capsys):
@@ -207,8 +205,8 @@ def test_breakpoint_node_survives_dump_and_stops_in_module_py(tmp_path):
     folder = fxdebug.dump(gm, tmp_path / "seq", torch.randn(2, 3))  # dump itself does not stop
     code = open(os.path.join(folder, "module.py")).read()
     assert "from fxdebug.runtime import stop as fxdebug_runtime_stop" in code
-    result = subprocess.run([sys.executable, os.path.join(folder, "run.py")], input="p _0.shape\nc\n",
-                            cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    result = python([os.path.join(folder, "run.py")], input="p _0.shape\nc\n", cwd=str(tmp_path),
+                    env=ENV)
     assert result.returncode == 0, result.stderr
     assert f"> {os.path.join(folder, 'module.py')}(" in result.stdout
     assert "(Pdb) torch.Size([2, 4])" in result.stdout and "outputs: 1 equal" in result.stdout

@@ -8,7 +8,6 @@ from subprocesses import outputs_under_hash_seeds
 
 SCRIPT = textwrap.dedent("""
     import sys, torch, torchvision, fxdebug
-    sys.path.insert(0, "tests")
     from models import NestedOutputs
     torch.manual_seed(0)
     for model, x, capture in ((torchvision.models.resnet18().eval(), torch.randn(1, 3, 64, 64), "modules"),

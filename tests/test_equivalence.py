@@ -486,7 +486,6 @@ def test_cli_check_names_the_pass_and_node(tmp_path):
 
 DETERMINISM = textwrap.dedent("""
     import operator, sys, torch, torchvision, fxdebug
-    sys.path.insert(0, "tests")
     torch.manual_seed(0)
     model = torchvision.models.resnet18().eval()
     x = torch.randn(1, 3, 64, 64)

@@ -1,13 +1,14 @@
-"""Run every examples/*.py as a user would: a fresh interpreter, outside the repo."""
+"""Run every examples/*.py as a user would: ``python example.py``, outside the repo."""
 
 from __future__ import annotations
 
 import glob
 import os
-import subprocess
 import sys
 
 import pytest
+
+from subprocesses import python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "examples", "*.py")))
@@ -21,8 +22,7 @@ def test_examples_found():
 def test_example_runs(path, tmp_path):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, path], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = python([path], cwd=str(tmp_path), env=env)
     if proc.returncode != 0:
         print(proc.stderr, file=sys.stderr)  # shown by pytest under "Captured stderr call"
     assert proc.returncode == 0, (

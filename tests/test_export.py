@@ -172,7 +172,6 @@ def test_export_failures_say_what_to_do():
 
 SCRIPT = textwrap.dedent("""
     import sys, torch, fxdebug
-    sys.path.insert(0, "tests")
     from test_export import DimBranch
     torch.manual_seed(0)
     gm = fxdebug.instrument(fxdebug.trace(DimBranch().eval(), torch.randn(3, 9, 9), frontend="export"))

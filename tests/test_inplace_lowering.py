@@ -409,7 +409,6 @@ def test_parts_of_partial_instrumentation_are_lowered_too():
 
 SCRIPT = textwrap.dedent("""
     import sys, torch, torchvision, fxdebug
-    sys.path.insert(0, "tests")
     from test_inplace_lowering import Lowerable, ViewWrite
     for model in (torchvision.models.resnet18(), Lowerable(), ViewWrite()):
         gm = fxdebug.trace(model)

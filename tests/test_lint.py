@@ -165,7 +165,6 @@ def test_hazard_str_and_table():
 
 SCRIPT = """
 import sys, torch, fxdebug
-sys.path.insert(0, "tests")
 import inplace_models as m
 torch.manual_seed(0)
 for model, inputs in ((m.DataZeroed(), (torch.randn(2, 3),)),

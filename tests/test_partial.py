@@ -11,7 +11,6 @@ import importlib
 import os
 import pickle
 import re
-import subprocess
 import sys
 import textwrap
 import warnings
@@ -24,7 +23,7 @@ import fxdebug
 from fxdebug.tracing.partial import is_partial, part_inputs, traced_parts
 from hooks import hook_captures
 from partial_models import Flow, Wrapper, flow_inputs
-from subprocesses import REPO, outputs_under_hash_seeds
+from subprocesses import fxdebug_cli, outputs_under_hash_seeds
 
 ADDRESS = re.compile(r"0x[0-9a-f]{6}")  # an object address; "160x10" is a shape
 
@@ -296,7 +295,6 @@ def test_deepcopy_and_pickle_keep_working():
 
 SCRIPT = textwrap.dedent("""
     import sys, warnings, torch, fxdebug
-    sys.path.insert(0, "tests")
     from partial_models import Flow, flow_inputs
     torch.manual_seed(0)
     warnings.simplefilter("ignore")
@@ -318,17 +316,13 @@ def test_summary_tables_and_code_identical_across_hash_seeds():
 
 def test_cli_summary_prints_what_ran_eagerly(tmp_path):
     factory = tmp_path / "flow_model.py"
-    factory.write_text(textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {os.path.join(REPO, 'tests')!r})
+    factory.write_text(textwrap.dedent("""
         from partial_models import Flow, flow_inputs
 
         def build():
             return Flow(), flow_inputs()
     """))
-    env = dict(os.environ, PYTHONPATH=REPO)
-    result = subprocess.run([sys.executable, "-m", "fxdebug", "summary", f"{factory}:build"],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = fxdebug_cli("summary", f"{factory}:build", cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "note: fxdebug could not trace Flow as a whole" in result.stdout
     assert "eager modules (run as Python" in result.stdout

@@ -168,7 +168,6 @@ def test_print_tabular_without_inputs(capsys):
 
 SCRIPT = textwrap.dedent("""
     import sys, torch, torchvision, fxdebug
-    sys.path.insert(0, "tests")
     from test_passes import TwoSubs, swap_first_sub
     torch.manual_seed(0)
     x = torch.randn(1, 3, 64, 64)

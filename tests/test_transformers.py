@@ -5,22 +5,17 @@ Ground truth: eager outputs and forward hooks on the same modules.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 import fxdebug
 from hooks import hook_captures
+from subprocesses import REPO, fxdebug_cli
 from tiny_transformers import quiet as _quiet
 
 transformers = pytest.importorskip("transformers")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "examples"))
-import transformer_layers  # noqa: E402  (the tiny-config factories the example and the CLI use)
+import transformer_layers  # noqa: E402  examples/: the tiny-config factories the example and the CLI use
 
 transformers.logging.set_verbosity_error()
 MODELS = {"bert": "encoder.layer.1.", "gpt2": "h.1.", "llama": "layers.1."}
@@ -71,10 +66,7 @@ def test_export_front_end_keys_are_module_paths(tiny):
 
 
 def test_cli_summary_through_a_factory():
-    env = dict(os.environ, PYTHONPATH=REPO)
-    result = subprocess.run(
-        [sys.executable, "-m", "fxdebug", "summary", "examples/transformer_layers.py:gpt2",
-         "--depth", "3"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    result = fxdebug_cli("summary", "examples/transformer_layers.py:gpt2", "--depth", "3", cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert "h.1.attn.c_attn" in result.stdout and "h.1.mlp" in result.stdout
     assert "input 1x8" in result.stdout

@@ -7,15 +7,11 @@ back from their folders and run.
 
 from __future__ import annotations
 
-import os
-import sys
 import tempfile
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-import zoo  # noqa: E402
+import zoo  # benchmarks/zoo.py, on the path through pyproject's pythonpath
 
 FULLY_TRACED = ("classification", "segmentation", "video", "quantization")
 
