@@ -51,7 +51,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import fxdebug  # noqa: E402
-from fxdebug.tracing.partial import is_partial, part_inputs, traced_parts  # noqa: E402
+from fxdebug.partial.trace_parts import is_partial, part_inputs, traced_parts  # noqa: E402
 
 FAMILIES = {
     "classification": torchvision.models,

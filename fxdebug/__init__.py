@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any
 _LAZY = {
     "analysis": "fxdebug.analysis", "passes": "fxdebug.passes", "reporting": "fxdebug.reporting",
     "runtime": "fxdebug.runtime", "testing": "fxdebug.testing", "tracing": "fxdebug.tracing",
-    "keys": "fxdebug.tracing.keys", "partial": "fxdebug.tracing.partial",
+    "compiled": "fxdebug.compiled",
+    "keys": "fxdebug.tracing.keys", "partial": "fxdebug.partial",
     "plots": "fxdebug.reporting.plots",
-    **dict.fromkeys(("CompiledReport", "EquivalenceReport", "Hazard", "Hazards", "JacobianNorms",
-                     "NonfiniteReport", "backend", "check_compiled", "check_equivalence",
+    **dict.fromkeys(("CompiledReport", "backend", "check_compiled"), "fxdebug.compiled"),
+    **dict.fromkeys(("EquivalenceReport", "Hazard", "Hazards", "JacobianNorms",
+                     "NonfiniteReport", "check_equivalence",
                      "find_nonfinite", "jacobian_norms", "lint_inplace", "vjp", "watch_nonfinite",
                      "compare_ranks", "RankReport", "RankNonfiniteReport", "NonfiniteWatch",
                      "compare_runs", "RunComparison"),
@@ -39,7 +41,8 @@ _LAZY = {
                     "fxdebug.reporting"),
     "report": "fxdebug.reporting.html",
     **dict.fromkeys(("Record", "Records", "Stats"), "fxdebug.runtime"),
-    **dict.fromkeys(("PartialReport", "part_inputs", "trace", "traced_parts"), "fxdebug.tracing"),
+    **dict.fromkeys(("PartialReport", "part_inputs", "traced_parts"), "fxdebug.partial"),
+    "trace": "fxdebug.frontend",
 }
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs (tests/test_api.py
@@ -47,11 +50,11 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs (tests/
     from . import analysis, passes, reporting, runtime, testing, tracing
     # (a function named like its module is imported from that module: mypy would take
     # `from .analysis import vjp` for the submodule fxdebug.analysis.vjp as well)
-    from .analysis import (CompiledReport, EquivalenceReport, Hazard, Hazards, JacobianNorms,
-                           NonfiniteReport, NonfiniteWatch, RankNonfiniteReport, RankReport,
-                           RunComparison, backend, check_compiled, check_equivalence,
-                           compare_ranks, find_nonfinite, jacobian_norms, lint_inplace,
-                           watch_nonfinite)
+    from .compiled import CompiledReport, backend, check_compiled
+    from .analysis import (EquivalenceReport, Hazard, Hazards, JacobianNorms, NonfiniteReport,
+                           NonfiniteWatch, RankNonfiniteReport, RankReport, RunComparison,
+                           check_equivalence, compare_ranks, find_nonfinite, jacobian_norms,
+                           lint_inplace, watch_nonfinite)
     from .analysis.compare_runs import compare_runs
     from .analysis.vjp import vjp
     from .dumping.dump import dump
@@ -66,7 +69,10 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs (tests/
     from .reporting.html import report
     from .runtime import Record, Records, Stats
     from .runtime.saved_runs import SavedRecords, load_records, save_records
-    from .tracing import PartialReport, keys, part_inputs, partial, trace, traced_parts
+    from . import compiled, partial
+    from .frontend import trace
+    from .partial import PartialReport, part_inputs, traced_parts
+    from .tracing import keys
 
 
 def __getattr__(name: str) -> Any:
@@ -157,6 +163,7 @@ __all__ = [
     "FidelityWarning",
     "PerformanceWarning",
     "partial",
+    "compiled",
     "PartialReport",
     "traced_parts",
     "part_inputs",

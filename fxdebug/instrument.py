@@ -38,7 +38,9 @@ from .runtime import RECORDER_ATTR, Recorder, Records, capture, capture_stats, t
 from .runtime.run_writer import RunWriter
 from .runtime.saved_runs import load_records
 from .runtime.torch_compat import compiled_inner
-from .tracing import instrument_parts, is_partial, keyed_copy, trace, unwrap_compiled
+from .partial import instrument_parts, is_partial
+from .tracing import keyed_copy
+from .frontend import trace, unwrap_compiled
 from .tracing.graph_module import DebugGraphModule
 from .tracing.keys import META_SOURCE
 from .runtime.formatting import format_location
@@ -80,7 +82,7 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
         cannot be traced even with auto-leaf, the model comes back partially
         instrumented instead (a copy of it whose largest traceable submodules
         are traced and instrumented when first called, the rest eager, see
-        :mod:`fxdebug.tracing.partial`); a warning after its first run lists
+        :mod:`fxdebug.partial`); a warning after its first run lists
         what ran eagerly and why, and ``records()`` works the same. Tell the
         two apart with ``isinstance(result, torch.fx.GraphModule)``.
 

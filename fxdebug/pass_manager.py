@@ -43,7 +43,8 @@ from .passes.base import as_pass, unchanged_message
 from .reporting.diff import GraphDiff, GraphSnapshot, diff, snapshot
 from .reporting.tabular import render_table
 from .runtime.report import Report
-from .tracing import keyed_copy, trace
+from .tracing import keyed_copy
+from .frontend import trace
 from .tracing.keys import node_key
 from .tracing.locations import caller_stacklevel
 

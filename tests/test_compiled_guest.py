@@ -133,11 +133,11 @@ def test_package_calls_no_dynamo_reset():
     assert found == []
 
 
-COMPILED_MODULES = ["analysis/compiled.py", "analysis/compiled_backend.py",
-                    "analysis/compiled_localize.py", "analysis/compiled_runs.py",
-                    "analysis/dynamo_graphs.py", "instrument.py", "runtime/nodes.py",
+COMPILED_MODULES = ["compiled/check.py", "compiled/instrumenting_backend.py",
+                    "compiled/localize.py", "compiled/watched_runs.py",
+                    "compiled/dynamo_graphs.py", "instrument.py", "runtime/nodes.py",
                     "runtime/compiled_ops.py", "runtime/compiled_grads.py", "runtime/records.py",
-                    "runtime/gradients.py", "tracing/frontends.py"]
+                    "runtime/gradients.py", "frontend.py"]
 
 
 @pytest.mark.parametrize("module", COMPILED_MODULES)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import fxdebug
-from fxdebug.tracing.partial import traced_parts
+from fxdebug.partial.trace_parts import traced_parts
 from tiny_transformers import quiet as _quiet, tiny_bert
 
 

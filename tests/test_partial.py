@@ -20,7 +20,7 @@ import torch
 import torchvision
 
 import fxdebug
-from fxdebug.tracing.partial import is_partial, part_inputs, traced_parts
+from fxdebug.partial.trace_parts import is_partial, part_inputs, traced_parts
 from hooks import hook_captures
 from partial_models import Flow, Wrapper, flow_inputs
 from subprocesses import fxdebug_cli, outputs_under_hash_seeds

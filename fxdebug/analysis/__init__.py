@@ -1,5 +1,7 @@
 """Verdicts on a model: is it equivalent, where is the NaN, which write breaks autograd.
 
+(Compiled models have their own subpackage, :mod:`fxdebug.compiled`.)
+
 Each analysis runs the model (or a keyed copy) under controlled conditions and
 names nodes by key and the user's ``file:line``::
 
@@ -8,20 +10,14 @@ names nodes by key and the user's ``file:line``::
       ├─ compare_values(outputs)                        compare.py
       └─ localize: Capture("all") on both, match_nodes  node_matching.py
            (grads=True: activation_grads, in backward order)  activation_grads.py
-    check_compiled(model, *inputs, backend=...)         compiled.py
-      ├─ compiled run: fxdebug's own entry point, no dynamo reset  compiled_runs.py
-      ├─ graph breaks: the reason dynamo gives each graph it ends
-      └─ localize: dynamo graphs keyed (dynamo_graphs.py), compiled piece by piece
-           against fxdebug's eager captures            compiled_localize.py
-    backend(inner="inductor")                           compiled_backend.py
     find_nonfinite(model, *inputs)                      nonfinite.py
     watch_nonfinite(model): a flag per step, find_nonfinite on the first bad one  watch.py
       (torch.distributed: the flag all-reduced, every rank's finding gathered)   watch_ranks.py
     compare_ranks(records_or_module): fingerprints gathered, majority per key   ranks.py
-    compare_runs(a, b): two runs (Records or saved folders) key by key   compare_runs.py
       (the group, DDP unwrapped, DTensor shards: rank_group.py; the report: ranks_report.py)
+    compare_runs(a, b): two runs (Records or saved folders) key by key   compare_runs.py
     lint_inplace(model, *inputs)                        lint.py (passes/aliasing.py)
-    vjp(model, *inputs, of=, wrt=)                      vjp.py    } live.py: values with
+    vjp(model, *inputs, of=, wrt=)                      vjp.py    } node_by_node.py: values with
     jacobian_norms(model, *inputs)                      jacobian.py } their autograd graph
 
 >>> import torch, fxdebug
@@ -30,8 +26,6 @@ names nodes by key and the user's ``file:line``::
 True
 """
 
-from .compiled import CompiledDivergence, CompiledReport, GraphBreak, check_compiled
-from .compiled_backend import InstrumentingBackend, backend
 from .compare_runs import RunComparison, RunEntry, compare_runs
 from .equivalence import EquivalenceReport, NodeComparison, check_equivalence
 from .jacobian import JacobianNorms, jacobian_norms
@@ -45,8 +39,7 @@ from .watch_ranks import RankFinding, RankNonfiniteReport
 
 __all__ = ["check_equivalence", "EquivalenceReport", "NodeComparison", "find_nonfinite",
            "NonfiniteReport", "lint_inplace", "Hazard", "Hazards", "vjp", "jacobian_norms",
-           "JacobianNorms", "check_compiled", "CompiledReport", "CompiledDivergence",
-           "GraphBreak", "backend", "InstrumentingBackend",
+           "JacobianNorms",
            "watch_nonfinite", "NonfiniteWatch", "RankFinding", "RankNonfiniteReport",
            "compare_ranks", "RankReport", "RankEntry", "compare_runs", "RunComparison",
            "RunEntry"]

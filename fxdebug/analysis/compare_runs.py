@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from ..runtime.fit import ELLIPSIS, fit_line, fit_table, table_width
+from ..runtime.fit_to_width import ELLIPSIS, fit_line, fit_table, table_width
 from ..runtime.records import Record, Records
 from ..runtime.report import Report
 from ..runtime.saved_runs import load_records

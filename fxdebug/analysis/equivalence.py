@@ -28,7 +28,8 @@ from ..errors import FxdebugError, TraceFailure
 from ..passes import Capture
 from ..runtime import RECORDER_ATTR, flatten_tensors
 from ..runtime.formatting import value_text
-from ..tracing import keyed_copy, keyed_module, trace
+from ..tracing import keyed_copy
+from ..frontend import keyed_module, trace
 from ..tracing.keys import META_PROVENANCE, META_SOURCE, node_key, op_name, target_name
 from .activation_grads import activation_grads
 from .compare import Comparison, compare_tensors, compare_values

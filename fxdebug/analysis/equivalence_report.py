@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..reporting.html import equivalence_html
-from ..runtime.fit import fit_table, table_width
+from ..runtime.fit_to_width import fit_table, table_width
 from ..runtime.report import Report
 from ..runtime.formatting import format_error, format_location
 from .compare import Comparison
@@ -159,7 +159,7 @@ class EquivalenceReport(Report):
     def table(self, wide: bool | None = None) -> str:
         """The verdict, the output table, the first divergence and the node error table.
 
-        The node tables fit the terminal unless ``wide=True`` (see :mod:`fxdebug.runtime.fit`).
+        The node tables fit the terminal unless ``wide=True`` (see :mod:`fxdebug.runtime.fit_to_width`).
         """
         lines = [f"check_equivalence: {self.reference_name} (reference) vs {self.candidate_name} "
                  f"(candidate), {self.mode} mode, cloned inputs {self.inputs}; training flags "

@@ -31,12 +31,12 @@ import torch
 
 from ..errors import FxdebugError
 from ..runtime import flatten_tensors
-from ..runtime.fit import fit_table, table_width
+from ..runtime.fit_to_width import fit_table, table_width
 from ..runtime.progress import progress_bar
 from ..runtime.report import Report
-from ..tracing import keyed_module
+from ..frontend import keyed_module
 from ..tracing.selection import select
-from .live import LiveRun, find_target
+from .node_by_node import LiveRun, find_target
 
 __all__ = ["jacobian_norms", "JacobianNorms"]
 

@@ -37,9 +37,9 @@ import torch.fx as fx
 
 from ..passes.aliasing import _alias_inputs, inplace_requested, mutated_argument
 from ..runtime import flatten_tensors, map_tensors
-from ..runtime.fit import fit_table, table_width
+from ..runtime.fit_to_width import fit_table, table_width
 from ..runtime.report import Report
-from ..tracing import keyed_module
+from ..frontend import keyed_module
 from ..runtime import torch_compat
 from ..runtime.inplace_ops import INPLACE_OPERATORS, OPERATOR_SYMBOLS
 from ..tracing.keys import META_SOURCE, node_key, op_name

@@ -31,10 +31,10 @@ import torch.fx as fx
 
 from ..errors import FxdebugError
 from ..runtime import Stats, flatten_tensors, tensor_stats, torch_compat
-from ..runtime.fit import fit_table, table_width
+from ..runtime.fit_to_width import fit_table, table_width
 from ..runtime.formatting import dtype_text, format_location, shape_text
 from ..runtime.report import Report
-from ..tracing import keyed_module
+from ..frontend import keyed_module
 from ..tracing.keys import META_PASS, META_SOURCE, node_key, op_name
 from ..tracing.selection import matches
 from .controlled_run import ControlledRuns

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..runtime.fit import fit_table, table_width
+from ..runtime.fit_to_width import fit_table, table_width
 from ..runtime.report import Report
 from .rank_group import on_ranks, ranks_text
 

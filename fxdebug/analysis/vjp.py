@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from ..errors import FxdebugError
-from ..tracing import keyed_module
-from .live import LiveRun, find_target
+from ..frontend import keyed_module
+from .node_by_node import LiveRun, find_target
 
 __all__ = ["vjp"]
 

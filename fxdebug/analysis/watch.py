@@ -40,7 +40,7 @@ from ..errors import FxdebugError, TraceFailure
 from ..runtime import clone_inputs, flatten_tensors
 from ..runtime.report import REPR_LIMIT
 from ..runtime.torch_compat import foreach_copy_, foreach_norm
-from ..tracing import trace
+from ..frontend import trace
 from .nonfinite import NonfiniteReport, find_nonfinite
 from .rank_group import RankGroup, distributed_ready, unwrap
 from .watch_modules import replay_by_modules

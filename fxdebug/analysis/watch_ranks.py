@@ -42,7 +42,7 @@ import math
 
 import torch
 
-from ..runtime.fit import fit_table, table_width
+from ..runtime.fit_to_width import fit_table, table_width
 from ..runtime.report import Report
 from .nonfinite import NonfiniteReport
 from .rank_group import RankGroup, on_ranks

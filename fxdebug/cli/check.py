@@ -81,7 +81,7 @@ def load_backend(spec: str):
 
 
 def run_compiled(args) -> int:
-    from ..analysis import check_compiled
+    from ..compiled import check_compiled
     if args.passes:
         raise FxdebugError("--compiled checks torch.compile against eager and runs no passes; "
                            "drop --pass, or drop --compiled to check passes.")
@@ -101,7 +101,8 @@ def run(args) -> int:
         return run_compiled(args)
     from ..analysis import check_equivalence
     from ..passes.base import graph_source, unchanged_message
-    from ..tracing import keyed_copy, trace
+    from ..tracing import keyed_copy
+    from ..frontend import trace
     names = args.passes or list(DEFAULT_PASSES)
     passes = [load_pass(name) for name in names]
     model, inputs = model_and_inputs(args)
@@ -134,7 +135,7 @@ def run(args) -> int:
                         "-" if first is None else f"{first.key} ({first.location})"])
         previous = gm = result.graph_module
     print()
-    from ..runtime.fit import fit_table, table_width
+    from ..runtime.fit_to_width import fit_table, table_width
     print(fit_table(summary, ["pass", "modified", "equivalent", "max abs error",
                               "first divergence"], width=table_width(getattr(args, "wide", None)),
                     truncate=("pass", "first divergence")))

@@ -93,14 +93,14 @@ def _backward(args, loss_fn, output) -> None:
 
 
 def _print(args, model, inputs, gm, rec) -> int:
-    from ..tracing.partial_report import REPORT_ATTR, is_partial
+    from ..partial.report import REPORT_ATTR, is_partial
     report = getattr(gm, REPORT_ATTR) if is_partial(gm) else None
     if report is not None and not report.parts and len(rec) == 0:
         reasons = " ".join(eager.reason for eager in report.eager[:1]) or "no part was traceable"
         raise FxdebugError(f"nothing in {type(model).__name__} could be traced, so nothing was "
                            f"captured. {reasons}")
     grads_text = f", grads of {args.loss}" if args.grads else ""
-    from ..runtime.fit import fit_line, table_width
+    from ..runtime.fit_to_width import fit_line, table_width
     print(fit_line(f"{args.model}: {type(model).__name__}, input {describe_inputs(inputs)}, "
                    f"capture={args.capture}, mode={args.mode}{grads_text}",
                    table_width(args.wide)))

@@ -48,7 +48,7 @@ import torch.fx as fx
 from ..errors import FxdebugError
 from ..runtime import clone_inputs, torch_compat
 from ..runtime.formatting import value_text
-from ..tracing import trace
+from ..frontend import trace
 from ..tracing.keys import META_PASS, node_key
 from .expected import expected_results
 from .folder_runtime import first_line, run_py_source

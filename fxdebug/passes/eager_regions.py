@@ -31,8 +31,8 @@ import torch.fx as fx
 
 from .. import runtime
 from ..runtime import torch_compat
-from ..tracing.call_plan import is_container, is_fx_leaf
-from ..tracing.part_selection import Selection
+from ..partial.call_specialization import is_container, is_fx_leaf
+from ..partial.part_selection import Selection
 from ._placement import ensure_recorder
 from .base import Pass
 

@@ -33,7 +33,7 @@ import torch.fx as fx
 
 from ..errors import FxdebugError
 from ..passes.base import graph_source
-from ..runtime.fit import fit_table, table_width
+from ..runtime.fit_to_width import fit_table, table_width
 from ..runtime.report import Report
 from ..tracing.keys import META_PROVENANCE
 from .html import diff_html
@@ -190,7 +190,7 @@ class GraphDiff(Report):
     def table(self, wide: bool | None = None, unchanged: bool = False) -> str:
         """The rows in the tabular format; ``~`` rows say what changed.
 
-        Fitted to the terminal unless ``wide=True`` (see :mod:`fxdebug.runtime.fit`).
+        Fitted to the terminal unless ``wide=True`` (see :mod:`fxdebug.runtime.fit_to_width`).
         """
         rows = [[row.mark, row.view.key, row.view.opcode, row.view.name, row.view.target,
                  row.view.args, row.view.kwargs, row.view.pass_name, "; ".join(row.changes)]

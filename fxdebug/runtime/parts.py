@@ -1,6 +1,6 @@
 """The recorders of a partially instrumented model, and the node every traced part starts with.
 
-A model fxdebug traces part by part (:mod:`fxdebug.tracing.partial`) has one
+A model fxdebug traces part by part (:mod:`fxdebug.partial`) has one
 :class:`SharedRecorder`; each traced part has a :class:`PartRecorder` that
 files its captures there, renaming keys for the part's second, third... call
 in a run, as forward hooks counting calls would name them::

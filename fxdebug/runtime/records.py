@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import torch
 
 from ..errors import FxdebugError, StaleCaptureError
-from .fit import fit_table, table_width
+from .fit_to_width import fit_table, table_width
 from .formatting import dtype_text, shape_text
 from .records_html import records_table_html
 from . import torch_compat
@@ -295,7 +295,7 @@ class Records(Report):
 
         In a terminal (or with ``COLUMNS`` set) the table fits its width: the
         least important columns are dropped and long keys end in ``…``;
-        ``wide=True`` always gives every column (see :mod:`fxdebug.runtime.fit`).
+        ``wide=True`` always gives every column (see :mod:`fxdebug.runtime.fit_to_width`).
 
         With recorded gradients it adds ``grad norm`` and ``grad non-finite``
         columns and a table of parameter gradients (name, shape, grad norm).

@@ -27,16 +27,16 @@ from ..dumping import dump as dump_folder
 from ..dumping.folder_runtime import flatten_outputs
 from ..errors import FxdebugError
 from ..runtime import flatten_tensors
-from ..runtime.fit import fit_table, table_width
+from ..runtime.fit_to_width import fit_table, table_width
 from ..runtime.formatting import format_error, format_location
 from ..runtime.report import Report
 from ..tracing.keys import node_key, op_name
 from ..tracing.locations import is_user_file
-from .compare import Comparison, compare_values
-from .compiled_backend import resolve_backend
-from .compiled_localize import Localized, capture_graphs, localize
-from .compiled_runs import GraphRun, watched_run, watching
-from .controlled_run import ControlledRuns
+from ..analysis.compare import Comparison, compare_values
+from .instrumenting_backend import resolve_backend
+from .localize import Localized, capture_graphs, localize
+from .watched_runs import GraphRun, watched_run, watching
+from ..analysis.controlled_run import ControlledRuns
 
 __all__ = ["check_compiled", "CompiledReport", "CompiledDivergence", "GraphBreak"]
 
@@ -137,7 +137,7 @@ class CompiledReport(Report):
     def table(self, wide: bool | None = None) -> str:
         """Verdict, outputs, graph breaks, the first divergent node and its smallest piece.
 
-        Fitted to the terminal unless ``wide=True`` (see :mod:`fxdebug.runtime.fit`).
+        Fitted to the terminal unless ``wide=True`` (see :mod:`fxdebug.runtime.fit_to_width`).
         """
         failed = [c for c in self.outputs if not c.ok]
         counts = f"{len(self.outputs) - len(failed)}/{len(self.outputs)} outputs agree"
@@ -264,7 +264,7 @@ def check_compiled(model: torch.nn.Module, *inputs, backend="inductor", mode: st
     this check (dynamo guards entries by backend). Each check compiles its own
     entry point; frames inside the model that dynamo compiles on their own
     (after a graph break) keep one entry for this backend, reused by the next
-    check (see :mod:`fxdebug.analysis.compiled_runs`).
+    check (see :mod:`fxdebug.compiled.watched_runs`).
 
     Args:
         backend: a dynamo backend name or your own ``(gm, example_inputs) ->

@@ -14,8 +14,8 @@ import re
 import torch.fx as fx
 
 from ..errors import SelectionError
-from .keys import META_MODULE, key_base
-from .selection import as_patterns, candidates, check_patterns, key_depth, matches
+from ..tracing.keys import META_MODULE, key_base
+from ..tracing.selection import as_patterns, candidates, check_patterns, key_depth, matches
 
 __all__ = ["Selection", "key_plan"]
 

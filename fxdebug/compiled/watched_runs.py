@@ -47,7 +47,7 @@ import torch.fx as fx
 
 from ..runtime import clone_inputs
 from ..runtime.torch_compat import graph_break_reason
-from .controlled_run import ControlledRuns
+from ..analysis.controlled_run import ControlledRuns
 from .dynamo_graphs import key_dynamo_graph
 
 __all__ = ["GraphRun", "WatchingBackend", "watching", "keeping", "entry_point", "watched_run"]

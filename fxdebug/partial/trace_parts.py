@@ -67,17 +67,16 @@ import torch.fx as fx
 
 from .. import runtime
 from ..errors import EagerFallbackWarning, TraceFailure
-from ..runtime import RECORDER_ATTR, PartRecorder, SharedRecorder, begin_part, clone_inputs, torch_compat
-from .call_plan import (CallPlan, ExportPlan, call_forward, call_plan, clean_tree, export_plan,
-                        is_container, is_fx_leaf, note_part_output, set_submodule, strip_guards)
-from .export import export_trace
-from .fx_tracer import trace_fx
-from .keys import META_KEY, join_path, prefix_keys
-from .locations import caller_stacklevel
-from .module_copy import shallow_module_copy
+from ..runtime import (RECORDER_ATTR, PartRecorder, SharedRecorder, begin_part, clone_inputs, torch_compat)
+from .call_specialization import (CallPlan, ExportPlan, call_forward, call_plan, clean_tree, export_plan, is_container, is_fx_leaf, note_part_output, set_submodule, strip_guards)
+from ..tracing.export import export_trace
+from ..tracing.fx_tracer import trace_fx
+from ..tracing.keys import META_KEY, join_path, prefix_keys
+from ..tracing.locations import caller_stacklevel
+from ..tracing.module_copy import shallow_module_copy
 from .part_selection import Selection, key_plan
-from .partial_report import REPORT_ATTR, EagerModule, PartialReport, TracedPart, is_partial
-from .selection import candidates
+from .report import REPORT_ATTR, EagerModule, PartialReport, TracedPart, is_partial
+from ..tracing.selection import candidates
 
 # instrument_graph(part, arguments or None) -> the instrumented part
 InstrumentGraph = Callable[[fx.GraphModule, "dict | None"], fx.GraphModule]

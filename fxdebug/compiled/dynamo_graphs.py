@@ -25,8 +25,7 @@ import re
 import torch
 import torch.fx as fx
 
-from ..tracing.keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator,
-                            ModuleReturn, short_name)
+from ..tracing.keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, ModuleReturn, short_name)
 from ..tracing.locations import is_user_file
 
 __all__ = ["key_dynamo_graph", "dynamo_module_path", "stack_location"]

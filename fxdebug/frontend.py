@@ -17,15 +17,15 @@ from typing import Iterable, Literal, overload
 import torch
 import torch.fx as fx
 
-from ..errors import EagerFallbackWarning, TraceFailure
-from ..runtime.torch_compat import compiled_inner
-from .export import export_trace
-from .fx_tracer import trace_fx
-from .graph_module import keyed_copy
-from .keys import META_KEY
-from .locations import caller_stacklevel
-from .partial import trace_parts
-from .partial_report import is_partial
+from .errors import EagerFallbackWarning, TraceFailure
+from .runtime.torch_compat import compiled_inner
+from .tracing.export import export_trace
+from .tracing.fx_tracer import trace_fx
+from .tracing.graph_module import keyed_copy
+from .tracing.keys import META_KEY
+from .tracing.locations import caller_stacklevel
+from .partial.trace_parts import trace_parts
+from .partial.report import is_partial
 
 __all__ = ["trace", "keyed_module", "unwrap_compiled"]
 
@@ -65,7 +65,7 @@ def trace(model: torch.nn.Module, *example_inputs: object, leaf_modules: Iterabl
             on the example inputs; keys still module paths, see
             :mod:`fxdebug.tracing.export`) or ``"auto"``: fx, else export,
             else the model split into traced parts and eager glue (see
-            :mod:`fxdebug.tracing.partial`). ``gm.meta["fxdebug_frontend"]`` says which
+            :mod:`fxdebug.partial`). ``gm.meta["fxdebug_frontend"]`` says which
             was used and ``gm.meta["fxdebug_frontend_notes"]`` why the others
             were not (a partially traced model has them in
             ``model.fxdebug_partial``).

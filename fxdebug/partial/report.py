@@ -13,8 +13,8 @@ import torch
 
 from ..errors import TraceFailure
 from ..runtime.report import Report
-from .keys import join_path
-from .locations import short_list
+from ..tracing.keys import join_path
+from ..tracing.locations import short_list
 
 __all__ = ["PartialReport", "TracedPart", "EagerModule", "is_partial", "REPORT_ATTR"]
 

@@ -18,10 +18,10 @@ import torch.fx as fx
 
 from ..runtime import RECORDER_ATTR, SharedRecorder, leaves, torch_compat
 from ..runtime.formatting import dtype_text
-from .fidelity import static_forward
-from .keys import META_RETURNS, ModuleReturn
-from .module_copy import module_tree_copy
-from .partial_report import REPORT_ATTR
+from ..tracing.fidelity import static_forward
+from ..tracing.keys import META_RETURNS, ModuleReturn
+from ..tracing.module_copy import module_tree_copy
+from .report import REPORT_ATTR
 
 __all__ = ["CallPlan", "call_plan", "ExportPlan", "export_plan", "call_forward", "strip_guards", "note_part_output", "set_submodule",
            "clean_tree", "is_fx_leaf", "is_container"]

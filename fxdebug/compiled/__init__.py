@@ -1,0 +1,22 @@
+"""Compiled models: where ``torch.compile`` first differs from eager, and captures inside compiled runs.
+
+::
+
+    check_compiled(model, *inputs, backend="inductor")    check.py
+      ├─ compiled run: fxdebug's own entry point, no dynamo reset    watched_runs.py
+      ├─ graph breaks: the reason dynamo gives each graph it ends
+      └─ localize: dynamo graphs keyed (dynamo_graphs.py), compiled piece by
+           piece against fxdebug's eager captures                   localize.py
+    backend(inner="inductor"): an instrumenting dynamo backend      instrumenting_backend.py
+
+>>> import torch, fxdebug
+>>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+>>> fxdebug.compiled.check_compiled(model, torch.randn(3, 2), backend="eager").ok
+True
+"""
+
+from .instrumenting_backend import InstrumentingBackend, backend
+from .check import CompiledDivergence, CompiledReport, GraphBreak, check_compiled
+
+__all__ = ["check_compiled", "CompiledReport", "CompiledDivergence", "GraphBreak", "backend",
+           "InstrumentingBackend"]
