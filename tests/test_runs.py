@@ -32,7 +32,8 @@ def _assert_same(expected, loaded) -> None:
     assert loaded.keys() == expected.keys()
     for key in expected.keys():
         want, got = expected.record(key), loaded.record(key)
-        assert (got.op, got.shape, got.dtype, got.via) == (want.op, want.shape, want.dtype, want.via)
+        assert (got.op, got.shape, got.dtype, got.via) == \
+            (want.op, want.shape, want.dtype, want.via)
         if want.value is None:
             assert loaded[key] == expected[key]
         else:
@@ -214,13 +215,14 @@ def test_writer_error_surfaces_at_flush_and_exit_flushes(tmp_path):
 import resource, signal, torch, fxdebug
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (100000, 100000))
-gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(64, 256)), save_to={str(tmp_path / 'full')!r})
+linear = torch.nn.Sequential(torch.nn.Linear(64, 256))
+gm = fxdebug.instrument(linear, save_to={str(tmp_path / 'full')!r})
 gm(torch.randn(512, 64))
 try:
     fxdebug.flush(gm)
 except fxdebug.SavedRunError as exc:
     print("ERROR", exc)
-gm3 = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(64, 256)), save_to={str(tmp_path / 'next')!r})
+gm3 = fxdebug.instrument(linear, save_to={str(tmp_path / 'next')!r})
 import time
 for attempt in range(100):  # the writer fails in the background; a later forward says so
     try:
