@@ -396,3 +396,35 @@ def test_stats_runs_compare_by_statistics(resnet):
     assert report.first_divergence.key == "conv1"  # the first node: its input changed
     assert "statistics compared" in report.first_divergence.detail
     assert fxdebug.compare_runs(a, a).ok
+
+
+PEAK = """
+import resource, sys, torch, fxdebug
+model = torch.nn.Sequential(*[torch.nn.Tanh() for _ in range(40)])  # 8 MiB per activation
+x = torch.randn(2 * 2**20)
+run = {"eager": lambda m: m, "memory": lambda m: fxdebug.instrument(m),
+       "save_to": lambda m: fxdebug.instrument(m, save_to=sys.argv[2])}[sys.argv[1]](model)
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
+before = rss()
+with torch.no_grad():
+    run(x)
+if sys.argv[1] == "save_to":
+    fxdebug.flush(run)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before) // 2**20)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="Linux /proc needed")
+def test_streaming_every_capture_stays_near_eager_memory(tmp_path):
+    """320 MiB of activations: in memory they are all held, streamed at most the queue's 64."""
+    peaks = {}
+    for variant in ("eager", "memory", "save_to"):
+        done = subprocess.run([sys.executable, "-c", PEAK, variant, str(tmp_path / "runs")],
+                              env=child_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        peaks[variant] = int(done.stdout.split()[-1])
+    assert peaks["memory"] >= 300, peaks
+    assert peaks["save_to"] <= peaks["eager"] + 64 + 24, peaks
+    assert len(fxdebug.load_records(tmp_path / "runs")) == 40
