@@ -9,13 +9,15 @@ Model: torchvision resnet50 (random weights, eval, CPU), one forward under
 3. ``save_to``: ``fxdebug.instrument(model, capture="all", save_to=folder)``: each
    capture handed to the writer thread and released once written (64 MiB queue).
 
-Each variant runs in a fresh interpreter, so its peak resident memory
+Memory: each variant runs in a fresh interpreter, so its peak resident memory
 (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) is its own; "forward peak" is
 that peak minus the resident memory right before the first forward (model built,
-weights loaded). Time: the median of the repeats after one warm-up forward; for
-``save_to`` the forward alone and the forward plus ``fxdebug.flush`` (every byte
-written and the manifest on disk). Earlier runs are deleted between repeats,
-outside the timing. The saved run is checked equal to the in-memory capture.
+weights loaded). Time: one more interpreter runs the three variants interleaved
+(each repeat runs every variant once, starting one later each time), median of
+the repeats after one warm-up; for ``save_to`` the forward plus ``fxdebug.flush``
+(every byte written and the manifest on disk). Earlier runs are deleted between
+repeats, outside the timing. The saved run is checked equal to the in-memory
+capture.
 
 Run (from the repository root)::
 
@@ -89,6 +91,40 @@ if variant == "save_to":
 print("RESULT " + json.dumps(result))
 """
 
+# Time: the three variants in one process, interleaved (each repeat runs every variant once,
+# starting one variant later each time), so the machine's drifts spread over all of them.
+TIMING = r"""
+import json, os, shutil, statistics, sys, time
+import torch, torchvision
+import fxdebug
+
+shape, repeats, folder = tuple(map(int, sys.argv[1].split(","))), int(sys.argv[2]), sys.argv[3]
+torch.manual_seed(0)
+model = torchvision.models.resnet50().eval()
+x = torch.randn(*shape)
+runs = os.path.join(folder, "runs")
+saving = fxdebug.instrument(model, capture="all", save_to=runs)
+variants = {"eager": model, "memory": fxdebug.instrument(model, capture="all"), "save_to": saving}
+times = {name: [] for name in variants}
+names = list(variants)
+for repeat in range(repeats + 1):
+    for name in names[repeat % 3:] + names[:repeat % 3]:
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = variants[name](x)
+        if name == "save_to":
+            fxdebug.flush(saving)
+        if repeat:
+            times[name].append(time.perf_counter() - start)
+        del out
+        if name == "save_to":
+            for old in sorted(os.listdir(runs))[:-1]:
+                shutil.rmtree(os.path.join(runs, old))
+        if name == "memory":
+            variants["memory"].fxdebug_recorder.latest = fxdebug.Records()  # release the captures
+print("RESULT " + json.dumps({name: statistics.median(t) for name, t in times.items()}))
+"""
+
 
 def _child(variant: str, shape: str, repeats: int) -> dict:
     folder = tempfile.mkdtemp(prefix="fxdebug_save_overhead_")
@@ -96,7 +132,10 @@ def _child(variant: str, shape: str, repeats: int) -> dict:
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        done = subprocess.run([sys.executable, "-c", CHILD, variant, shape, str(repeats), folder],
+        command = ([sys.executable, "-c", TIMING, shape, str(repeats), folder]
+                   if variant == "timing" else
+                   [sys.executable, "-c", CHILD, variant, shape, str(repeats), folder])
+        done = subprocess.run(command,
                               env=env, capture_output=True, text=True, timeout=3600)
         if done.returncode:
             raise SystemExit(f"{variant} failed:\n{done.stderr[-3000:]}")
@@ -118,16 +157,18 @@ def main() -> None:
     print(f"resnet50, input {args.input.replace(',', 'x')}, capture='all', no_grad, CPU, "
           f"torch {torch.__version__}, {os.cpu_count()} CPUs, {args.repeats} repeats + 1 warm-up")
     results = {v: _child(v, args.input, args.repeats) for v in ("eager", "memory", "save_to")}
+    timing = _child("timing", args.input, args.repeats)
     mib = 2**20
-    eager = results["eager"]
     rows = []
     for variant, r in results.items():
         rows.append([variant, f"{(r['peak'] - r['before']) / mib:.0f}", f"{r['peak'] / mib:.0f}",
-                     f"{r['forward'] * 1000:.0f}", f"{r['total'] * 1000:.0f}",
-                     f"{r['total'] / eager['total']:.2f}"])
+                     f"{timing[variant] * 1000:.0f}",
+                     f"{timing[variant] / timing['eager']:.2f}"])
     print(tabulate(rows, headers=["variant", "forward peak MiB", "process peak MiB",
-                                  "forward ms", "with flush ms", "time / eager"],
-                   disable_numparse=True, colalign=("left",) + ("right",) * 5))
+                                  "ms per forward", "time / eager"],
+                   disable_numparse=True, colalign=("left",) + ("right",) * 4))
+    print("(save_to: the forward and fxdebug.flush, every byte written; times interleaved in "
+          "one process, medians)")
     saved = results["save_to"]
     print(f"save_to wrote {saved['captures']} captures, {saved['run_bytes'] / mib:.0f} MiB per "
           f"run; the saved run equals the in-memory capture")

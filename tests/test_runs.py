@@ -32,7 +32,8 @@ def _assert_same(expected, loaded) -> None:
     assert loaded.keys() == expected.keys()
     for key in expected.keys():
         want, got = expected.record(key), loaded.record(key)
-        assert (got.op, got.shape, got.dtype, got.via) == (want.op, want.shape, want.dtype, want.via)
+        assert (got.op, got.shape, got.dtype, got.via) == \
+            (want.op, want.shape, want.dtype, want.via)
         if want.value is None:
             assert loaded[key] == expected[key]
         else:
@@ -214,13 +215,14 @@ def test_writer_error_surfaces_at_flush_and_exit_flushes(tmp_path):
 import resource, signal, torch, fxdebug
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (100000, 100000))
-gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(64, 256)), save_to={str(tmp_path / 'full')!r})
+linear = torch.nn.Sequential(torch.nn.Linear(64, 256))
+gm = fxdebug.instrument(linear, save_to={str(tmp_path / 'full')!r})
 gm(torch.randn(512, 64))
 try:
     fxdebug.flush(gm)
 except fxdebug.SavedRunError as exc:
     print("ERROR", exc)
-gm3 = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(64, 256)), save_to={str(tmp_path / 'next')!r})
+gm3 = fxdebug.instrument(linear, save_to={str(tmp_path / 'next')!r})
 import time
 for attempt in range(100):  # the writer fails in the background; a later forward says so
     try:
@@ -324,7 +326,7 @@ def test_float32_against_bfloat16_uses_bfloat16_tolerances():
     assert not fxdebug.compare_runs(a, b, rtol=1.3e-6, atol=1e-5).ok
 
 
-def test_cli_exit_codes(resnet, tmp_path):
+def test_cli_exit_codes(resnet, tmp_path, capsys):
     model, x = resnet
     gm = fxdebug.instrument(model)
     gm(x)
@@ -345,8 +347,9 @@ def test_cli_exit_codes(resnet, tmp_path):
     equal, different = cli(a, same), cli(a, b)
     assert equal.returncode == 0 and "verdict: EQUAL" in equal.stdout, equal.stderr
     assert different.returncode == 1 and "first divergence: fc (Linear" in different.stdout
-    missing = cli(a, str(tmp_path / "nowhere"))
-    assert missing.returncode == 1 and "does not exist" in missing.stderr
+    from fxdebug.cli import main
+    assert main(["compare", a, str(tmp_path / "nowhere")]) == 1
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_guide_blocks_run_alone(tmp_path):
@@ -394,3 +397,35 @@ def test_stats_runs_compare_by_statistics(resnet):
     assert report.first_divergence.key == "conv1"  # the first node: its input changed
     assert "statistics compared" in report.first_divergence.detail
     assert fxdebug.compare_runs(a, a).ok
+
+
+PEAK = """
+import resource, sys, torch, fxdebug
+model = torch.nn.Sequential(*[torch.nn.Tanh() for _ in range(40)])  # 8 MiB per activation
+x = torch.randn(2 * 2**20)
+run = {"eager": lambda m: m, "memory": lambda m: fxdebug.instrument(m),
+       "save_to": lambda m: fxdebug.instrument(m, save_to=sys.argv[2])}[sys.argv[1]](model)
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
+before = rss()
+with torch.no_grad():
+    run(x)
+if sys.argv[1] == "save_to":
+    fxdebug.flush(run)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before) // 2**20)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="Linux /proc needed")
+def test_streaming_every_capture_stays_near_eager_memory(tmp_path):
+    """320 MiB of activations: in memory they are all held, streamed at most the queue's 64."""
+    peaks = {}
+    for variant in ("eager", "memory", "save_to"):
+        done = subprocess.run([sys.executable, "-c", PEAK, variant, str(tmp_path / "runs")],
+                              env=child_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        peaks[variant] = int(done.stdout.split()[-1])
+    assert peaks["memory"] >= 300, peaks
+    assert peaks["save_to"] <= peaks["eager"] + 64 + 24, peaks
+    assert len(fxdebug.load_records(tmp_path / "runs")) == 40

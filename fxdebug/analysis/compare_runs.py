@@ -214,7 +214,8 @@ def compare_runs(a, b, rtol: float | None = None, atol: float | None = None) -> 
     entries = _compare_all(records_a, records_b, "forward", rtol, atol)
     grads_a = records_a._grads if records_a._grads is not None else Records()
     grads_b = records_b._grads if records_b._grads is not None else Records()
-    grad_entries = _compare_all(grads_a, grads_b, "grad", rtol, atol, records_a.locations)
+    grad_entries = _compare_all(grads_a, grads_b, "grad", rtol, atol,
+                                 getattr(records_a, "locations", {}))
     return RunComparison(label_a, label_b, entries, grad_entries, rtol, atol)
 
 
@@ -231,7 +232,7 @@ def _open(run, name: str) -> tuple[str, Records]:
 
 def _compare_all(a: Records, b: Records, section: str, rtol, atol,
                  locations: dict | None = None) -> list[RunEntry]:
-    locations = a.locations if locations is None else locations
+    locations = getattr(a, "locations", {}) if locations is None else locations
     found = []
     for key in a.keys():
         record = a.record(key)
@@ -245,7 +246,8 @@ def _compare_all(a: Records, b: Records, section: str, rtol, atol,
     for key in b.keys():
         if key not in a:
             record = b.record(key)
-            found.append(RunEntry(key, record.op, b.locations.get(key, ""), section, "only b",
+            location = getattr(b, "locations", {}).get(key, "")
+            found.append(RunEntry(key, record.op, location, section, "only b",
                                   shape=shape_text(record.shape), dtype=dtype_text(record.dtype),
                                   detail="only in run b"))
     return found
@@ -266,7 +268,8 @@ def _compare_key(ra: Record, rb: Record, location: str, section: str, rtol,
     rtol_d, atol_d = default_tolerances(ra.dtype, rb.dtype)
     rtol = rtol_d if rtol is None else float(rtol)
     atol = atol_d if atol is None else float(atol)
-    detail = "" if ra.dtype == rb.dtype else f"dtype {dtype_text(ra.dtype)} vs {dtype_text(rb.dtype)}"
+    detail = ("" if ra.dtype == rb.dtype
+              else f"dtype {dtype_text(ra.dtype)} vs {dtype_text(rb.dtype)}")
     if ra.value is None or rb.value is None:  # statistics only
         return _compare_stats(ra, rb, rtol, atol, common, detail)
     va, vb = ra.value, rb.value
