@@ -10,6 +10,8 @@ Runs, each in its own interpreter (so no benchmark warms another's caches)::
                                        on 2 gloo ranks against a plain DDP step
     checkpoint   checkpoint_memory.py  memory of the checkpoint pass vs eager
     scaling      scaling.py            10k-node graph vs symbolic_trace, dump vs to_folder
+    save         save_overhead.py      resnet50 capture="all": peak memory and time of
+                                       in-memory capture and save_to vs eager
 
 and prints one GitHub table: benchmark, model, variant, median, the benchmark's
 spread column (min, or max - min of the repeats) and the ratio with what it is a
@@ -48,6 +50,7 @@ BENCHMARKS = [
     ("watch", "watch_cost.py", [], ["--quick"]),
     ("checkpoint", "checkpoint_memory.py", [], ["--quick"]),
     ("scaling", "scaling.py", [], ["--quick"]),
+    ("save", "save_overhead.py", [], ["--quick"]),
 ]
 
 
@@ -125,6 +128,11 @@ def summary_rows(name: str, section: str, row: dict) -> list[list[str]]:
     ['checkpoint', '', 'eager: peak memory fwd+bwd', '659.0 MiB', 'held 651.1 MiB', '1.00x', 'eager peak']
     """
     variant = row.get("variant", "")
+    if "forward peak MiB" in row:  # save: memory and time, a row each
+        return [[name, section, f"{variant}: peak memory forward", f"{row['forward peak MiB']} MiB",
+                 "", row.get("peak vs eager", ""), "eager peak"],
+                [name, section, f"{variant}: time forward", f"{row.get('median ms', '')} ms", "",
+                 row.get("time vs eager", ""), "eager"]]
     if "peak fwd+bwd MiB" in row:  # memory and time: a row each, each with its own ratio
         return [[name, section, f"{variant}: peak memory fwd+bwd", f"{row['peak fwd+bwd MiB']} MiB",
                  f"held {row.get('held after forward MiB', '')} MiB", row.get("peak vs eager", ""),

@@ -150,7 +150,10 @@ def main() -> None:
     parser.add_argument("--input", default="4,3,160,160")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1x3x64x64, 2 repeats")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads in every child")
     args = parser.parse_args()
+    if args.threads:  # the children are fresh interpreters: they read it at start
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
     if args.quick:
         args.input, args.repeats = "1,3,64,64", 2
     import torch
@@ -160,13 +163,16 @@ def main() -> None:
     timing = _child("timing", args.input, args.repeats)
     mib = 2**20
     rows = []
+    eager_peak = results["eager"]["peak"] - results["eager"]["before"]
     for variant, r in results.items():
-        rows.append([variant, f"{(r['peak'] - r['before']) / mib:.0f}", f"{r['peak'] / mib:.0f}",
-                     f"{timing[variant] * 1000:.0f}",
-                     f"{timing[variant] / timing['eager']:.2f}"])
-    print(tabulate(rows, headers=["variant", "forward peak MiB", "process peak MiB",
-                                  "ms per forward", "time / eager"],
-                   disable_numparse=True, colalign=("left",) + ("right",) * 4))
+        peak = r["peak"] - r["before"]
+        rows.append([variant, f"{peak / mib:.0f}", f"{peak / eager_peak:.2f}x",
+                     f"{r['peak'] / mib:.0f}", f"{timing[variant] * 1000:.0f}",
+                     f"{timing[variant] / timing['eager']:.2f}x"])
+    print(tabulate(rows, headers=["variant", "forward peak MiB", "peak vs eager",
+                                  "process peak MiB", "median ms", "time vs eager"],
+                   tablefmt="github", disable_numparse=True,
+                   colalign=("left",) + ("right",) * 5))
     print("(save_to: the forward and fxdebug.flush, every byte written; times interleaved in "
           "one process, medians)")
     saved = results["save_to"]
