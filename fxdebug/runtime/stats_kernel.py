@@ -149,6 +149,19 @@ def merge_parts(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
     ])
 
 
+def _merge_on_host(parts: list[list[float]]) -> torch.Tensor:
+    """:func:`merge_parts` of parts read back (the float32 kernel's, on the CPU): Python floats."""
+    count, mean, m2, low, high, zeros, bound = parts[0]
+    for n_b, mean_b, m2_b, low_b, high_b, zeros_b, bound_b in parts[1:]:
+        total = count + n_b
+        delta = mean_b - mean
+        mean += delta * n_b / total
+        m2 += m2_b + delta * delta * count * n_b / total
+        count, low, high = total, min(low, low_b), max(high, high_b)
+        zeros, bound = zeros + zeros_b, bound + bound_b
+    return torch.tensor([count, mean, m2, low, high, zeros, bound], dtype=torch.float64)
+
+
 def _dense(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` if its values fill its memory in some order (contiguous, channels-last), else a copy."""
     if tensor.is_contiguous() or any(
@@ -238,10 +251,14 @@ def one_pass_sums(tensor: torch.Tensor, wide: bool = False) -> torch.Tensor | No
                     parts = _parts(kernel, dense, wide)
             else:
                 parts = _parts(kernel, dense, wide)
-            merged = parts[0]
-            for part in parts[1:]:
-                merged = merge_parts(merged, part)
-            return merged
+            if len(parts) == 1:
+                return parts[0]
+            if wide:  # nothing read back: merged on the device
+                merged = parts[0]
+                for part in parts[1:]:
+                    merged = merge_parts(merged, part)
+                return merged
+            return _merge_on_host([part.tolist() for part in parts])
     except Exception as error:  # noqa: BLE001 - any compile failure: say it once, use torch's ops
         if not _unavailable:
             _unavailable.append(f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
