@@ -12,7 +12,7 @@ model's activations share one compiled kernel::
       ├─ a 1-D view of its memory               (contiguous or channels-last: no copy)
       ├─ compiled kernel, under no_grad         -> a part: [count, mean, M2, min, max,
       │    rows of ROW values, each reduced          zeros, bound]
-      │    around a value of its own, then the
+      │    around its first value, then the
       │    rows combined in float64
       └─ the last ``numel % ROW`` values, with torch's reductions in float64, merged
 
@@ -20,16 +20,16 @@ model's activations share one compiled kernel::
 taken as ``sum(x**2) - n * mean**2``, which cancels when the mean is large
 against the spread, by an amount that depends on the order of the sums (and
 so on the CPU's vector width and thread count). The float32 kernel (CPU)
-subtracts from each row of ``ROW`` values its own shift (the median of its
-first, middle and last value), sums the deviations and their squares in
-float32, and combines the rows in float64 (Chan et al.'s formula). ``bound``
-is the sum of squared deviations from the shifts: the float32 rounding error
-of ``M2`` is at most a few ``ROW * 2**-24`` of it whatever the order of the
-sums, and the caller recomputes where ``bound`` is large against ``M2`` (a
-shift far from its row's values), or a NaN, an Inf or float32 overflow shows.
-The float64 kernel (``wide=True``, for devices where nothing is read back
-during the run) takes two passes over the finite values: the mean, then the
-deviations from it. Where ``torch.compile`` cannot build the kernel (no C++
+subtracts from each row of ``ROW`` values its first value, sums the
+deviations and their squares in float32, and combines the rows in float64
+(Chan et al.'s formula). ``bound`` is the sum of the squared deviations: the
+float32 rounding error of ``M2`` is at most a few ``ROW * 2**-24`` of it,
+whatever the order of the sums, and the caller recomputes where ``bound`` is
+large against ``M2`` (a row whose first value lies far from the others), or
+where a NaN, an Inf or float32 overflow shows. The float64 kernel
+(``wide=True``, for devices where nothing is read back during the run) takes
+two passes over the finite values: the mean, then the deviations from it.
+Where ``torch.compile`` cannot build the kernel (no C++
 compiler, an unsupported platform), the first call warns once with the reason
 and returns None from then on, and stats mode uses torch's reductions: same
 statistics, slower. ``FXDEBUG_STATS_KERNEL=0`` turns the kernel off.
@@ -76,9 +76,7 @@ def _rows_part(values: torch.Tensor) -> torch.Tensor:
     """``[count, mean, M2, min, max, zeros, bound]`` of rows of ROW values (float64; see the module)."""
     values = values.float() if values.dtype in (torch.float16, torch.bfloat16) else values
     width = values.shape[1]
-    first, middle, last = values[:, :1], values[:, width // 2:width // 2 + 1], values[:, -1:]
-    shift = torch.maximum(torch.minimum(first, middle),
-                          torch.minimum(torch.maximum(first, middle), last))  # median of three
+    shift = values[:, :1]  # each row's first value: a median of three costs 20% more time
     deviation = values - shift  # a NaN or Inf, or float32 overflow, shows in the sums
     sums = deviation.sum(1).double()
     squares = (deviation * deviation).sum(1).double()
