@@ -181,7 +181,7 @@ def adversarial(case: str) -> torch.Tensor:
         x = near.clone()
         x[[0, 1, 5000, n - 1]] = torch.tensor([float("nan"), float("inf"), float("-inf"), float("nan")])
         return x
-    if case == "shifts-far-from-values":  # two of each row's first, middle and last values are outliers
+    if case == "shifts-far-from-values":  # each row's first value (the kernel's shift) an outlier
         x = torch.ones(n)
         x[::stats_kernel.ROW] = 1e4
         x[stats_kernel.ROW // 2::stats_kernel.ROW] = 1e4

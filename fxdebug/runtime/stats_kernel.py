@@ -12,7 +12,7 @@ model's activations share one compiled kernel::
       ├─ a 1-D view of its memory               (contiguous or channels-last: no copy)
       ├─ compiled kernel, under no_grad         -> a part: [count, mean, M2, min, max,
       │    rows of ROW values, each reduced          zeros, bound]
-      │    around a value of its own, then the
+      │    around its first value, then the
       │    rows combined in float64
       └─ the last ``numel % ROW`` values, with torch's reductions in float64, merged
 
@@ -20,16 +20,16 @@ model's activations share one compiled kernel::
 taken as ``sum(x**2) - n * mean**2``, which cancels when the mean is large
 against the spread, by an amount that depends on the order of the sums (and
 so on the CPU's vector width and thread count). The float32 kernel (CPU)
-subtracts from each row of ``ROW`` values its own shift (the median of its
-first, middle and last value), sums the deviations and their squares in
-float32, and combines the rows in float64 (Chan et al.'s formula). ``bound``
-is the sum of squared deviations from the shifts: the float32 rounding error
-of ``M2`` is at most a few ``ROW * 2**-24`` of it whatever the order of the
-sums, and the caller recomputes where ``bound`` is large against ``M2`` (a
-shift far from its row's values), or a NaN, an Inf or float32 overflow shows.
-The float64 kernel (``wide=True``, for devices where nothing is read back
-during the run) takes two passes over the finite values: the mean, then the
-deviations from it. Where ``torch.compile`` cannot build the kernel (no C++
+subtracts from each row of ``ROW`` values its first value, sums the
+deviations and their squares in float32, and combines the rows in float64
+(Chan et al.'s formula). ``bound`` is the sum of the squared deviations: the
+float32 rounding error of ``M2`` is at most a few ``ROW * 2**-24`` of it,
+whatever the order of the sums, and the caller recomputes where ``bound`` is
+large against ``M2`` (a row whose first value lies far from the others), or
+where a NaN, an Inf or float32 overflow shows. The float64 kernel
+(``wide=True``, for devices where nothing is read back during the run) takes
+two passes over the finite values: the mean, then the deviations from it.
+Where ``torch.compile`` cannot build the kernel (no C++
 compiler, an unsupported platform), the first call warns once with the reason
 and returns None from then on, and stats mode uses torch's reductions: same
 statistics, slower. ``FXDEBUG_STATS_KERNEL=0`` turns the kernel off.
@@ -76,9 +76,7 @@ def _rows_part(values: torch.Tensor) -> torch.Tensor:
     """``[count, mean, M2, min, max, zeros, bound]`` of rows of ROW values (float64; see the module)."""
     values = values.float() if values.dtype in (torch.float16, torch.bfloat16) else values
     width = values.shape[1]
-    first, middle, last = values[:, :1], values[:, width // 2:width // 2 + 1], values[:, -1:]
-    shift = torch.maximum(torch.minimum(first, middle),
-                          torch.minimum(torch.maximum(first, middle), last))  # median of three
+    shift = values[:, :1]  # each row's first value: a median of three costs 20% more time
     deviation = values - shift  # a NaN or Inf, or float32 overflow, shows in the sums
     sums = deviation.sum(1).double()
     squares = (deviation * deviation).sum(1).double()
@@ -147,6 +145,19 @@ def merge_parts(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
         first[5] + second[5],
         first[6] + second[6],
     ])
+
+
+def _merge_on_host(parts: list[list[float]]) -> torch.Tensor:
+    """:func:`merge_parts` of parts read back (the float32 kernel's, on the CPU): Python floats."""
+    count, mean, m2, low, high, zeros, bound = parts[0]
+    for n_b, mean_b, m2_b, low_b, high_b, zeros_b, bound_b in parts[1:]:
+        total = count + n_b
+        delta = mean_b - mean
+        mean += delta * n_b / total
+        m2 += m2_b + delta * delta * count * n_b / total
+        count, low, high = total, min(low, low_b), max(high, high_b)
+        zeros, bound = zeros + zeros_b, bound + bound_b
+    return torch.tensor([count, mean, m2, low, high, zeros, bound], dtype=torch.float64)
 
 
 def _dense(tensor: torch.Tensor) -> torch.Tensor:
@@ -238,10 +249,14 @@ def one_pass_sums(tensor: torch.Tensor, wide: bool = False) -> torch.Tensor | No
                     parts = _parts(kernel, dense, wide)
             else:
                 parts = _parts(kernel, dense, wide)
-            merged = parts[0]
-            for part in parts[1:]:
-                merged = merge_parts(merged, part)
-            return merged
+            if len(parts) == 1:
+                return parts[0]
+            if wide:  # nothing read back: merged on the device
+                merged = parts[0]
+                for part in parts[1:]:
+                    merged = merge_parts(merged, part)
+                return merged
+            return _merge_on_host([part.tolist() for part in parts])
     except Exception as error:  # noqa: BLE001 - any compile failure: say it once, use torch's ops
         if not _unavailable:
             _unavailable.append(f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
