@@ -208,3 +208,63 @@ def test_the_check_finds_each_kind_of_private_name(tmp_path, monkeypatch):
     assert [f for f in expected if f not in found] == []
     assert any("_saved_self" in f for f in found)
     assert not any("_assert" in f or "torch_compat" in f for f in found)
+
+
+def _uses_private(node: ast.AST) -> bool:
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Attribute) and _private(sub.attr) and not (
+                isinstance(sub.value, ast.Name) and sub.value.id in ("self", "cls")):
+            return True
+        if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and _private(sub.value) \
+                and sub.value.isidentifier():
+            return True
+        if isinstance(sub, (ast.Import, ast.ImportFrom)) and any(
+                _private(part) for alias in sub.names
+                for part in [*(getattr(sub, "module", None) or "").split("."),
+                             *alias.name.split(".")]):
+            return True
+    return False
+
+
+def unversioned_private_names() -> list[str]:
+    """Functions and constants of torch_compat.py that touch a private name without saying,
+    in their docstring or the comment next to them, that it was checked on torch 2.9.1."""
+    source = (PACKAGE / COMPAT).read_text()
+    lines = source.splitlines()
+    body = ast.parse(source).body
+    silent = []
+    for index, node in enumerate(body):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            body_only = node.body[1:] if ast.get_docstring(node) else node.body
+            if any(_uses_private(statement) for statement in body_only) \
+                    and "2.9.1" not in (ast.get_docstring(node) or ""):
+                silent.append(f"{node.name} (line {node.lineno})")
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.Import, ast.ImportFrom)) \
+                and _uses_private(node):
+            after = body[index + 1] if index + 1 < len(body) else None
+            doc = after.value.value if isinstance(after, ast.Expr) and isinstance(
+                after.value, ast.Constant) and isinstance(after.value.value, str) else ""
+            first = node.lineno - 1  # with the comment lines right above it
+            while first > 0 and lines[first - 1].lstrip().startswith("#"):
+                first -= 1
+            near = "\n".join(lines[first:node.end_lineno]) + doc
+            if "2.9.1" not in near:
+                silent.append(f"line {node.lineno}")
+    return silent
+
+
+def test_every_private_name_in_torch_compat_says_the_versions_it_was_checked_on():
+    assert unversioned_private_names() == [], "say which torch versions these were checked on"
+
+
+def test_the_version_check_finds_a_silent_private_name(tmp_path, monkeypatch):
+    (tmp_path / "runtime").mkdir()
+    (tmp_path / COMPAT).write_text(
+        'import torch\n'
+        'SEEN = torch._C._set_grad_enabled  # checked on 2.9.1 and 2.14.1\n'
+        'HIDDEN = torch._C._get_tracing_state\n'
+        'def quiet(module):\n    """No versions."""\n    return module._forward_hooks\n'
+        'def said(module):\n    """(2.9.1, 2.14.1)."""\n    return module._forward_hooks\n'
+        'def public(module):\n    """Nothing private."""\n    return module.training\n')
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
+    assert unversioned_private_names() == ["line 3", "quiet (line 4)"]

@@ -114,8 +114,8 @@ SET_GRAD_ENABLED = torch._C._set_grad_enabled
 """What ``no_grad``/``enable_grad`` call: the grad-mode node ``torch.export`` emits too
 (2.9.1, 2.14.1). torch keeps it through dead-code elimination."""
 
-ENTER_AUTOCAST = torch.amp.autocast_mode._enter_autocast
-EXIT_AUTOCAST = torch.amp.autocast_mode._exit_autocast
+ENTER_AUTOCAST, EXIT_AUTOCAST = (torch.amp.autocast_mode._enter_autocast,
+                                 torch.amp.autocast_mode._exit_autocast)
 """The autocast nodes ``torch.export`` emits (2.9.1, 2.14.1); both reach a TorchFunctionMode."""
 
 AUTOCAST_NODE_FUNCTIONS = (ENTER_AUTOCAST, EXIT_AUTOCAST)
