@@ -35,15 +35,15 @@ from typing import Iterable
 import torch
 import torch.fx as fx
 
-from ..passes.aliasing import _alias_inputs, inplace_requested, mutated_argument
 from ..runtime import flatten_tensors, map_tensors
-from ..runtime.fit_to_width import fit_table, table_width
-from ..runtime.report import Report
 from ..frontend import keyed_module
 from ..runtime import torch_compat
-from ..runtime.inplace_ops import INPLACE_OPERATORS, OPERATOR_SYMBOLS
-from ..tracing.keys import META_SOURCE, node_key, op_name
+from ..runtime.fit_to_width import fit_table, table_width
 from ..runtime.formatting import format_location
+from ..runtime.inplace_ops import INPLACE_OPERATORS, OPERATOR_SYMBOLS
+from ..runtime.report import Report
+from ..tracing.alias_rules import alias_inputs, inplace_requested, mutated_argument
+from ..tracing.keys import META_SOURCE, node_key, op_name
 
 __all__ = ["Hazard", "Hazards", "lint_inplace"]
 
@@ -190,7 +190,7 @@ def _through(node: fx.Node, root) -> tuple[str | None, fx.Node | None]:
         if (node.op == "call_method" and node.target == "detach") or (
                 node.op == "call_function" and node.target is torch.detach):
             return "detach", node
-        sources = _alias_inputs(node, root) if node.op in ("call_method", "call_function") else []
+        sources = alias_inputs(node, root) if node.op in ("call_method", "call_function") else []
         if not sources or mutated_argument(node, root) is not None:
             return None, None
         node, seen = sources[0], seen + 1

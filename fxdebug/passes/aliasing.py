@@ -10,198 +10,17 @@ assumed to return a view of its inputs, and to write to them in place (a leaf
 module or a ``torch.fx.wrap``'d function whose body fx never saw may run
 ``x.mul_(2)``; so may a forward hook), so an unknown op can only cause an
 extra copy, never a wrong capture. fxdebug's own nodes (captures, gradient
-hooks, ``begin_run``) only read: they neither alias nor write.
+hooks, ``begin_run``) only read: they neither alias nor write. The rules for one
+node are :mod:`fxdebug.tracing.alias_rules`; this module joins them over a graph.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-import operator
-
-import torch
 import torch.fx as fx
 
-from .. import runtime
-from ..runtime import torch_compat
-from ..runtime.inplace_ops import INPLACE_OPERATORS
-from ..tracing.keys import short_name
+from ..tracing.alias_rules import Submodules, alias_inputs, mutated_argument, opaque_writes
 
-__all__ = ["AliasAnalysis", "mutated_argument", "inplace_requested", "opaque_writes",
-           "is_fxdebug_read"]
-
-# Functions fxdebug's inserted nodes call that only read their arguments.
-_FXDEBUG_READS = (runtime.begin_run, runtime.capture, runtime.capture_stats,
-                  runtime.record_grads, runtime.edit_grads, runtime.stop, runtime.begin_part)
-
-# Ops that return a view of (or the very same tensor as) their first argument.
-_VIEW_NAMES = frozenset("""
-getitem view view_as reshape reshape_as flatten unflatten squeeze unsqueeze transpose t T
-permute expand expand_as narrow select split split_with_sizes tensor_split chunk unbind
-movedim moveaxis as_strided contiguous detach alias real imag diagonal unfold swapaxes
-swapdims view_as_real view_as_complex hsplit vsplit dsplit to type type_as float double half
-bfloat16 int long bool cpu cuda requires_grad_ dropout alpha_dropout feature_alpha_dropout
-dropout1d dropout2d dropout3d broadcast_to atleast_1d atleast_2d atleast_3d data mT mH H
-getattr identity
-""".split())
-
-# torch.nn module types that return a view of their input (or the input itself).
-_ALIASING_MODULES = (torch.nn.Identity, torch.nn.Flatten, torch.nn.Unflatten,
-                     *torch_compat.DROPOUT_TYPES)
-
-
-def _is_torch_callable(target) -> bool:
-    module = getattr(target, "__module__", None) or ""
-    return module in ("_operator", "operator", "builtins") or module == "torch" or module.startswith("torch.")
-
-
-@functools.lru_cache(maxsize=None)
-def _signature(target):
-    try:
-        return inspect.signature(target)
-    except (TypeError, ValueError):  # builtins without a Python signature
-        return None
-
-
-def is_fxdebug_read(node: fx.Node) -> bool:
-    """Whether ``node`` is one of fxdebug's own reading nodes (capture, gradient hook, ...).
-
-    >>> import torch, fxdebug
-    >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()))
-    >>> [n.name for n in gm.graph.nodes if is_fxdebug_read(n)]
-    ['begin_run', 'capture_0']
-    """
-    return node.op == "call_function" and node.target in _FXDEBUG_READS
-
-
-def _module_of(node: fx.Node, root: torch.nn.Module | _Submodules | None):
-    if root is None:
-        return None
-    try:
-        return root.get_submodule(str(node.target))
-    except AttributeError:
-        return None
-
-
-class _Submodules:
-    """``root.get_submodule`` answered from one walk of its modules (for a whole-graph analysis)."""
-
-    def __init__(self, root: torch.nn.Module) -> None:
-        self._root = root
-        self._modules = dict(root.named_modules(remove_duplicate=False))
-
-    def get_submodule(self, target: str) -> torch.nn.Module:
-        module = self._modules.get(target)
-        return module if module is not None else self._root.get_submodule(target)
-
-
-def _has_hooks(module: torch.nn.Module) -> bool:
-    return torch_compat.has_module_hooks(module, backward=False)
-
-
-def opaque_writes(node: fx.Node, root: torch.nn.Module | _Submodules | None) -> list[fx.Node]:
-    """Inputs of ``node`` that code fx never saw may write in place; ``[]`` for known ops.
-
-    Opaque: a call of a module whose code is not torch.nn's own (a user leaf
-    module, an auto-leaf) or that has forward hooks, and a call of a function
-    outside torch (a ``torch.fx.wrap``'d function). Their bodies are not in the
-    graph, so any tensor they receive may come back changed.
-
-    >>> import torch, fxdebug
-    >>> class Leaf(torch.nn.Module):
-    ...     def forward(self, x):
-    ...         return x.mul_(2)
-    >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), Leaf())
-    >>> gm = fxdebug.trace(net, leaf_modules=[Leaf])
-    >>> [[i.name for i in opaque_writes(n, gm)] for n in gm.graph.nodes if n.op == "call_module"]
-    [[], ['_0']]
-    """
-    if node.op == "call_function":
-        if is_fxdebug_read(node) or _is_torch_callable(node.target):
-            return []
-        return list(node.all_input_nodes)
-    if node.op == "call_module":
-        module = _module_of(node, root)
-        if module is not None and type(module).__module__.startswith("torch.nn.modules") \
-                and not _has_hooks(module):
-            return []
-        return list(node.all_input_nodes)
-    return []
-
-
-def inplace_requested(node: fx.Node) -> bool:
-    """Whether a ``call_function`` node passes ``inplace=True``, by keyword or by position.
-
-    >>> import torch, fxdebug
-    >>> class Net(torch.nn.Module):
-    ...     def forward(self, x):
-    ...         return torch.nn.functional.relu(x, True)
-    >>> relu = [n for n in fxdebug.trace(Net()).graph.nodes if n.op == "call_function"][0]
-    >>> inplace_requested(relu)
-    True
-    """
-    if node.op != "call_function":
-        return False
-    if node.kwargs.get("inplace") is True:
-        return True
-    if not _is_torch_callable(node.target):
-        return False
-    signature = _signature(node.target)
-    if signature is None or "inplace" not in signature.parameters:
-        return False
-    try:
-        bound = signature.bind_partial(*node.args, **node.kwargs)
-    except TypeError:
-        return False
-    return bound.arguments.get("inplace") is True
-
-
-def mutated_argument(node: fx.Node, root: torch.nn.Module | _Submodules | None
-                     ) -> fx.Node | None:
-    """The node whose storage ``node`` writes in place, or ``None``."""
-    first = node.args[0] if node.args else None
-    out = node.kwargs.get("out")
-    if isinstance(out, fx.Node):
-        return out
-    if node.op == "call_function":
-        if node.target in INPLACE_OPERATORS or node.target is operator.setitem:
-            return first if isinstance(first, fx.Node) else None
-        if inplace_requested(node):
-            return first if isinstance(first, fx.Node) else None
-        name = getattr(node.target, "__name__", "")
-        if _is_torch_callable(node.target) and name.endswith("_") and not name.startswith("__"):
-            return first if isinstance(first, fx.Node) else None  # torch.relu_, F.relu_ ...
-    elif node.op == "call_method":
-        name = str(node.target)
-        if name.endswith("_") and not name.startswith("__"):
-            return first if isinstance(first, fx.Node) else None
-    elif node.op == "call_module" and root is not None:
-        module = _module_of(node, root)
-        if getattr(module, "inplace", False) is True:
-            return first if isinstance(first, fx.Node) else None
-    return None
-
-
-def _alias_inputs(node: fx.Node, root: torch.nn.Module | _Submodules | None) -> list[fx.Node]:
-    """Inputs whose storage ``node``'s output may share."""
-    if is_fxdebug_read(node):
-        return []
-    first = [node.args[0]] if node.args and isinstance(node.args[0], fx.Node) else []
-    if mutated_argument(node, root) is not None:
-        return first
-    if node.op == "call_method":
-        return first if str(node.target) in _VIEW_NAMES else []
-    if node.op == "call_function":
-        if _is_torch_callable(node.target):
-            return first if short_name("call_function", node.target) in _VIEW_NAMES else []
-        return list(node.all_input_nodes)  # a user function: may return any input
-    if node.op == "call_module":
-        module = _module_of(node, root)
-        if module is not None and type(module).__module__.startswith("torch.nn.modules") \
-                and not isinstance(module, _ALIASING_MODULES):
-            return []
-        return list(node.all_input_nodes)
-    return []
+__all__ = ["AliasAnalysis"]
 
 
 class AliasAnalysis:
@@ -223,9 +42,9 @@ class AliasAnalysis:
         for index, node in enumerate(gm.graph.nodes):
             self._position[node] = index
             self._parent[node] = node
-        modules = _Submodules(gm)
+        modules = Submodules(gm)
         for node in gm.graph.nodes:
-            for source in _alias_inputs(node, modules):
+            for source in alias_inputs(node, modules):
                 self._union(node, source)
             target = mutated_argument(node, modules)
             if target is not None:

@@ -47,11 +47,12 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from ..errors import FidelityWarning
-from .aliasing import AliasAnalysis, _signature, inplace_requested, mutated_argument
+from ..runtime.formatting import format_location
 from ..runtime.inplace_ops import INPLACE_OPERATORS
+from ..tracing.alias_rules import inplace_requested, mutated_argument, signature_of
 from ..tracing.keys import META_KEY, META_PASS, META_RETURNS, META_SOURCE, node_key, op_name
 from ..tracing.locations import caller_stacklevel
-from ..runtime.formatting import format_location
+from .aliasing import AliasAnalysis
 from .base import Pass
 
 __all__ = ["Functionalize", "Unrewritten"]
@@ -247,7 +248,7 @@ class Functionalize(Pass):
             node.target = INPLACE_OPERATORS[node.target]
             return node
         if inplace_requested(node):
-            signature = _signature(node.target)
+            signature = signature_of(node.target)
             bound = signature.bind_partial(*node.args, **node.kwargs)
             del bound.arguments["inplace"]
             node.args, node.kwargs = tuple(bound.args), {**bound.kwargs, "inplace": False}

@@ -23,6 +23,10 @@ these functions, and the functions write into the module's Recorder::
                                                custom ops (fxdebug::begin_run, ::capture):
                                                compiled_ops.py; gradient hooks: compiled_grads.py
 
+Under all of it: nested values walked one way, with ``/`` keys (values.py, on torch's
+pytree), and one way to write shapes, dtypes, errors and ``file:line`` places, with
+``torch.testing.assert_close``'s tolerances (formatting.py).
+
 Every node function is registered with ``torch.fx.node.has_side_effect`` and
 emits itself again under re-tracing. They are published here, as
 ``fxdebug.runtime.capture`` and so on, which is also the name generated code

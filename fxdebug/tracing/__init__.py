@@ -10,7 +10,8 @@ structure of what the module returned::
       │  autocast blocks as nodes, inference_mode and attribute writes
       │  refused (fidelity.py)
       ├─ ``x += y`` nothing can observe -> ``operator.add``
-      │  (inplace_lowering.py, value_facts.py)
+      │  (inplace_lowering.py, value_facts.py; what a node aliases
+      │  and writes: alias_rules.py, shared with passes and lint)
       └─ failure: explain_failure -> TraceFailure (failure.py),
          or the failing submodule becomes an auto-leaf
     export_trace(model, *inputs)                           export.py

@@ -38,7 +38,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..runtime.inplace_ops import INPLACE_OPERATORS
-from .value_facts import ValueFacts, is_plain_torch_module
+from .alias_rules import is_plain_torch_module
+from .value_facts import ValueFacts
 
 __all__ = ["lower_inplace_operators", "LOWERED_OPERATORS", "META_LOWERED_FROM"]
 

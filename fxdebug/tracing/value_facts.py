@@ -41,8 +41,9 @@ import torch.nn.functional as F
 
 from ..runtime import torch_compat
 from ..runtime.inplace_ops import INPLACE_OPERATORS
+from .alias_rules import is_plain_torch_module, is_torch_callable
 
-__all__ = ["ValueFacts", "Shape", "is_plain_torch_module", "is_autocast_node"]
+__all__ = ["ValueFacts", "Shape", "is_autocast_node"]
 
 # In the lower-precision list of every autocast device (CPU, CUDA): all cast alike.
 _LOWP_MODULES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
@@ -83,22 +84,8 @@ class Shape(NamedTuple):
     dims: tuple
 
 
-def is_plain_torch_module(module) -> bool:
-    """A module of torch.nn's own code, without hooks (its call does what torch's code says)."""
-    if not isinstance(module, nn.Module) or "forward" in vars(module):
-        return False
-    return type(module).__module__.startswith("torch.nn.modules") and \
-        not torch_compat.has_module_hooks(module)
-
-
 def is_autocast_node(node: fx.Node) -> bool:
     return node.op == "call_function" and torch_compat.is_autocast_function(node.target)
-
-
-def _is_torch_callable(target) -> bool:
-    module = getattr(target, "__module__", None) or ""
-    return module in ("_operator", "operator", "builtins") or module == "torch" \
-        or module.startswith("torch.")
 
 
 def _module(root: nn.Module, node: fx.Node):
@@ -167,7 +154,7 @@ class ValueFacts:
         if node.op == "call_method":
             return str(node.target) in _RESHAPING_METHODS
         if node.op == "call_function":
-            return not _is_torch_callable(node.target)
+            return not is_torch_callable(node.target)
         if node.op == "call_module":
             return not is_plain_torch_module(_module(self.root, node))
         return False
