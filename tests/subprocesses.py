@@ -197,6 +197,7 @@ class _Server:
         self.errors.close()
 
 
+forked = 0  # children forked from a server so far
 _servers: dict[tuple, list[_Server]] = {}  # by startup settings, least recently used first
 
 
@@ -263,6 +264,8 @@ def start_python(args: Sequence[str], cwd: str, env: dict[str, str], input: str 
         server.busy = False
         _remove(files)
         return _fresh(argv, cwd, env, input)
+    global forked
+    forked += 1
 
     def wait(timeout: float) -> subprocess.CompletedProcess:
         try:
