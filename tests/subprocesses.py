@@ -6,8 +6,8 @@ helpers from this checkout, whatever the working directory.
 
 Importing torch and torchvision costs a new interpreter seconds of CPU, more than most
 children spend on their work, so ``python()`` forks children from a server: an interpreter
-that imported torch and torchvision once (nothing else: not fxdebug, not the tests' modules),
-ran no tensor operation, and has no thread, which makes the fork safe. A child is set up as
+that imported torch and torchvision once (nothing else: not fxdebug, not the tests' modules) and
+ran no tensor operation, so it has no thread that could hold a lock in the child. A child is set up as
 ``python ARGS`` would be (argv, ``__main__``, sys.path[0], working directory, environment,
 stdin, stdout and stderr, exit status, atexit); its interpreter-wide settings (hash seed,
 ``-W`` options, thread and library variables, PYTHONPATH) are those its server was started
@@ -88,14 +88,19 @@ def outputs_under_hash_seeds(script: str, args: Callable[[str], Sequence[str]] =
 # Startup settings: a child forked from a server keeps the server's, so they pick the server.
 _STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "CUDA", "LD_",
                      "MALLOC", "NUMEXPR_")
-_MAX_SERVERS = 4  # the least recently used one beyond these ends (each holds torch's memory)
+_MAX_SERVERS = 5  # the least recently used one beyond these ends (each holds torch's memory)
 
 _SERVER = r'''
 import io, json, os, runpy, sys, traceback, types
 import torch, torchvision  # what costs every child seconds: imported once, here, and nothing else
 
 def _threads():
-    return len(os.listdir("/proc/self/task"))
+    return set(os.listdir("/proc/self/task"))
+
+# numpy's OpenBLAS starts its thread pool on import and ends it around every fork
+# (pthread_atfork); any other thread (torch's OpenMP pool after a tensor operation, say) could
+# hold a lock the child then waits for forever, so a server with one refuses to fork.
+_IMPORTED = _threads()
 
 def _child(request):
     """Become ``python ARGS`` for ``request``; return the exit status."""
@@ -141,8 +146,8 @@ _requests = open(0, "rb", closefd=False)
 _replies = os.fdopen(os.dup(1), "w")
 for _line in _requests:
     _request = json.loads(_line)
-    if _threads() != 1:  # a fork copies no thread, so locks other threads held stay held
-        _replies.write(json.dumps({"refused": f"{_threads()} threads"}) + "\n")
+    if not _threads() <= _IMPORTED:
+        _replies.write(json.dumps({"refused": f"threads {sorted(_threads() - _IMPORTED)}"}) + "\n")
         _replies.flush()
         continue
     sys.stdout.flush()
@@ -192,6 +197,7 @@ class _Server:
         self.errors.close()
 
 
+forked = 0  # children forked from a server so far
 _servers: dict[tuple, list[_Server]] = {}  # by startup settings, least recently used first
 
 
@@ -258,6 +264,8 @@ def start_python(args: Sequence[str], cwd: str, env: dict[str, str], input: str 
         server.busy = False
         _remove(files)
         return _fresh(argv, cwd, env, input)
+    global forked
+    forked += 1
 
     def wait(timeout: float) -> subprocess.CompletedProcess:
         try:

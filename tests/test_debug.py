@@ -17,10 +17,9 @@ import torch
 import torchvision
 
 import fxdebug
-from subprocesses import python
+from subprocesses import child_env, python
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))
+ENV = child_env()
 
 
 def _conv2_input_shape(x):
