@@ -433,7 +433,9 @@ def saved_tensor_names(fn) -> tuple[str, ...]:
 
 def saved_tensor_has_unpack_hooks(fn, name: str) -> bool:
     """Whether unpacking ``fn.<name>`` would run a saved-tensor hook (checkpointing, offload):
-    reads ``_raw_<name>`` (2.9.1, 2.14.1); False where it is gone.
+    reads ``_raw_<name>`` (2.9.1, 2.14.1) and its ``unpack_hook`` (2.14.1). torch 2.9's saved
+    tensor has no ``unpack_hook`` (nor a public way to ask): False there, so lint_inplace on a
+    checkpointed graph unpacks, i.e. recomputes, and may report a false hazard on torch 2.9.
 
     >>> y = torch.ones(2, requires_grad=True).exp()
     >>> saved_tensor_has_unpack_hooks(y.grad_fn, "_saved_result")
