@@ -34,7 +34,6 @@ COMPAT = "runtime/torch_compat.py"
 
 # Files whose private names are known and on their way out.
 ALLOWED_FILES = {
-    "runtime/direct_kernel.py": "removed by the stats change (torch._inductor.compile_fx)",
 }
 
 # Private-looking names that are not torch's private API.

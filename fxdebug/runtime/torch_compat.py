@@ -31,10 +31,10 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402  no pub
 __all__ = ["MINIMUM_TORCH", "require_torch", "TorchDispatchMode", "torch_version", "tree_leaves",
            "tree_flatten", "tree_unflatten", "treespec_dumps", "is_op_overload", "ASSERT_IS_NONE",
            "DROPOUT_TYPES", "has_module_hooks", "tensor_version", "saved_tensor_names",
-           "saved_tensor_has_unpack_hooks", "copy_codegen", "graph_tracer_cls",
+           "saved_tensor_has_unpack_hooks", "copy_codegen", "graph_tracer_cls", "set_child",
            "set_graph_tracer_cls", "own_parameters", "own_buffers", "own_children",
-           "set_child", "set_own_buffer", "PARAMETERS_ATTR",
-           "BUFFERS_ATTR", "CHILDREN_ATTR", "GRAPH_MODULE_SHARED_ATTRS", "GRAPH_MODULE_HOOK_ATTRS",
+           "set_own_buffer", "PARAMETERS_ATTR", "BUFFERS_ATTR", "CHILDREN_ATTR",
+           "GRAPH_MODULE_SHARED_ATTRS", "GRAPH_MODULE_HOOK_ATTRS",
            "CODE_ATTR", "generated_code", "is_export_guard_call", "is_autocast_function",
            "is_op_packet", "op_schema", "SET_GRAD_ENABLED", "ENTER_AUTOCAST", "EXIT_AUTOCAST",
            "AUTOCAST_NODE_FUNCTIONS", "CODE_ONLY_MODULE", "autocast_arguments", "lineno_map",
@@ -48,15 +48,9 @@ __all__ = ["MINIMUM_TORCH", "require_torch", "TorchDispatchMode", "torch_version
 tree_leaves, tree_flatten, tree_unflatten = _pytree.tree_leaves, _pytree.tree_flatten, _pytree.tree_unflatten
 treespec_dumps = _pytree.treespec_dumps
 
-tree_flatten_with_path = _pytree.tree_flatten_with_path
-"""``torch.utils._pytree.tree_flatten_with_path(tree, is_leaf=None)``: ``([(key path, leaf)], spec)``
-with ``SequenceKey(idx)``/``MappingKey(key)``/``GetAttrKey(name)`` entries (checked on 2.9.1
-and 2.14.1; torch has no public twin). fxdebug's one nested-value walker,
-:mod:`fxdebug.runtime.values`, is built on it."""
-
-tree_is_leaf = _pytree.tree_is_leaf
-"""``torch.utils._pytree.tree_is_leaf(tree)``: pytree keeps ``tree`` whole, a type no one
-registered (checked on 2.9.1 and 2.14.1)."""
+tree_flatten_with_path, tree_is_leaf = _pytree.tree_flatten_with_path, _pytree.tree_is_leaf
+"""``([(key path, leaf)], spec)`` and "kept whole" (2.9.1, 2.14.1; no public twin): the walk
+:mod:`fxdebug.runtime.values`, fxdebug's one nested-value walker, is built on."""
 
 PYTREE_IMPORT = "from torch.utils._pytree import tree_flatten_with_path, tree_is_leaf"
 """The line a dumped folder's run.py imports pytree's walk with (no fxdebug there)."""
@@ -81,6 +75,7 @@ def assert_close_tolerances() -> dict[torch.dtype, tuple[float, float]]:
             torch.complex32: (1e-3, 1e-5), torch.complex64: (1.3e-6, 1e-5),
             torch.complex128: (1e-7, 1e-7)}
     return {dtype: (float(rtol), float(atol)) for dtype, (rtol, atol) in _DTYPE_PRECISIONS.items()}
+
 
 SET_GRAD_ENABLED = torch._C._set_grad_enabled
 """What ``no_grad``/``enable_grad`` call: the grad-mode node ``torch.export`` emits too
@@ -186,6 +181,7 @@ def custom_builtin_imports() -> dict[str, str]:
                 "device": "from torch import device", "fx_pytree": "import torch.fx._pytree as fx_pytree",
                 "pytree": "import torch.utils._pytree as pytree"}
     return {name: builtin.import_str for name, builtin in builtins.items()}
+
 
 def foreach_norm(tensors: list[torch.Tensor], ord: float = 2.0) -> list[torch.Tensor]:
     """The ``ord``-norm of each tensor, as 0-dim tensors on its device, without a host read.
