@@ -189,9 +189,13 @@ def _parts(kernel, dense: torch.Tensor, wide: bool) -> list[torch.Tensor]:
     """
     numel = dense.numel()
     if wide:
+        if numel <= _CHUNK:
+            return [kernel(_block(dense, 0, (numel,)))]
         return [kernel(_block(dense, start, (min(_CHUNK, numel - start),)))
                 for start in range(0, numel, _CHUNK)]
     rows, parts = numel // ROW, []
+    if rows * ROW == numel and MIN_ROWS <= rows <= MAX_ROWS:  # the common case: one call
+        return [kernel(_block(dense, 0, (rows, ROW)))]
     for first in range(0, rows, MAX_ROWS):
         count = min(MAX_ROWS, rows - first)
         block = _block(dense, first * ROW, (count, ROW))
