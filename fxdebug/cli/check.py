@@ -20,7 +20,6 @@ from __future__ import annotations
 import importlib
 
 from ..errors import FxdebugError
-from ..runtime.formatting import format_error
 from ._common import (BUILTIN_PASS_NAMES, add_model_arguments, describe_inputs, load_pass,
                       model_and_inputs)
 
@@ -103,6 +102,7 @@ def run(args) -> int:
     from ..passes.base import graph_source, unchanged_message
     from ..tracing import keyed_copy
     from ..frontend import trace
+    from ..runtime.formatting import format_error
     names = args.passes or list(DEFAULT_PASSES)
     passes = [load_pass(name) for name in names]
     model, inputs = model_and_inputs(args)
