@@ -3,8 +3,9 @@ interpreter, and every relative link of those pages leads somewhere.
 
 A reader pastes one block into a new session: it must import and build what it
 uses, so each block runs in its own ``python -c`` with nothing defined before
-it (two at a time, in a temporary working directory; a block that appears on
-several pages runs once). The quick commands of the bash blocks (lines starting
+it (two at a time, in a temporary working directory, forked from the test
+helpers' server that has imported torch and nothing of fxdebug's, see
+``tests/subprocesses.py``; a block that appears on several pages runs once). The quick commands of the bash blocks (lines starting
 with ``fxdebug `` and holding no ``[OPTION]`` placeholder) run too. A block that
 needs a package the environment lacks is skipped, naming the package.
 
@@ -15,7 +16,6 @@ slugged as GitHub slugs headings.
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import os
 import pathlib
@@ -23,10 +23,11 @@ import re
 import shlex
 import subprocess
 import sys
+from typing import Callable
 
 import pytest
 
-from subprocesses import REPO, child_env
+from subprocesses import REPO, child_env, python, start_python
 
 ROOT = pathlib.Path(REPO).resolve()
 README = ROOT / "README.md"
@@ -74,23 +75,23 @@ PYTHON_BLOCKS = blocks("python")
 COMMANDS = quick_commands()
 
 
-def _run_block(code: str, workdir: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], cwd=workdir, input=PDB_INPUT,
-                          env=child_env(MPLBACKEND="Agg", OMP_NUM_THREADS="1"),
-                          capture_output=True, text=True, timeout=TIMEOUT)
-
-
 @pytest.fixture(scope="module")
 def block_results(tmp_path_factory):
-    """Every distinct python block run once, two interpreters at a time, by its code."""
-    jobs = {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as pool:
-        for page, line_number, code in PYTHON_BLOCKS:
-            if code not in jobs:
-                label = re.sub(r"\W", "_", f"{page}_{line_number}")
-                workdir = str(tmp_path_factory.mktemp(label))
-                jobs[code] = pool.submit(_run_block, code, workdir)
-        return {code: job.result() for code, job in jobs.items()}
+    """Every distinct python block run once, by its code, two interpreters at a time."""
+    results: dict[str, subprocess.CompletedProcess] = {}
+    running: list[tuple[str, Callable[[float], subprocess.CompletedProcess]]] = []
+    for page, line_number, code in PYTHON_BLOCKS:
+        if code in results or any(code == started for started, _ in running):
+            continue
+        if len(running) == min(2, os.cpu_count() or 1):
+            done, wait = running.pop(0)
+            results[done] = wait(TIMEOUT)
+        workdir = str(tmp_path_factory.mktemp(re.sub(r"\W", "_", f"{page}_{line_number}")))
+        running.append((code, start_python(["-c", code], cwd=workdir, input=PDB_INPUT,
+                                           env=child_env(MPLBACKEND="Agg", OMP_NUM_THREADS="1"))))
+    for code, wait in running:
+        results[code] = wait(TIMEOUT)
+    return results
 
 
 def _missing_package(stderr: str) -> str | None:
@@ -121,9 +122,8 @@ def test_python_block_runs_alone(block_results, page, line_number, code):
 @functools.lru_cache(maxsize=None)
 def _run_command(command: str) -> subprocess.CompletedProcess:
     args = shlex.split(command, comments=True)[1:]
-    return subprocess.run([sys.executable, "-m", "fxdebug", *args], cwd=REPO,
-                          env=child_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                          timeout=TIMEOUT)
+    return python(["-m", "fxdebug", *args], cwd=REPO, env=child_env(OMP_NUM_THREADS="1"),
+                  timeout=TIMEOUT)
 
 
 @pytest.mark.parametrize("page, line_number, command", COMMANDS,
