@@ -26,7 +26,7 @@ import torch.fx as fx
 
 from ..errors import FxdebugError, TraceFailure
 from ..passes import Capture
-from ..runtime import RECORDER_ATTR, flatten_tensors
+from ..runtime import RECORDER_ATTR, outputs_loss
 from ..runtime.formatting import value_text
 from ..tracing import keyed_copy
 from ..frontend import keyed_module, trace
@@ -54,14 +54,11 @@ def _param_grads(model: torch.nn.Module, output: Any, notes: list[str], role: st
     """Gradients of ``sum(output.sum())`` for every named parameter that requires grad."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     with torch.enable_grad():  # the caller may be under no_grad; grads=True asks for them
-        terms = [t.sum() for _, t in flatten_tensors(output, "out")
-                 if t.requires_grad and (t.is_floating_point() or t.is_complex())]
-        if not named or not terms:
+        loss = outputs_loss(output)
+        if not named or loss is None:
             why = "no parameter requires grad" if not named else "no output requires grad"
             notes.append(f"grads=True: the {role} has no parameter gradient to compare ({why})")
             return {}
-        reals = [t.real if t.is_complex() else t for t in terms]
-        loss = sum(reals[1:], reals[0])
         found = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
     return {name: grad for (name, _), grad in zip(named, found)}
 
@@ -220,12 +217,6 @@ def _values_by_node(gm: fx.GraphModule) -> dict[str, list[tuple[str, torch.Tenso
     return found
 
 
-def _loss_of(output: Any) -> torch.Tensor | None:
-    terms = [t.real.sum() if t.is_complex() else t.sum() for _, t in flatten_tensors(output, "out")
-             if t.requires_grad and (t.is_floating_point() or t.is_complex())]
-    return sum(terms[1:], terms[0]) if terms else None
-
-
 def _localize_grads(reference, candidate, runs: ControlledRuns, rtol, atol, equal_nan,
                     notes: list[str]) -> list[NodeComparison]:
     """Activation gradients of both, compared in the reference's backward order."""
@@ -234,8 +225,8 @@ def _localize_grads(reference, candidate, runs: ControlledRuns, rtol, atol, equa
     except FxdebugError as exc:
         notes.append(f"activation gradients not compared: {' '.join(str(exc).split())}")
         return []
-    ref_grads = runs.run(lambda *args: activation_grads(ref_gm, args, _loss_of), grad=True)
-    cand_grads = runs.run(lambda *args: activation_grads(cand_gm, args, _loss_of), grad=True)
+    ref_grads = runs.run(lambda *args: activation_grads(ref_gm, args, outputs_loss), grad=True)
+    cand_grads = runs.run(lambda *args: activation_grads(cand_gm, args, outputs_loss), grad=True)
     matching = match_nodes(ref_gm, cand_gm)
     rows: list[NodeComparison] = []
     for ref, grad in ref_grads.items():

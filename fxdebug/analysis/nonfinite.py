@@ -30,7 +30,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import FxdebugError
-from ..runtime import Stats, flatten_tensors, tensor_stats, torch_compat
+from ..runtime import Stats, flatten_tensors, outputs_loss, tensor_stats, torch_compat
 from ..runtime.fit_to_width import fit_table, table_width
 from ..runtime.formatting import dtype_text, format_location, shape_text
 from ..runtime.report import Report
@@ -516,9 +516,7 @@ def _loss(out: Any, loss) -> torch.Tensor | None:
             raise FxdebugError(f"find_nonfinite: loss(output) must return a scalar tensor, got "
                                f"{got}; reduce it, e.g. loss=lambda out: out.mean().")
         return value.reshape(())
-    terms = [t.real.sum() if t.is_complex() else t.sum() for _, t in flatten_tensors(out)
-             if t.requires_grad and (t.is_floating_point() or t.is_complex())]
-    return sum(terms[1:], terms[0]) if terms else None
+    return outputs_loss(out)
 
 
 def _replay(gm: fx.GraphModule, runs: ControlledRuns, node: fx.Node, ignore) -> ForwardHit:

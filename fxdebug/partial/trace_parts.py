@@ -172,7 +172,7 @@ class _Dispatch:
                     f"which an exported graph would not do at run time either")
         dropout = next((path for path, sub in self.module.named_modules()
                         if isinstance(sub, torch_compat.DROPOUT_TYPES)
-                        and getattr(sub, "training", False) and getattr(sub, "p", 0) > 0), None)
+                        and sub.training and getattr(sub, "p", 0) > 0), None)
         if dropout is not None:
             return (f"not tried: {join_path(self.path, dropout) or '(root)'} is a dropout in "
                     f"train mode: random draws in an exported graph are not known to match "

@@ -49,7 +49,7 @@ from .parts import PartRecorder, SharedRecorder, begin_part
 from .records import Record, Records
 from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
 from .values import (children, clone_inputs, flatten_tensors, leaves, map_leaves, map_tensors,
-                     named_leaves)
+                     named_leaves, outputs_loss)
 
 __all__ = ["Recorder", "RECORDER_ATTR", "Records", "Record", "Stats", "tensor_stats",
            "summarize", "combine", "stats_from_summary", "stats_from_summaries",
@@ -57,7 +57,7 @@ __all__ = ["Recorder", "RECORDER_ATTR", "Records", "Record", "Stats", "tensor_st
            "own_value", "edited_parameter", "call_with_parameters", "PASSES_THROUGH",
            "traced_message", "TracedMessage", "PROXY_IN_TEXT",
            "stop", "stops_disabled", "begin_part", "SharedRecorder", "PartRecorder",
-           "emit_if_tracing", "flatten_tensors", "clone_inputs", "children", "leaves",
+           "emit_if_tracing", "flatten_tensors", "outputs_loss", "clone_inputs", "children", "leaves",
            "named_leaves", "map_leaves", "map_tensors",
            "EagerScope", "EagerKeys", "RegionForward", "RegionForwards", "REGIONS_ATTR", "EAGER_OP",
            "EAGER_MODULE"]

@@ -363,7 +363,7 @@ ASSERT_IS_NONE = getattr(sys.modules.get("torch.fx._symbolic_trace"), "_assert_i
 """The guard ``symbolic_trace(concrete_args={"x": None})`` inserts (``torch.fx._symbolic_trace.
 _assert_is_none``, 2.9.1 and 2.14.1); None where it is gone (then no node matches it)."""
 
-DROPOUT_TYPES: tuple[type, ...] = tuple(dict.fromkeys(
+DROPOUT_TYPES: tuple[type[torch.nn.Module], ...] = tuple(dict.fromkeys(
     ([torch.nn.modules.dropout._DropoutNd] if hasattr(torch.nn.modules.dropout, "_DropoutNd")
      else [torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d])
     + [torch.nn.AlphaDropout, torch.nn.FeatureAlphaDropout]))

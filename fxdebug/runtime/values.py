@@ -33,7 +33,7 @@ import torch
 from .torch_compat import tree_flatten_with_path, tree_is_leaf, tree_unflatten
 
 __all__ = ["children", "named_leaves", "leaves", "flatten_tensors", "map_leaves", "map_tensors",
-           "clone_inputs", "WALKER_FUNCTIONS"]
+           "clone_inputs", "outputs_loss", "WALKER_FUNCTIONS"]
 
 
 def _key_name(entry) -> str:
@@ -204,3 +204,18 @@ def clone_inputs(value: Any) -> Any:
 
 WALKER_FUNCTIONS = (_key_name, _opened_here, children, named_leaves)
 """What the dumped folder's run.py copies (their source) to flatten outputs without fxdebug."""
+
+
+def outputs_loss(value: Any) -> torch.Tensor | None:
+    """The scalar a default backward starts from: the sum of every floating tensor in ``value``
+    that requires grad (of a complex one, its real part), or None where there is none.
+
+    >>> out = {"a": torch.ones(2, requires_grad=True), "b": torch.ones(3), "n": 4}
+    >>> outputs_loss(out)
+    tensor(2., grad_fn=<SumBackward0>)
+    >>> outputs_loss(torch.ones(2)) is None
+    True
+    """
+    terms = [t.real.sum() if t.is_complex() else t.sum() for _, t in flatten_tensors(value)
+             if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+    return sum(terms[1:], terms[0]) if terms else None
