@@ -214,9 +214,10 @@ class Records(Report):
 
     def _read_stats(self) -> None:
         """Read every pending summary at once (one host read per device), after the run."""
-        pending = [r for r in self._records.values() if r._stats is None and r.summary is not None]
-        summaries = [r.summary for r in pending if r.summary is not None]  # all of them
-        for record, stats in zip(pending, stats_from_summaries(summaries)):
+        pending = [(r, r.summary) for r in self._records.values()
+                   if r._stats is None and r.summary is not None]
+        read = stats_from_summaries([summary for _, summary in pending])
+        for (record, _), stats in zip(pending, read):
             record._stats = stats
 
     # -- reading -----------------------------------------------------------------------
