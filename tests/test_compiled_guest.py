@@ -142,7 +142,7 @@ COMPILED_MODULES = ["compiled/check.py", "compiled/instrumenting_backend.py",
 
 @pytest.mark.parametrize("module", COMPILED_MODULES)
 def test_compiled_model_code_names_no_private_torch_name(module):
-    """Private torch names live in runtime/torch_compat.py only."""
+    """Private torch names live in the runtime/torch_compat package only."""
     tree = ast.parse((PACKAGE / module).read_text())
     private = []
     for node in ast.walk(tree):

@@ -1,10 +1,11 @@
-"""Private torch names live in ``fxdebug/runtime/torch_compat.py`` only.
+"""Private torch names live in the package ``fxdebug/runtime/torch_compat/`` only.
 
 torch may rename or drop any private name (``torch._dynamo``, ``torch.utils._pytree``,
 ``grad_fn._saved_*``, ``module._forward_hooks``...) in any release. fxdebug supports every
 release of the last year, so each private name it needs sits in one module, with the
 versions it was checked on and a public fallback. This test reads every
-``fxdebug/**/*.py`` with ``ast`` and fails on a private torch name anywhere else:
+``fxdebug/**/*.py`` with ``ast`` and fails on a private torch name outside that package
+(and on one inside it that does not say the torch versions it was checked on):
 
 * ``import torch._x``, ``from torch._x import y``, ``from torch.x import _y``;
 * ``torch._x``, ``fx.graph_module._x``, ``nn.modules.module._x``: a private name in an
@@ -30,7 +31,12 @@ import torch
 import torch.fx as fx
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "fxdebug"
-COMPAT = "runtime/torch_compat.py"
+COMPAT = "runtime/torch_compat"  # a package: every module in it (and only those) may use them
+
+
+def _in_compat(path: str) -> bool:
+    """``path`` (relative to the package, ``/``-separated) is a module of torch_compat."""
+    return path.startswith(COMPAT + "/")
 
 # Files whose private names are known and on their way out.
 ALLOWED_FILES = {
@@ -64,7 +70,7 @@ def _private(name: str) -> bool:
 
 
 def _files() -> dict[str, ast.Module]:
-    return {str(path.relative_to(PACKAGE)): ast.parse(path.read_text(), str(path))
+    return {path.relative_to(PACKAGE).as_posix(): ast.parse(path.read_text(), str(path))
             for path in sorted(PACKAGE.rglob("*.py"))}
 
 
@@ -146,12 +152,12 @@ def _attribute_uses(tree: ast.Module):
 
 
 def private_torch_uses() -> list[str]:
-    """``file:line: what`` of every private torch name outside torch_compat.py."""
+    """``file:line: what`` of every private torch name outside the torch_compat package."""
     trees = _files()
     own, torch_names = _own_names(trees), _torch_object_names()
     found: list[str] = []
     for path, tree in trees.items():
-        if path == COMPAT or path in ALLOWED_FILES:
+        if _in_compat(path) or path in ALLOWED_FILES:
             continue
         aliases = _torch_aliases(tree)
         inner = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
@@ -183,13 +189,16 @@ def private_torch_uses() -> list[str]:
 
 def test_no_private_torch_name_outside_torch_compat():
     assert private_torch_uses() == [], (
-        "move these into fxdebug/runtime/torch_compat.py (with the torch versions checked "
-        "and a public fallback) and call that")
+        "move these into a module of fxdebug/runtime/torch_compat/ (with the torch versions "
+        "checked and a public fallback), re-export them from its __init__.py and call that")
 
 
 def test_the_check_finds_each_kind_of_private_name(tmp_path, monkeypatch):
     package = tmp_path / "fxdebug"
-    (package / "runtime").mkdir(parents=True)
+    (package / COMPAT).mkdir(parents=True)
+    (package / COMPAT / "__init__.py").write_text("from .dynamo import reset\n")
+    (package / COMPAT / "dynamo.py").write_text("from torch._dynamo import reset\n")
+    # a module beside the package, where torch_compat used to be one file, is not part of it
     (package / "runtime" / "torch_compat.py").write_text("import torch._dynamo\n")
     (package / "bad.py").write_text(
         "import torch\nimport torch.fx as fx\nimport torch.utils._pytree as pytree\n"
@@ -203,10 +212,11 @@ def test_the_check_finds_each_kind_of_private_name(tmp_path, monkeypatch):
     expected = ["bad.py:3: import torch.utils._pytree", "bad.py:4: from torch._dynamo import ...",
                 "bad.py:5: from torch.fx.graph_module import _CodeOnlyModule",
                 "bad.py:6: torch._ops.OpOverload", "bad.py:7: fx.graph_module._forward_from_src",
-                "bad.py:9: _forward_hooks (attribute)", "bad.py:9: _orig_mod (getattr)"]
+                "bad.py:9: _forward_hooks (attribute)", "bad.py:9: _orig_mod (getattr)",
+                "runtime/torch_compat.py:1: import torch._dynamo"]
     assert [f for f in expected if f not in found] == []
     assert any("_saved_self" in f for f in found)
-    assert not any("_assert" in f or "torch_compat" in f for f in found)
+    assert not any("_assert" in f or f.startswith(COMPAT + "/") for f in found)
 
 
 def _uses_private(node: ast.AST) -> bool:
@@ -226,9 +236,17 @@ def _uses_private(node: ast.AST) -> bool:
 
 
 def unversioned_private_names() -> list[str]:
-    """Functions and constants of torch_compat.py that touch a private name without saying,
-    in their docstring or the comment next to them, that it was checked on torch 2.9.1."""
-    source = (PACKAGE / COMPAT).read_text()
+    """``file: what`` of the functions and constants in the torch_compat package that touch
+    a private name without saying, in their docstring or the comment next to them, that it
+    was checked on torch 2.9.1."""
+    silent = []
+    for path in sorted((PACKAGE / COMPAT).rglob("*.py")):
+        name = path.relative_to(PACKAGE).as_posix()
+        silent += [f"{name}: {what}" for what in _unversioned_in(path.read_text())]
+    return silent
+
+
+def _unversioned_in(source: str) -> list[str]:
     lines = source.splitlines()
     body = ast.parse(source).body
     silent = []
@@ -257,8 +275,9 @@ def test_every_private_name_in_torch_compat_says_the_versions_it_was_checked_on(
 
 
 def test_the_version_check_finds_a_silent_private_name(tmp_path, monkeypatch):
-    (tmp_path / "runtime").mkdir()
-    (tmp_path / COMPAT).write_text(
+    (tmp_path / COMPAT).mkdir(parents=True)
+    (tmp_path / COMPAT / "__init__.py").write_text('from .grad import SEEN\n')
+    (tmp_path / COMPAT / "grad.py").write_text(
         'import torch\n'
         'SEEN = torch._C._set_grad_enabled  # checked on 2.9.1 and 2.14.1\n'
         'HIDDEN = torch._C._get_tracing_state\n'
@@ -266,4 +285,20 @@ def test_the_version_check_finds_a_silent_private_name(tmp_path, monkeypatch):
         'def said(module):\n    """(2.9.1, 2.14.1)."""\n    return module._forward_hooks\n'
         'def public(module):\n    """Nothing private."""\n    return module.training\n')
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
-    assert unversioned_private_names() == ["line 3", "quiet (line 4)"]
+    assert unversioned_private_names() == [f"{COMPAT}/grad.py: line 3",
+                                           f"{COMPAT}/grad.py: quiet (line 4)"]
+
+
+def test_the_package_reexports_every_name_of_its_modules():
+    """``torch_compat.X`` reaches every name: the modules are a layout, not an API."""
+    import importlib
+
+    from fxdebug.runtime import torch_compat
+    names: list[str] = []
+    for path in sorted((PACKAGE / COMPAT).glob("[!_]*.py")):
+        module = importlib.import_module(f"fxdebug.runtime.torch_compat.{path.stem}")
+        names += module.__all__
+        assert [name for name in module.__all__
+                if getattr(torch_compat, name, None) is not getattr(module, name)] == [], path.name
+    assert sorted(set(names) - set(torch_compat.__all__)) == []
+    assert len(torch_compat.__all__) == len(set(torch_compat.__all__))

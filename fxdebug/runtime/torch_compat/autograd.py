@@ -1,0 +1,60 @@
+"""What autograd keeps private: a tensor's version counter and the tensors a ``grad_fn``
+saved for backward (with their saved-tensor hooks).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["saved_tensor_has_unpack_hooks", "saved_tensor_names", "tensor_version"]
+
+
+def tensor_version(tensor: torch.Tensor) -> int | None:
+    """The tensor's in-place version counter (``tensor._version``, 2.9.1 and 2.14.1); None for
+    an inference tensor, which has none, or where torch drops the attribute.
+
+    >>> t = torch.zeros(1); before = tensor_version(t); _ = t.add_(1); tensor_version(t) - before
+    1
+    """
+    try:
+        return tensor._version
+    except (RuntimeError, AttributeError):
+        return None
+
+
+_SAVED_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def saved_tensor_names(fn) -> tuple[str, ...]:
+    """Attributes of an autograd node that unpack the values it saved for backward.
+
+    autograd names them ``_saved_<argument>`` (2.9.1, 2.14.1), and a custom Function's
+    ``saved_tensors`` (with ``_raw_saved_tensors``). Where torch drops them: ``()`` (nothing
+    to check; no wrong answer).
+
+    >>> y = torch.ones(2, requires_grad=True).exp()
+    >>> "_saved_result" in saved_tensor_names(y.grad_fn)
+    True
+    """
+    kind = type(fn)
+    if kind not in _SAVED_NAMES:
+        names = [name for name in dir(fn) if name.startswith("_saved_")]
+        if hasattr(fn, "saved_tensors") and hasattr(fn, "_raw_saved_tensors"):
+            names.append("saved_tensors")
+        _SAVED_NAMES[kind] = tuple(names)
+    return _SAVED_NAMES[kind]
+
+
+def saved_tensor_has_unpack_hooks(fn, name: str) -> bool:
+    """Whether unpacking ``fn.<name>`` would run a saved-tensor hook (checkpointing, offload):
+    reads ``_raw_<name>`` (2.9.1, 2.14.1) and its ``unpack_hook`` (2.14.1). torch 2.9's saved
+    tensor has no ``unpack_hook`` (nor a public way to ask): False there, so lint_inplace on a
+    checkpointed graph unpacks, i.e. recomputes, and may report a false hazard on torch 2.9.
+
+    >>> y = torch.ones(2, requires_grad=True).exp()
+    >>> saved_tensor_has_unpack_hooks(y.grad_fn, "_saved_result")
+    False
+    """
+    raw = getattr(fn, "_raw_" + name.lstrip("_"), None)
+    items = raw if isinstance(raw, (tuple, list)) else (raw,)
+    return any(getattr(item, "unpack_hook", None) is not None for item in items)

@@ -1,0 +1,119 @@
+"""``torch.compile``'s internals: the module it wraps, dynamo's backends by name, inductor
+with a mode's options, and why and where dynamo broke a graph.
+
+Importing this module loads neither dynamo nor inductor; a function loads them when
+called (``compiled_inner`` never does).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import torch
+
+__all__ = ["compiled_inner", "dynamo_frame_id", "graph_break_reason", "inductor_backend",
+           "lookup_backend"]
+
+
+def compiled_inner(module) -> torch.nn.Module | None:
+    """The module ``torch.compile`` wrapped, if ``module`` is what it returned; else None.
+
+    Private: ``torch._dynamo.eval_frame.OptimizedModule`` and its ``_orig_mod``
+    (checked on torch 2.9.1 and 2.14.1; torch's own docs name ``_orig_mod``
+    for state dicts). Fallback: a module whose class is named
+    ``OptimizedModule`` and that holds a module in ``_orig_mod``. Never
+    imports dynamo (a module compiled by torch.compile has loaded it).
+
+    >>> compiled_inner(torch.nn.ReLU()) is None
+    True
+    """
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    wrapper = getattr(eval_frame, "OptimizedModule", None)
+    if wrapper is not None:
+        if not isinstance(module, wrapper):
+            return None
+    elif type(module).__name__ != "OptimizedModule":
+        return None
+    inner = module.__dict__.get("_modules", {}).get("_orig_mod")
+    return inner if isinstance(inner, torch.nn.Module) else None
+
+
+def lookup_backend(name: str):
+    """The dynamo backend callable ``(gm, example_inputs) -> callable`` registered as ``name``.
+
+    Private: ``torch._dynamo.lookup_backend`` (checked on torch 2.9.1 and
+    2.14.1; raises for an unknown name). Fallback: a backend that hands the
+    graph to ``torch.compile(gm, backend=name)`` (public; dynamo traces the
+    graph once more). Names: public ``torch.compiler.list_backends()``.
+
+    >>> callable(lookup_backend("eager"))
+    True
+    """
+    try:
+        from torch._dynamo import lookup_backend as lookup
+    except ImportError:  # pragma: no cover - a torch without it
+        if name not in torch.compiler.list_backends(exclude_tags=()):
+            raise ValueError(f"unknown dynamo backend {name!r}") from None
+
+        def by_name(gm, example_inputs):
+            return torch.compile(gm, backend=name)
+        return by_name
+    return lookup(name)
+
+
+def inductor_backend(mode: str):
+    """A dynamo backend: inductor with the options of ``torch.compile(..., mode=mode)``.
+
+    Private: ``torch._inductor.list_mode_options`` and
+    ``torch._inductor.compile_fx.compile_fx(gm, example_inputs,
+    config_patches=...)`` (checked on torch 2.9.1 and 2.14.1). Fallback:
+    ``torch.compile(gm, backend="inductor", mode=mode)`` on the graph (public;
+    dynamo traces the graph once more).
+
+    >>> callable(inductor_backend("max-autotune"))
+    True
+    """
+    try:
+        from torch._inductor import list_mode_options
+        from torch._inductor.compile_fx import compile_fx
+    except ImportError:  # pragma: no cover - a torch without them
+        def by_mode(gm, example_inputs):
+            return torch.compile(gm, backend="inductor", mode=mode)
+        return by_mode
+    options = list_mode_options(mode)
+
+    def inductor_with_mode(gm, example_inputs):
+        return compile_fx(gm, example_inputs, config_patches=options)
+    return inductor_with_mode
+
+
+def graph_break_reason(gm) -> tuple[str, list[traceback.FrameSummary]] | None:
+    """Why dynamo ended the graph ``gm`` at a graph break: ``(reason, user stack)``, else None.
+
+    Private: the ``compile_subgraph_reason`` dynamo sets on each graph it
+    hands a backend (a ``GraphCompileReason``: ``reason``, ``user_stack``,
+    ``graph_break``), what ``torch._dynamo.explain`` reads (checked on torch
+    2.9.1 and 2.14.1). Fallback: None (the graph is counted, its break
+    reason is unknown).
+
+    >>> graph_break_reason(torch.fx.symbolic_trace(torch.nn.ReLU())) is None
+    True
+    """
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    if reason is None or not getattr(reason, "graph_break", False):
+        return None
+    return str(getattr(reason, "reason", "")), list(getattr(reason, "user_stack", None) or ())
+
+
+def dynamo_frame_id(gm) -> int | None:
+    """The id of the Python frame dynamo captured ``gm`` from (None when unknown).
+
+    Private: ``gm.meta["dynamo_compile_id"].frame_id`` (checked on torch 2.9.1
+    and 2.14.1). Fallback: None (every graph counts as the start of a run).
+
+    >>> dynamo_frame_id(torch.fx.symbolic_trace(torch.nn.ReLU())) is None
+    True
+    """
+    compile_id = getattr(gm, "meta", {}).get("dynamo_compile_id")
+    return getattr(compile_id, "frame_id", None)
