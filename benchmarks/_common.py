@@ -111,7 +111,8 @@ def host_syncs(fn: Callable[[], object]) -> int:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    return sum("synchroniz" in str(w.message) for w in caught)
+    # (not the one-off "Synchronization debug mode is a prototype feature" notice)
+    return sum("called a synchronizing" in str(w.message) for w in caught)
 
 
 def interleaved(variants: dict[str, Callable[[], object]], *, repeats: int, warmup: int,

@@ -87,7 +87,7 @@ def outputs_under_hash_seeds(script: str, args: Callable[[str], Sequence[str]] =
 # -- the fork server ---------------------------------------------------------------------------
 # Startup settings: a child forked from a server keeps the server's, so they pick the server.
 _STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "CUDA", "LD_",
-                     "MALLOC", "NUMEXPR_")
+                     "MALLOC", "NUMEXPR_", "TRITON")
 _MAX_SERVERS = 5  # the least recently used one beyond these ends (each holds torch's memory)
 
 _SERVER = r'''

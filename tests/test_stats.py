@@ -5,11 +5,13 @@ finite values in float64, ``(t == 0).sum()`` and ``(~torch.isfinite(t)).sum()``.
 """
 
 import math
+import textwrap
 
 import pytest
 import torch
 
 import fxdebug
+from subprocesses import run_python
 from fxdebug.runtime import stats_from_summary, summarize
 from fxdebug.runtime import stats_kernel
 from fxdebug.runtime.stats_kernel import MIN_NUMEL, one_pass_sums
@@ -219,3 +221,35 @@ def test_compiled_kernel_keeps_a_large_mean_small_spread_exact(wide):
     assert math.isclose(mean, d.mean().item(), rel_tol=1e-9)
     assert math.isclose(m2, (d - d.mean()).square().sum().item(), rel_tol=1e-5)
     assert bound <= stats_kernel.BOUND_RATIO * m2  # stats mode takes it as it is
+
+
+_TRITON_CASES = textwrap.dedent("""
+    import os, sys
+    import torch
+    from fxdebug.runtime import stats_from_summary
+    from fxdebug.runtime.stats_triton import gpu_summary
+    from test_stats import ADVERSARIAL, adversarial, assert_stats_equal, sample, truth
+    cases = [(case, adversarial(case)) for case in ADVERSARIAL]
+    cases += [("nan-inf-zeros " + str(dtype), sample(dtype)) for dtype in
+              (torch.float32, torch.float16, torch.bfloat16, torch.float64)]
+    cases += [("all NaN", torch.full((7,), float("nan"))), ("one value", torch.tensor([2.5]))]
+    for name, x in cases:
+        summary = gpu_summary(x)
+        assert summary is not None, "gpu_summary did not run under TRITON_INTERPRET=1"
+        stats = stats_from_summary(summary)
+        if name == "all NaN":
+            assert stats.nonfinite == 7 and stats.numel == 7, stats
+        else:
+            assert_stats_equal(stats, truth(x), x.dtype)
+        again = gpu_summary(x)
+        assert torch.equal(summary, again) or summary.isnan().equal(again.isnan()), name  # fixed order
+        print("ok", name)
+""")
+
+
+def test_triton_kernels_match_float64_under_the_interpreter():
+    """The CUDA path's two Triton kernels, run on the CPU by Triton's interpreter."""
+    pytest.importorskip("triton")
+    proc = run_python(_TRITON_CASES, TRITON_INTERPRET="1")  # read as triton is imported
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("ok ") == len(ADVERSARIAL) + 6, proc.stdout

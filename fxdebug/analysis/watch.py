@@ -84,6 +84,7 @@ class NonfiniteWatch:
         self._rng: tuple[torch.Tensor, list[torch.Tensor]] | None = None
         self._buffers: list[torch.Tensor] | None = []
         self._kept: list[torch.Tensor] = []  # the buffer snapshot's tensors, reused
+        self._kept_groups: list[list[int]] = []  # their indices, by dtype and device
         self._outputs: list[torch.Tensor] = []
         self._out_sum: torch.Tensor | None = None
 
@@ -132,15 +133,20 @@ class NonfiniteWatch:
         return output
 
     def _snapshot_buffers(self, *_) -> None:
-        """Copy the buffers into tensors kept from step to step (one fused copy)."""
+        """Copy the buffers into tensors kept from step to step: one fused copy per dtype and
+        device (given a mixed list, torch copies tensor by tensor: a launch per BatchNorm buffer)."""
         buffers = [b.detach() for b in self.module.buffers()]
         kept = self._kept
         if len(kept) != len(buffers) or any(
                 k.shape != b.shape or k.dtype != b.dtype or k.device != b.device
                 for k, b in zip(kept, buffers)):
             kept = self._kept = [torch.empty_like(b) for b in buffers]
-        if buffers:
-            foreach_copy_(kept, buffers)
+            groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
+            for index, buffer in enumerate(buffers):  # (insertion order: deterministic)
+                groups.setdefault((buffer.dtype, buffer.device), []).append(index)
+            self._kept_groups = list(groups.values())
+        for group in self._kept_groups:
+            foreach_copy_([kept[i] for i in group], [buffers[i] for i in group])
         self._buffers = kept
 
     def _grads(self) -> list[torch.Tensor]:

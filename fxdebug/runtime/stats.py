@@ -17,8 +17,10 @@ is made, and a slower path runs only where it must: a non-finite value, a
 shift far from the values, or float32 overflow (float64). Smaller tensors,
 integers, float64, and machines where the kernel cannot be compiled take
 torch's own reductions (four passes; masked where values are not finite). On
-other devices nothing is read during the run: the kernel works in float64 on
-the device and the table reads every summary at once, after the run.
+other devices nothing is read during the run, and the table reads every
+summary at once, after the run: a floating CUDA tensor of any size takes two
+Triton kernel launches (:mod:`.stats_triton`; a GPU's cost is the host's time
+to launch), other devices the compiled kernel in float64.
 
 >>> s = stats_from_summary(summarize(torch.tensor([1.0, 3.0, float("inf"), 0.0])))
 >>> round(s.mean, 4), round(s.std, 4), s.min, s.max, s.zeros_pct, s.nonfinite
@@ -33,6 +35,7 @@ from typing import NamedTuple
 import torch
 
 from .stats_kernel import BOUND_RATIO, MIN_NUMEL, one_pass_sums
+from .stats_triton import GPU_DTYPES, gpu_summary
 
 __all__ = ["Stats", "tensor_stats", "summarize", "combine", "stats_from_summary",
            "stats_from_summaries"]
@@ -82,6 +85,12 @@ def summarize(tensor: torch.Tensor, sync_free: bool | None = None,
     [2.0, 1.0, 2.0, 0.0, 2.0, 1.0, 0.0, 2.0]
     """
     numel = tensor.numel()
+    if one_pass and numel and sync_free is not False and tensor.device.type == "cuda" \
+            and tensor.dtype in GPU_DTYPES and tensor.layout == torch.strided \
+            and type(tensor) in _PLAIN_TENSORS:
+        summary = gpu_summary(tensor)  # two launches, nothing read back
+        if summary is not None:
+            return summary
     if one_pass and numel >= MIN_NUMEL and tensor.dtype in _KERNEL_DTYPES \
             and tensor.layout == torch.strided and tensor.device.type in ("cpu", "cuda") \
             and type(tensor) in _PLAIN_TENSORS:
