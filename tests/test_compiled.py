@@ -198,3 +198,20 @@ def test_cli_check_compiled(capsys, tmp_path):
     out = capsys.readouterr().out
     assert code == 1 and "first divergence: block.relu (torch.relu" in out
     assert os.path.isfile(tmp_path / "repro" / "run.py")
+
+
+class ComplexOut(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 6)
+
+    def forward(self, x):
+        return torch.view_as_complex(self.fc(x).view(-1, 3, 2))
+
+
+def test_gradients_of_a_complex_output_are_compared():
+    """grads=True differentiates the loss check_equivalence uses: a complex output's real part."""
+    torch.manual_seed(0)
+    model, x = ComplexOut(), torch.randn(5, 4)
+    report = fxdebug.check_compiled(model, x, backend="aot_eager", grads=True)
+    assert report.ok and len(report.grads) == len(list(model.parameters())), report.table()

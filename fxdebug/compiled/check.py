@@ -26,7 +26,7 @@ import torch
 from ..dumping import dump as dump_folder
 from ..dumping.folder_runtime import flatten_outputs
 from ..errors import FxdebugError
-from ..runtime import flatten_tensors
+from ..runtime.values import outputs_loss
 from ..runtime.fit_to_width import fit_table, table_width
 from ..runtime.formatting import format_error, format_location
 from ..runtime.report import Report
@@ -213,11 +213,10 @@ def _backend_name(backend) -> str:
 def _param_grads(model: torch.nn.Module, output: Any) -> dict:
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     with torch.enable_grad():  # the caller may be under no_grad; grads=True asks for them
-        terms = [t.sum() for _, t in flatten_tensors(output, "out")
-                 if t.requires_grad and t.is_floating_point()]
-        if not named or not terms:
+        loss = outputs_loss(output)  # the loss check_equivalence and find_nonfinite use
+        if not named or loss is None:
             return {}
-        found = torch.autograd.grad(sum(terms[1:], terms[0]), [p for _, p in named], allow_unused=True)
+        found = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
     return {name: grad for (name, _), grad in zip(named, found)}
 
 
