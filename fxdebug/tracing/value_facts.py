@@ -378,8 +378,9 @@ class ValueFacts:
         shape, floating = opaque, False
         if "out" in node.kwargs or not isinstance(first, fx.Node):
             return dtype, shape, floating
-        if target in _CAST_FUNCTIONS:
-            return self._cast(self.dtype(first), target.__name__), opaque, self.floating(first)
+        if target in _CAST_FUNCTIONS:  # both operands have one dtype (or autocast casts both)
+            floating = any(self.floating(arg) for arg in node.args[:2])
+            return self._cast(self.dtype(first), target.__name__), opaque, floating
         if target in _FLOAT_FUNCTIONS:
             if not self.floating(first):
                 return dtype, self.shape(first), False
