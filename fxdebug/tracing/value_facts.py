@@ -5,10 +5,11 @@
 and shape; this module proves it or says "unknown". Facts are sound, not
 complete: equal facts mean equal dtypes (shapes) on every run that reaches the
 nodes, whatever the inputs, a later ``model.half()``, or an autocast region
-(any device) the caller opens around the model. Anything not proven is ``None``.
-A run on example inputs (``FakeTensorProp``) cannot stand in: it says nothing
-of the next input's shape or dtype; tests/test_value_facts.py checks these
-facts against such runs instead.
+the caller opens around the model (on CPU, CUDA, MPS, XPU: the autocast
+lists torch itself registers). Anything not proven is ``None``. A run on
+example inputs (``FakeTensorProp``) cannot stand in: it says nothing of the
+next input's shape or dtype; tests/test_value_facts.py checks these facts
+against such runs instead, at several shapes, dtypes and autocast dtypes.
 
 dtype labels (tuples, compared with ``==``)::
 
@@ -18,10 +19,11 @@ dtype labels (tuples, compared with ``==``)::
                                but ``base``'s dtype where all of ``kinds`` keep the dtype,
                                so a chain of casts that has all ``kinds`` makes it ``base``
 
-A casting op (Conv, Linear, matmul, BatchNorm) keeps its input's dtype (it
-raises where its weight's differs) except under autocast, where torch's op
-lists (one kernel per op and device) cast every floating input to one dtype:
-lower precision (conv, linear, matmul) or float32 (``batch_norm`` on MPS).
+A casting op (Conv, Linear, matmul, BatchNorm) keeps its input's dtype or
+raises (a weight of another dtype), except under autocast, where torch's op
+lists (one kernel per op and device) cast every floating input but float64
+to one dtype: lower precision (conv, linear, matmul) or float32
+(``batch_norm`` on MPS).
 So each kind either keeps the dtype or casts to a constant, and a chain gives
 what its outermost non-keeping kind gives: ``kinds`` lists each kind once,
 outermost first (conv after bn after conv is spelled ``(conv, bn)``).
