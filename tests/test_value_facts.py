@@ -261,6 +261,34 @@ def test_an_integer_tensor_plus_its_sigmoid_stays_in_place_and_fails_as_in_eager
             module(torch.arange(6))
 
 
+class Grow(nn.Module):
+    def forward(self, t):
+        t.resize_(2, *t.shape)       # code fx does not see (a leaf) grows its input in place
+        return t
+
+
+class GrownThroughAnAlias(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 4, 1)
+        self.ident, self.grow = nn.Identity(), Grow()
+
+    def forward(self, x):
+        a = self.a(x)
+        self.grow(self.ident(a))     # the very tensor a
+        c = self.b(x)
+        c += a                       # 1x4x4x4 += 2x1x4x4x4: an error in place, larger out of it
+        return c
+
+
+def test_a_tensor_a_leaf_may_reshape_through_an_alias_has_no_shape_and_the_write_stays():
+    gm = fxdebug.trace(GrownThroughAnAlias(), leaf_modules=[Grow])
+    assert not any(LOWERED in n.meta for n in gm.graph.nodes)
+    for module in (GrownThroughAnAlias(), gm):
+        with torch.no_grad(), pytest.raises(RuntimeError, match="doesn't match the broadcast"):
+            module(torch.randn(1, 3, 4, 4))
+
+
 # -- the hand lists against torch's dispatcher and the ops themselves ----------------------------
 AUTOCAST_KEYS = [key for key in dir(torch._C.DispatchKey) if key.startswith("Autocast")]
 

@@ -41,8 +41,9 @@ A convolution proves its input's channel count (``in_channels``), so
 ``conv(x)`` with stride 1 and "same" padding has the shape of ``x``.
 
 A value that code fx cannot see may change in place (a leaf module or a
-wrapped function receives it: ``x.resize_``, ``x.set_``) or that an in-place
-shape change reaches has no facts at all.
+wrapped function receives it, or a tensor that may be the very same one,
+``nn.Identity()(x)``: ``x.resize_``, ``x.set_``) or that an in-place shape
+change reaches has no facts at all.
 """
 
 from __future__ import annotations
@@ -164,6 +165,9 @@ class ValueFacts:
         for node in graph.nodes:
             if self._may_reshape_inputs(node):
                 self._unstable.update(dict.fromkeys(node.all_input_nodes))
+        for node in reversed(graph.nodes):  # and what may be the very same tensor
+            if node in self._unstable and self._may_return_input(node):
+                self._unstable.update(dict.fromkeys(node.all_input_nodes))
 
     def _may_reshape_inputs(self, node: fx.Node) -> bool:
         """Code fx cannot see receives the inputs, or an in-place method reshapes them."""
@@ -174,6 +178,15 @@ class ValueFacts:
         if node.op == "call_module":
             return not is_plain_torch_module(_module(self.root, node))
         return False
+
+    def _may_return_input(self, node: fx.Node) -> bool:
+        """The node's value may be an input tensor itself (``Identity``, ``x.add_``, ``+=``)."""
+        if node.op == "call_method" or self._may_reshape_inputs(node):
+            return True
+        if node.op == "call_function":
+            return node.target in INPLACE_OPERATORS or node.target in _FLOAT_FUNCTIONS \
+                or node.target in _VIEW_FUNCTIONS
+        return node.op == "call_module" and type(_module(self.root, node)) in _DTYPE_KEEPING_MODULES
 
     # -- answers -------------------------------------------------------------------------
     def dtype(self, value) -> tuple | None:
