@@ -79,14 +79,15 @@ class Lowerable(nn.Module):
         self.conv2 = nn.Conv2d(3, 3, 3, padding=1)
         self.down = nn.Conv2d(3, 6, 1, stride=2)
         self.conv3 = nn.Conv2d(3, 6, 3, stride=2, padding=1)
-        self.bn = nn.BatchNorm2d(6)
+        self.bn, self.bn_down = nn.BatchNorm2d(6), nn.BatchNorm2d(6)
         self.lin = nn.Linear(6, 5)
 
     def forward(self, x):
         a = self.conv1(x)
         a += self.conv2(x)           # same dtype and shape (stride 1, padding 1)
         b = self.bn(self.conv3(a))
-        b -= self.down(a)            # both halve the spatial size the same way
+        b -= self.bn_down(self.down(a))  # both halve the spatial size the same way and are
+        #                                  batch-normed (float32 under MPS autocast, conv: half)
         c = b * 2.0
         c *= 3                       # a Python number into a floating tensor
         d = self.lin(c.mean((2, 3)))

@@ -5,17 +5,33 @@
 and shape; this module proves it or says "unknown". Facts are sound, not
 complete: equal facts mean equal dtypes (shapes) on every run that reaches the
 nodes, whatever the inputs, a later ``model.half()``, or an autocast region
-the caller opens around the model. Anything not proven is ``None``.
+the caller opens around the model (on CPU, CUDA, MPS, XPU: the autocast
+lists torch itself registers). Anything not proven is ``None``. A run on
+example inputs (``FakeTensorProp``) cannot stand in: it says nothing of the
+next input's shape or dtype; tests/test_value_facts.py checks these facts
+against such runs instead, at several shapes, dtypes and autocast dtypes.
 
 dtype labels (tuples, compared with ``==``)::
 
-    ("value", name)   the dtype of that node's value: equal to itself only
-    ("lowp", label)   what Conv / Linear / matmul make of an input of dtype ``label``:
-                      that dtype (it must match the weight's), or under autocast its
-                      lower precision; lowp(lowp(d)) == lowp(d), so it is written once
+    ("value", name)            the dtype of that node's value: equal to itself only
+    ("cast", kinds, label)     what a chain of casting ops made of ``label``'s dtype
+    ("mix", kinds, base, name) ``a + b`` of two labels of one base: equal to itself only,
+                               but ``base``'s dtype where all of ``kinds`` keep the dtype,
+                               so a chain of casts that has all ``kinds`` makes it ``base``
 
-    ReLU, BatchNorm, MaxPool2d, Dropout, views ...: the input's label (no autocast
-    list of torch's changes their dtype); x + y with equal labels: that label.
+A casting op (Conv, Linear, matmul, BatchNorm) keeps its input's dtype or
+raises (a weight of another dtype), except under autocast, where torch's op
+lists (one kernel per op and device) cast every floating input but float64
+to one dtype: lower precision (conv, linear, matmul) or float32
+(``batch_norm`` on MPS).
+So each kind either keeps the dtype or casts to a constant, and a chain gives
+what its outermost non-keeping kind gives: ``kinds`` lists each kind once,
+outermost first (conv after bn after conv is spelled ``(conv, bn)``).
+
+ReLU, GELU, Sigmoid, Dropout, MaxPool2d ... (no autocast kernel on any
+device; tests/test_value_facts.py asks torch's dispatcher) keep the label of
+a floating input (``sigmoid`` of an integer tensor is float32); views keep
+any label; ``x + y`` with equal labels: that label.
 
 Shapes: ``Shape(lead, dims)``, the last dims spelled out (an ``int``, a symbol
 ``("dim", node name, -i)``, or an expression of one: ``("+", dim, c)``,
@@ -25,8 +41,9 @@ A convolution proves its input's channel count (``in_channels``), so
 ``conv(x)`` with stride 1 and "same" padding has the shape of ``x``.
 
 A value that code fx cannot see may change in place (a leaf module or a
-wrapped function receives it: ``x.resize_``, ``x.set_``) or that an in-place
-shape change reaches has no facts at all.
+wrapped function receives it, or a tensor that may be the very same one,
+``nn.Identity()(x)``: ``x.resize_``, ``x.set_``) or that an in-place shape
+change reaches has no facts at all.
 """
 
 from __future__ import annotations
@@ -45,25 +62,25 @@ from .alias_rules import is_plain_torch_module, is_torch_callable
 
 __all__ = ["ValueFacts", "Shape", "is_autocast_node"]
 
-# In the lower-precision list of every autocast device (CPU, CUDA): all cast alike.
-_LOWP_MODULES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+# Casting ops (see the module docstring): in torch's autocast lists, else dtype-keeping.
+_CAST_MODULES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.BatchNorm1d, nn.BatchNorm2d,
+                 nn.BatchNorm3d)
+_CAST_FUNCTIONS = (operator.matmul, torch.matmul, torch.mm, torch.bmm, F.linear, F.conv1d,
+                   F.conv2d, F.conv3d)
 _NORM_MODULES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm)
-# Output dtype == input dtype under every autocast list of torch (CPU and CUDA).
+# Output dtype == a floating input's, on every device and autocast state (no autocast kernel).
 _SHAPE_KEEPING_MODULES = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.Hardtanh, nn.GELU, nn.SiLU,
                           nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.Mish,
-                          nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.Dropout,
-                          nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Identity)
+                          nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Identity)
 _DTYPE_KEEPING_MODULES = _SHAPE_KEEPING_MODULES + (nn.MaxPool1d, nn.MaxPool2d, nn.Flatten,
                                                    nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)
-
-_LOWP_FUNCTIONS = (operator.matmul, torch.matmul, torch.mm, torch.bmm, F.linear, F.conv1d,
-                   F.conv2d, F.conv3d)
-_SHAPE_KEEPING_FUNCTIONS = (torch.relu, F.relu, torch.clone, torch.detach, F.dropout,
-                            torch.sigmoid, torch.tanh, F.hardsigmoid, F.hardswish, F.silu,
-                            F.gelu)
-_DTYPE_KEEPING_FUNCTIONS = _SHAPE_KEEPING_FUNCTIONS + (torch.flatten, torch.transpose,
-                                                       torch.permute, torch.squeeze,
-                                                       torch.unsqueeze, torch.reshape)
+# Elementwise: the shape and a floating input's dtype (sigmoid of an int tensor is float32).
+_FLOAT_FUNCTIONS = (torch.relu, F.relu, F.dropout, torch.sigmoid, torch.tanh, F.hardsigmoid,
+                    F.hardswish, F.silu, F.gelu)
+# Views and copies: any input's dtype (clone and detach: its shape too).
+_VIEW_FUNCTIONS = (torch.clone, torch.detach, torch.flatten, torch.transpose, torch.permute,
+                   torch.squeeze, torch.unsqueeze, torch.reshape)
+# Methods that keep any input's dtype (views, copies, relu).
 _DTYPE_KEEPING_METHODS = ("view", "reshape", "flatten", "permute", "transpose", "contiguous",
                           "squeeze", "unsqueeze", "expand", "expand_as", "view_as",
                           "reshape_as", "clone", "detach", "t", "relu")
@@ -131,7 +148,7 @@ class ValueFacts:
     >>> for node in gm.graph.nodes:
     ...     facts.visit(node)
     >>> x, conv, relu, _ = gm.graph.nodes
-    >>> facts.same_shape(x, relu), facts.dtype(relu) == ("lowp", ("value", x.name))
+    >>> facts.same_shape(x, relu), facts.dtype(relu) == ("cast", ("Conv2d:zeros",), ("value", x.name))
     (True, True)
     >>> facts.floating(relu), facts.floating(x)      # conv weights are; the input may be anything
     (True, False)
@@ -148,6 +165,9 @@ class ValueFacts:
         for node in graph.nodes:
             if self._may_reshape_inputs(node):
                 self._unstable.update(dict.fromkeys(node.all_input_nodes))
+        for node in reversed(graph.nodes):  # and what may be the very same tensor
+            if node in self._unstable and self._may_return_input(node):
+                self._unstable.update(dict.fromkeys(node.all_input_nodes))
 
     def _may_reshape_inputs(self, node: fx.Node) -> bool:
         """Code fx cannot see receives the inputs, or an in-place method reshapes them."""
@@ -158,6 +178,15 @@ class ValueFacts:
         if node.op == "call_module":
             return not is_plain_torch_module(_module(self.root, node))
         return False
+
+    def _may_return_input(self, node: fx.Node) -> bool:
+        """The node's value may be an input tensor itself (``Identity``, ``x.add_``, ``+=``)."""
+        if node.op == "call_method" or self._may_reshape_inputs(node):
+            return True
+        if node.op == "call_function":
+            return node.target in INPLACE_OPERATORS or node.target in _FLOAT_FUNCTIONS \
+                or node.target in _VIEW_FUNCTIONS
+        return node.op == "call_module" and type(_module(self.root, node)) in _DTYPE_KEEPING_MODULES
 
     # -- answers -------------------------------------------------------------------------
     def dtype(self, value) -> tuple | None:
@@ -308,10 +337,31 @@ class ValueFacts:
             dtype, shape, floating = None, None, False
         self._dtype[node], self._shape[node], self._floating[node] = dtype, shape, floating
 
-    def _lowp(self, label):
+    def _cast(self, label, kind: str):
+        """``label`` through one more casting op of ``kind`` (each kind once, outermost first)."""
         if label is None or self.autocast_inside:
             return None
-        return label if label[0] == "lowp" else ("lowp", label)
+        kinds, inner = (kind,), label
+        if label[0] == "cast":
+            kinds, inner = (kind, *(k for k in label[1] if k != kind)), label[2]
+        if inner[0] == "mix" and set(inner[1]) <= set(kinds):
+            inner = inner[2]  # where all of kinds keep the dtype, the mix has its base's
+        return ("cast", kinds, inner)
+
+    @staticmethod
+    def _mixed(name: str, a, b):
+        """The label of ``a + b`` for labels of one base: its base's dtype where its kinds keep."""
+        parts = []
+        for label in (a, b):
+            kinds, inner = (label[1], label[2]) if label[0] == "cast" else ((), label)
+            if inner[0] == "mix":
+                kinds, inner = kinds + inner[1], inner[2]
+            parts.append((kinds, inner))
+        (kinds_a, base), (kinds_b, base_b) = parts
+        if base != base_b:
+            return ("value", name)
+        kinds = tuple(sorted(set(kinds_a + kinds_b)))
+        return ("mix", kinds, base, name) if kinds else base
 
     def _module_facts(self, node, first, dtype, opaque):
         module = _module(self.root, node)
@@ -319,17 +369,19 @@ class ValueFacts:
         if not is_plain_torch_module(module) or not isinstance(first, fx.Node):
             return dtype, shape, floating
         kind = type(module)
-        if kind in _LOWP_MODULES:
+        if kind in _CAST_MODULES:
             weight = module.weight
-            dtype, floating = self._lowp(self.dtype(first)), weight.is_floating_point()
+            floating = weight is not None and weight.is_floating_point()
+            name = f"{kind.__name__}:{getattr(module, 'padding_mode', '')}"
+            dtype = self._cast(self.dtype(first), name)
             if kind is nn.Linear:
                 shape = self._linear_shape(module, self.shape(first))
-            else:
+            elif kind in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
                 shape = self._conv_shape(module, self.shape(first))
         if kind in _NORM_MODULES:
-            floating = True
-        if kind in _DTYPE_KEEPING_MODULES:
-            dtype, floating = self.dtype(first), floating or self.floating(first)
+            floating, shape = True, self.shape(first)
+        if kind in _DTYPE_KEEPING_MODULES and self.floating(first):
+            dtype, floating = self.dtype(first), True
         if kind in _SHAPE_KEEPING_MODULES:
             shape = self.shape(first)
         if kind in (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d):
@@ -341,10 +393,15 @@ class ValueFacts:
         shape, floating = opaque, False
         if "out" in node.kwargs or not isinstance(first, fx.Node):
             return dtype, shape, floating
-        if target in _LOWP_FUNCTIONS:
-            return self._lowp(self.dtype(first)), opaque, self.floating(first)
-        if target in _DTYPE_KEEPING_FUNCTIONS:
-            shape = self.shape(first) if target in _SHAPE_KEEPING_FUNCTIONS else opaque
+        if target in _CAST_FUNCTIONS:  # both operands have one dtype (or autocast casts both)
+            floating = any(self.floating(arg) for arg in node.args[:2])
+            return self._cast(self.dtype(first), target.__name__), opaque, floating
+        if target in _FLOAT_FUNCTIONS:
+            if not self.floating(first):
+                return dtype, self.shape(first), False
+            return self.dtype(first), self.shape(first), True
+        if target in _VIEW_FUNCTIONS:
+            shape = self.shape(first) if target in (torch.clone, torch.detach) else opaque
             return self.dtype(first), shape, self.floating(first)
         if target in INPLACE_OPERATORS:  # left in place: the result is the left operand
             return self.dtype(first), self.shape(first), self.floating(first)
@@ -360,6 +417,8 @@ class ValueFacts:
             return dtype, self._broadcast(self.shape(left), self.shape(right)) or opaque, False
         if self.same_dtype(left, right):
             dtype = self.dtype(left)
+        elif self.dtype(left) is not None and self.dtype(right) is not None:
+            dtype = self._mixed(dtype[1], self.dtype(left), self.dtype(right))
         floating = self.floating(left) and self.floating(right)
         return dtype, self._broadcast(self.shape(left), self.shape(right)) or opaque, floating
 
