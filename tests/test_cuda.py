@@ -341,7 +341,7 @@ def test_a_gpu_dump_with_deterministic_algorithms_reproduces_without_widened_tol
     try:
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
         torch.use_deterministic_algorithms(True)
-        folder = fxdebug.dump(fxdebug.instrument(model), str(tmp_path / "deterministic"), x)
+        folder = fxdebug.dump(fxdebug.trace(model), str(tmp_path / "deterministic"), x)
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         if before[2] is None:
