@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import subprocess
 import warnings
 
 import pytest
@@ -267,12 +269,90 @@ def test_a_saved_gpu_run_compares_with_a_cpu_run_and_finds_a_changed_weight(tmp_
     assert not changed.ok and changed.first_divergence.key == "layer3.0.conv1"
 
 
+def _run_py(folder: str, cwd) -> "subprocess.CompletedProcess":
+    """``python FOLDER/run.py --backward`` in a fresh process (torch's default settings)."""
+    return run_python("import runpy, sys; path = sys.argv[1]; sys.argv = ['run.py', '--backward']; "
+                      "runpy.run_path(path, run_name='__main__')", os.path.join(folder, "run.py"),
+                      cwd=str(cwd))
+
+
+def _changed_copy(folder: str, to, name: str) -> str:
+    """The dump with the weight ``name`` 1% larger: a real difference run.py must report."""
+    shutil.copytree(folder, to)
+    weights = torch.load(os.path.join(to, "weights.pt"), weights_only=True)
+    weights[name] *= 1.01
+    torch.save(weights, os.path.join(to, "weights.pt"))
+    return str(to)
+
+
 def test_a_dumped_gpu_model_runs_and_round_trips(tmp_path):
+    # dumped under the fixture's settings (no TF32, deterministic cuDNN), run where they are
+    # torch's defaults: run.py sets them again (with TF32 on, conv1's gradient moved by 0.1)
     model = resnet().eval()
     x = torch.randn(2, 3, 64, 64, device=DEVICE)
     folder = fxdebug.dump(fxdebug.instrument(model), str(tmp_path / "repro"), x)
-    proc = run_python("import runpy, sys; path = sys.argv[1]; sys.argv = ['run.py', '--backward']; "
-                      "runpy.run_path(path, run_name='__main__')", os.path.join(folder, "run.py"),
-                      cwd=str(tmp_path))
+    proc = _run_py(folder, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "ok" in proc.stdout, proc.stdout
+    assert "ok: same results as when dumped" in proc.stdout, proc.stdout
+    first = proc.stdout.splitlines()[0]
+    if ON_GPU:
+        assert first.startswith("settings applied as when dumped: ") and all(
+            s in first for s in ("torch.backends.cudnn.allow_tf32 = False",
+                                 "torch.backends.cudnn.deterministic = True")), first
+        assert "nondeterministic: the dump ran on CUDA without torch.use_deterministic_algorithms" \
+            in proc.stdout, proc.stdout
+    changed = _run_py(_changed_copy(folder, tmp_path / "changed", "conv1.weight"), tmp_path)
+    assert changed.returncode == 1 and "FAILED" in changed.stdout, changed.stdout + changed.stderr
+    assert "conv1.weight: DIFFERENT" in changed.stdout, changed.stdout
+
+
+def test_a_gpu_dump_with_tf32_on_round_trips_and_a_changed_weight_fails(tmp_path):
+    # TF32 for matmuls too (torch's default: off), nondeterministic algorithms allowed
+    model = resnet().eval()
+    x = torch.randn(2, 3, 64, 64, device=DEVICE)
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+              torch.backends.cudnn.deterministic, torch.backends.cuda.matmul.fp32_precision)
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.deterministic = False
+        folder = fxdebug.dump(fxdebug.instrument(model), str(tmp_path / "tf32"), x)
+    finally:
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+         torch.backends.cudnn.deterministic) = before[:3]
+        torch.backends.cuda.matmul.fp32_precision = before[3]
+    proc = _run_py(folder, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok: same results as when dumped" in proc.stdout, proc.stdout
+    if ON_GPU:
+        assert "torch.set_float32_matmul_precision('high')" in proc.stdout.splitlines()[0], proc.stdout
+    changed = _run_py(_changed_copy(folder, tmp_path / "changed", "layer4.1.conv2.weight"), tmp_path)
+    assert changed.returncode == 1 and "FAILED" in changed.stdout, changed.stdout + changed.stderr
+    assert ": DIFFERENT (max abs diff" in changed.stdout, changed.stdout
+
+
+def test_a_gpu_dump_with_deterministic_algorithms_reproduces_without_widened_tolerances(tmp_path):
+    # deterministic cuBLAS needs CUBLAS_WORKSPACE_CONFIG: run.py sets it too, before CUDA starts
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3),
+                                torch.nn.Flatten(), torch.nn.Linear(4 * 12 * 12, 10)).to(DEVICE)
+    x = torch.randn(2, 3, 16, 16, device=DEVICE)
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled(),
+              os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    try:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        torch.use_deterministic_algorithms(True)
+        folder = fxdebug.dump(fxdebug.trace(model), str(tmp_path / "deterministic"), x)
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        if before[2] is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        else:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = before[2]
+    proc = _run_py(folder, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert "torch.use_deterministic_algorithms(True)" in first, first
+    assert "CUBLAS_WORKSPACE_CONFIG=:4096:8" in first, first
+    assert "nondeterministic" not in proc.stdout and "DIFFERENT" not in proc.stdout, proc.stdout
+    assert "ok: same results as when dumped" in proc.stdout, proc.stdout

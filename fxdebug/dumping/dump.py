@@ -9,6 +9,9 @@ The folder::
                       torch.load(..., weights_only=True)
     inputs.pt         the example inputs
     expected.pt       the outputs (and parameter gradients) the module gave when dumped
+    settings.json     the numeric settings they were computed under (TF32, deterministic
+                      algorithms, default dtype...: numeric_settings.py) and the devices;
+                      run.py sets them again
     run.py            load, forward (--backward: and backward), compare, print the Records table
     breakpoints.json  node key -> line of module.py (what ``fxdebug debug --break KEY`` uses)
     README.md         what is where, what must be importable, what had to be pickled
@@ -51,9 +54,10 @@ from ..runtime.formatting import value_text
 from ..frontend import trace
 from ..tracing.keys import META_PASS, node_key
 from .expected import expected_results
-from .folder_runtime import first_line, run_py_source
+from .folder_runtime import NONDETERMINISTIC_RUNS, SPREAD_SCALE, first_line, run_py_source
 from .forward import (PICKLED_FILE, class_name, forward_code, module_py, template, weights)
 from .literals import Imports
+from .numeric_settings import nondeterminism, read_settings, setting_text
 from .standalone import standalone_copy
 from .structure import Structure, tensor_file
 from .writer import MANIFEST, prepare_destination, write_atomically
@@ -61,7 +65,7 @@ from .writer import MANIFEST, prepare_destination, write_atomically
 __all__ = ["dump", "FILES"]
 
 FILES = ("__init__.py", "module.py", "run.py", "weights.pt", "inputs.pt", "expected.pt",
-         "breakpoints.json", "README.md", MANIFEST)
+         "settings.json", "breakpoints.json", "README.md", MANIFEST)
 KNOWN = FILES + (PICKLED_FILE,)  # every name a dump may write: what replacing one may delete
 
 
@@ -72,8 +76,8 @@ def _example_key(gm: fx.GraphModule) -> str:
     return next((k for k in keys if k.count(".") >= 2), keys[0] if keys else "KEY")
 
 
-def _readme(cls: str, inputs: tuple, structure: Structure,
-            imports: Imports, example: str, wrapped: list[str], copied: list[str]) -> str:
+def _readme(cls: str, inputs: tuple, structure: Structure, imports: Imports, example: str,
+            wrapped: list[str], copied: list[str], settings: dict, devices: list[str]) -> str:
     shapes = ", ".join(map(value_text, inputs))
     lines = [
         f"# {cls}, dumped by fxdebug",
@@ -93,6 +97,8 @@ def _readme(cls: str, inputs: tuple, structure: Structure,
         "| `weights.pt` | every parameter and buffer (non-persistent ones too), once; `torch.load(..., weights_only=True)` |",
         "| `inputs.pt` | the example inputs, a list |",
         "| `expected.pt` | `{\"outputs\": ..., \"grads\": ...}` recorded when dumped |",
+        "| `settings.json` | the numeric settings (TF32, deterministic algorithms, default dtype...) "
+        "they were computed under, which `run.py` sets again, and the devices |",
         "| `run.py` | loads, runs, compares (`torch.equal`, else `torch.allclose` with "
         "torch.testing's tolerances for the dtype; for gradients scaled by their largest "
         "element, so another machine or thread count passes) |",
@@ -101,6 +107,21 @@ def _readme(cls: str, inputs: tuple, structure: Structure,
     if structure.pickled:
         lines.append(f"| `{PICKLED_FILE}` | submodules that could not be written as code (below) |")
     lines += ["", "Every path is relative to this folder: move or copy it freely.", "",
+              "## Numeric settings", "",
+              "`run.py` first sets the settings that change what a model computes (TF32, float32 "
+              "matmul precision, deterministic algorithms, cuDNN and oneDNN flags, attention "
+              "backends, the default dtype) to those `expected.pt` was computed under, listed in "
+              "`settings.json`, and prints those it changed. `load()` changes none of them: in "
+              "your own process, set them yourself for the same numbers (for instance "
+              + ", ".join(f"`{setting_text(name, settings[name])}`" for name in
+                          ("torch.backends.cudnn.allow_tf32", "torch.get_float32_matmul_precision()")
+                          if name in settings) + ")."]
+    why = nondeterminism(settings, devices)
+    if why:
+        lines += ["", f"Nondeterministic: {why}, so torch does not promise the same results twice; "
+                  f"`run.py` runs the model {NONDETERMINISTIC_RUNS} times and widens each "
+                  f"tolerance by {SPREAD_SCALE}x the largest difference between those runs."]
+    lines += ["",
               "## Opening this folder runs its code", "",
               "`load()`, `python run.py` and `fxdebug debug` import `module.py` and run `run.py`: "
               "Python code, which can do anything your account can. Open only folders you trust, "
@@ -136,6 +157,33 @@ def _readme(cls: str, inputs: tuple, structure: Structure,
                   "none): " + ", ".join(f"`{name}`" for name in structure.hooked) + "."]
     lines.append("")
     return "\n".join(lines)
+
+
+def _devices(*values) -> list[str]:
+    """The device types (``"cpu"``, ``"cuda"``) of every tensor in ``values``, sorted.
+
+    >>> _devices({"w": torch.ones(1)}, [torch.ones(1)], 3)
+    ['cpu']
+    """
+    found: dict[str, None] = {}
+    stack = list(values)
+    while stack:
+        value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            found[value.device.type] = None
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+    return sorted(found)
+
+
+def _settings_json(settings: dict, devices: list[str]) -> str:
+    """settings.json: ``{"settings": {name: value}, "devices": [...], "nondeterministic": why}``."""
+    rows = [f"  {json.dumps(name)}: {json.dumps(value)}" for name, value in settings.items()]
+    return ('{\n "settings": {\n' + ",\n".join(rows) + "\n },\n"
+            f' "devices": {json.dumps(devices)},\n'
+            f' "nondeterministic": {json.dumps(nondeterminism(settings, devices))}\n}}\n')
 
 
 def _breakpoints_json(forward_line: int, nodes: dict[str, dict]) -> str:
@@ -275,15 +323,21 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
     weight_info = weights(gm)
     module_text, forward_line, node_lines = module_py(gm, cls, imports, forward, structure,
                                                       pickled_sha, pytree_inputs, weight_info)
+    settings = read_settings()  # those expected_results computes under
+    expected = expected_results(gm, inputs)
+    devices = _devices(weight_info[0], list(inputs), expected)
     files: dict[str, bytes | Callable[[BinaryIO], Any]] = {
         "__init__.py": template("package_init.py.tmpl").format(cls=cls).encode(),
         "module.py": module_text.encode(),
-        "run.py": template("run.py.tmpl").format(cls=cls, runtime=run_py_source()).encode(),
+        "run.py": template("run.py.tmpl").format(cls=cls, runtime=run_py_source(),
+                                                  runs=NONDETERMINISTIC_RUNS,
+                                                  spread_scale=SPREAD_SCALE).encode(),
         "breakpoints.json": _breakpoints_json(forward_line, node_lines).encode(),
         "README.md": _readme(cls, inputs, structure, imports, _example_key(gm),
-                             forward.wrapped, forward.script.names()).encode(),
+                             forward.wrapped, forward.script.names(), settings, devices).encode(),
         "inputs.pt": _plain_tensor_file(list(clone_inputs(inputs)), "the example inputs"),
-        "expected.pt": _plain_tensor_file(expected_results(gm, inputs), "the outputs"),
+        "expected.pt": _plain_tensor_file(expected, "the outputs"),
+        "settings.json": _settings_json(settings, devices).encode(),
         "weights.pt": functools.partial(torch.save, weight_info[0]),  # straight into the file
     }
     if pickled_bytes is not None:

@@ -14,9 +14,11 @@ import torch
 from ..runtime.formatting import TOLERANCES
 from ..runtime.torch_compat import PYTREE_IMPORT
 from ..runtime.values import WALKER_FUNCTIONS, named_leaves
+from . import numeric_settings
 
-__all__ = ["flatten_outputs", "loss_of", "first_line", "tolerance", "GRADIENT_SCALE", "TOLERANCES",
-           "nonfinite_text", "compare_tensor", "compare", "run_py_source"]
+__all__ = ["flatten_outputs", "loss_of", "first_line", "tolerance", "GRADIENT_SCALE", "SPREAD_SCALE",
+           "NONDETERMINISTIC_RUNS",
+           "TOLERANCES", "nonfinite_text", "compare_tensor", "compare", "spread_of", "run_py_source"]
 
 
 def flatten_outputs(value, prefix="output"):
@@ -49,7 +51,7 @@ def first_line(exc):
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def tolerance(want, scaled):
+def tolerance(want, scaled, spread=0.0):
     """``(rtol, atol)`` for comparing with ``want``: torch.testing.assert_close's for its dtype
     (:data:`~fxdebug.runtime.formatting.TOLERANCES`; run.py carries the table as a literal).
 
@@ -60,19 +62,28 @@ def tolerance(want, scaled):
     largest *finite* element: NaN and Inf (a NaN repro's gradients) are
     compared by place, not by size.
 
+    ``spread`` (where torch does not promise the same bits twice: CUDA without
+    deterministic algorithms) adds ``SPREAD_SCALE * spread``: ``spread`` is the
+    largest difference between run.py's own runs of the same tensor.
+
     >>> tolerance(torch.tensor([1.0, -50.0]), scaled=True)
     (1.3e-06, 0.00027)
     >>> tolerance(torch.tensor([1.0, -50.0, float("nan"), float("inf")]), scaled=True)
     (1.3e-06, 0.00027)
+    >>> tolerance(torch.tensor([1.0, -50.0]), scaled=True, spread=1e-4)
+    (1.3e-06, 0.00067)
     """
     rtol, atol = TOLERANCES.get(want.dtype, (0.0, 0.0))
     finite = want[torch.isfinite(want)] if want.is_floating_point() or want.is_complex() else want
     if scaled and finite.numel() and (rtol or atol):
         atol += GRADIENT_SCALE * rtol * finite.abs().max().item()
+    atol += SPREAD_SCALE * spread
     return rtol, float(f"{atol:.2g}")
 
 
 GRADIENT_SCALE = 4
+SPREAD_SCALE = 4
+NONDETERMINISTIC_RUNS = 3  # run.py's runs where torch does not promise the same bits twice
 
 
 def nonfinite_text(want):
@@ -87,7 +98,7 @@ def nonfinite_text(want):
     return ", ".join(f"{n} {word}" for n, word in ((nan, "NaN"), (inf, "Inf")) if n)
 
 
-def compare_tensor(want, have, scaled=False):
+def compare_tensor(want, have, scaled=False, spread=0.0):
     """The verdict for one tensor: ``"equal"``, ``"close (...)"`` or ``"DIFFERENT (...)"``.
 
     NaN and Inf are compared by place (a NaN where a NaN was, the same Inf),
@@ -119,7 +130,7 @@ def compare_tensor(want, have, scaled=False):
                 return f"equal ({same_places})"
     wide = torch.complex128 if want.is_complex() else torch.float64  # complex keeps its imaginary part
     diff = (have.to(wide) - want.to(wide)).abs().max().item() if want.numel() else 0.0
-    rtol, atol = tolerance(want, scaled)
+    rtol, atol = tolerance(want, scaled, spread)
     figures = f"max abs diff {diff:.3g}; rtol {rtol:.2g}, atol {atol:.2g}"
     figures += f"; {same_places}" if same_places else ""
     if floating and torch.allclose(have, want, rtol=rtol, atol=atol):
@@ -127,11 +138,12 @@ def compare_tensor(want, have, scaled=False):
     return f"DIFFERENT ({figures})"
 
 
-def compare(title, expected, got, scaled=False):
+def compare(title, expected, got, scaled=False, spreads=None):
     """Print how ``got`` compares with ``expected`` (dicts of values); return whether all match.
 
     Tensors are equal, or close: ``|got - want| <= atol + rtol * |want|`` with
-    :func:`tolerance`'s figures (``scaled=True`` for gradients), printed with the
+    :func:`tolerance`'s figures (``scaled=True`` for gradients; ``spreads``: the
+    run-to-run spread of each key, see :func:`spread_of`), printed with the
     largest difference; NaN and Inf must sit at the same places (see
     :func:`compare_tensor`).
 
@@ -149,7 +161,7 @@ def compare(title, expected, got, scaled=False):
         elif not isinstance(have, torch.Tensor):
             verdicts[key] = "MISSING"
         else:
-            verdicts[key] = compare_tensor(want, have, scaled)
+            verdicts[key] = compare_tensor(want, have, scaled, (spreads or {}).get(key, 0.0))
     counts = {}
     for verdict in verdicts.values():
         word = verdict.split(" ")[0]
@@ -161,13 +173,53 @@ def compare(title, expected, got, scaled=False):
     return all(v.startswith(("equal", "close")) for v in verdicts.values())
 
 
+def spread_of(runs):
+    """``{key: the largest difference between any two of runs}`` (dicts of values), floating tensors only.
+
+    Where torch does not promise the same bits twice, run.py runs the model
+    more than once and widens each tolerance by what it sees (NaN and Inf
+    left out: they are compared by place).
+
+    >>> spread_of([{"y": torch.tensor([1.0, 2.0]), "n": 3}, {"y": torch.tensor([1.0, 2.5]), "n": 3},
+    ...            {"y": torch.tensor([0.75, 2.0]), "n": 3}])
+    {'y': 0.5}
+    """
+    spreads = {}
+    for key, first in runs[0].items():
+        values = [run.get(key) for run in runs]
+        if not (isinstance(first, torch.Tensor) and (first.is_floating_point() or first.is_complex())
+                and all(isinstance(v, torch.Tensor) and v.shape == first.shape
+                        and v.dtype == first.dtype for v in values)):
+            continue
+        wide = torch.complex128 if first.is_complex() else torch.float64
+        largest = 0.0
+        for i, a in enumerate(values):
+            for b in values[i + 1:]:
+                finite = torch.isfinite(a) & torch.isfinite(b)
+                if finite.any():
+                    largest = max(largest, (a.to(wide) - b.to(wide))[finite].abs().max().item())
+        spreads[key] = largest
+    return spreads
+
+
 def run_py_source():
-    """The source run.py carries: the nested-value walker, every function above, GRADIENT_SCALE."""
+    """The source run.py carries: the nested-value walker, every function above and of
+    :mod:`~fxdebug.dumping.numeric_settings`, with their constants."""
     walker = [PYTREE_IMPORT] + [inspect.getsource(f).rstrip() for f in WALKER_FUNCTIONS]
     table = "".join(f"\n    {dtype!r}: {pair!r}," for dtype, pair in TOLERANCES.items())
     walker.append(f"TOLERANCES = {{{table}\n}}  # torch.testing.assert_close's (rtol, atol)")
     functions = (flatten_outputs, loss_of, first_line, tolerance, nonfinite_text, compare_tensor,
-                 compare)
+                 compare, spread_of)
     parts = [inspect.getsource(function).rstrip() for function in functions]
-    parts.insert(4, f"GRADIENT_SCALE = {GRADIENT_SCALE}")
+    parts.insert(4, f"GRADIENT_SCALE = {GRADIENT_SCALE}\nSPREAD_SCALE = {SPREAD_SCALE}")
+    setters = "".join(f"\n    {name!r}: {setter!r}," for name, setter in numeric_settings.SETTERS.items())
+    parts += [f"DETERMINISTIC = {numeric_settings.DETERMINISTIC!r}\n"
+              f"ENVIRONMENT = {numeric_settings.ENVIRONMENT!r}\n"
+              f"SETTERS = {{{setters}\n}}  # the function that sets each setting read by a call"]
+    parts += [inspect.getsource(function).rstrip() for function in SETTINGS_FUNCTIONS]
     return "\n\n\n".join(walker + parts) + "\n"
+
+
+SETTINGS_FUNCTIONS = (numeric_settings.resolve_torch_path, numeric_settings.read_setting,
+                      numeric_settings.write_setting, numeric_settings.setting_text,
+                      numeric_settings.apply_settings, numeric_settings.nondeterminism)
