@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -45,15 +45,15 @@ BLOCK = 2048  # values per program of the first kernel
 _COMBINE_BLOCK = 1024  # rows per step of the second kernel's loop
 _ROW = 6  # count, mean, M2, min, max, zeros
 
-_kernels: list[tuple[Callable[..., Any], Callable[..., Any]]] = []
+_kernels: list[tuple[Any, Any]] = []  # Triton's JITFunctions (launched as kernel[grid](...))
 _unavailable: list[str] = []
 _lock = threading.Lock()
 
 
 def _build():
     """The two kernels, compiled by Triton on first launch (and cached by it on disk)."""
-    import triton
-    import triton.language as tl
+    import triton  # type: ignore[import-untyped]
+    import triton.language as tl  # type: ignore[import-untyped]
 
     @triton.jit(do_not_specialize=["numel"])
     def _block_kernel(x_ptr, rows_ptr, numel, BLOCK: tl.constexpr):
@@ -156,7 +156,8 @@ def gpu_summary(tensor: torch.Tensor) -> torch.Tensor | None:
                 try:
                     _kernels.append(_build())
                 except Exception as error:  # noqa: BLE001 - no triton, or a broken one: say why once
-                    return _give_up(error)
+                    _give_up(error)
+                    return None
     if _unavailable:
         return None
     block_kernel, combine_kernel = _kernels[0]
@@ -170,7 +171,8 @@ def gpu_summary(tensor: torch.Tensor) -> torch.Tensor | None:
             block_kernel[(programs,)](values, rows, numel, BLOCK=BLOCK)
             combine_kernel[(1,)](rows, out, programs, numel, BLOCK=_COMBINE_BLOCK)
     except Exception as error:  # noqa: BLE001 - a kernel that does not build here: say why once
-        return _give_up(error)
+        _give_up(error)
+        return None
     return out
 
 
@@ -183,6 +185,7 @@ class _no_context:
 
 
 def _give_up(error: BaseException) -> None:
+    """Warn once that the kernels cannot be used here, and why; stats mode then takes its other paths."""
     if not _unavailable:
         _unavailable.append(f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}")
         warnings.warn(
@@ -190,4 +193,3 @@ def _give_up(error: BaseException) -> None:
             f"({_unavailable[0]}); it uses its other kernels instead: the same statistics, "
             "slower. Set FXDEBUG_STATS_KERNEL=0 to skip the attempt.",
             PerformanceWarning, stacklevel=3)
-    return None
