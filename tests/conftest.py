@@ -20,11 +20,19 @@ def pytest_configure_node(node):
 
 
 def pytest_configure(config):
-    for name, value in getattr(config, "workerinput", {}).get("fxdebug_terminal_env", {}).items():
+    workerinput = getattr(config, "workerinput", {})
+    for name, value in workerinput.get("fxdebug_terminal_env", {}).items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+    if workerinput and "OMP_NUM_THREADS" not in os.environ:
+        # The workers share the cores: each gets its share of intra-op threads, and so do the
+        # Pythons its tests start (they inherit the variable). Threads beyond the cores spin
+        # waiting for each other: on 2 cores with 2 workers, 2 threads each cost 2-3 times the CPU.
+        share = max(1, (os.cpu_count() or 1) // int(workerinput.get("workercount", 1)))
+        torch.set_num_threads(share)
+        os.environ["OMP_NUM_THREADS"] = str(share)
 
 
 @pytest.fixture(scope="session", autouse=True)
