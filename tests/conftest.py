@@ -26,13 +26,13 @@ def pytest_configure(config):
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
-    if workerinput and "OMP_NUM_THREADS" not in os.environ:
+    workers = len(config.getoption("tx") or ()) if config.getoption("dist", "no") != "no" else 0
+    if workers and not workerinput and "OMP_NUM_THREADS" not in os.environ:
         # The workers share the cores: each gets its share of intra-op threads, and so do the
         # Pythons its tests start (they inherit the variable). Threads beyond the cores spin
-        # waiting for each other: on 2 cores with 2 workers, 2 threads each cost 2-3 times the CPU.
-        share = max(1, (os.cpu_count() or 1) // int(workerinput.get("workercount", 1)))
-        torch.set_num_threads(share)
-        os.environ["OMP_NUM_THREADS"] = str(share)
+        # waiting for each other: on 2 cores with 2 workers, 2 threads each cost 2-3 times the
+        # CPU. Set here, before the workers start, every thread of theirs has the same count.
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
 
 
 # The files that take longest, longest first (seconds on 2 cores, roughly). pytest-xdist hands
