@@ -96,7 +96,8 @@ def test_dump_leaves_the_model_unchanged_and_records_a_deep_copys_results(tmp_pa
     assert all(torch.equal(expected["grads"][k], want_grads[k]) for k in want_grads)
     if model_cls is ClipsItsWeight:  # the folder reproduces them, clipping its own weights
         done = run_python("import runpy, sys; sys.argv = ['run.py', '--backward']; "
-                          "runpy.run_path('run.py', run_name='__main__')", cwd=folder)
+                          "runpy.run_path('run.py', run_name='__main__')", cwd=folder,
+                          OMP_NUM_THREADS=str(torch.get_num_threads()))  # bitwise: same threads
         assert done.returncode == 0, done.stdout + done.stderr
         assert "outputs: 1 equal" in done.stdout
 
