@@ -61,6 +61,8 @@ def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
+    if not hasattr(LoadFileScheduling, "_assign_work_unit"):  # another pytest-xdist: its order
+        return None
 
     class LongestFirst(LoadFileScheduling):
         def _assign_work_unit(self, node):
