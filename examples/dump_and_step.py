@@ -41,8 +41,8 @@ env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.g
 run = subprocess.run([sys.executable, os.path.join(moved, "run.py")], cwd=work, env=env,
                      capture_output=True, text=True)
 assert run.returncode == 0, run.stderr
-assert run.stdout.startswith("outputs: 1 equal"), run.stdout
-print("\nrun.py, in a fresh interpreter after the move:", run.stdout.splitlines()[0])
+assert run.stdout.splitlines()[1].startswith("outputs: 1 equal"), run.stdout  # after the settings line
+print("\nrun.py, in a fresh interpreter after the move:", run.stdout.splitlines()[1])
 
 session = subprocess.run(
     [sys.executable, "-m", "fxdebug", "debug", moved, "--break", "layer1.0.conv2"],
