@@ -19,8 +19,17 @@ import fxdebug
 
 try:
     import transformers
-except ImportError:  # the example needs the optional transformers package
+except ModuleNotFoundError:  # the example needs the optional transformers package
     transformers = None
+
+
+def _transformers():
+    """The transformers package, or ModuleNotFoundError saying to install it."""
+    if transformers is None:
+        raise ModuleNotFoundError(
+            f"No module named 'transformers': the factories of {__file__} build transformers "
+            f"models (pip install transformers)", name="transformers")
+    return transformers
 
 
 def _ids():
@@ -29,27 +38,28 @@ def _ids():
 
 def bert():
     """A 2-layer BertModel with hidden size 32, and its example input."""
-    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=64,
-                                     max_position_embeddings=64)
-    return transformers.BertModel(config).eval(), (_ids(),)
+    tf = _transformers()
+    config = tf.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                           num_attention_heads=2, intermediate_size=64,
+                           max_position_embeddings=64)
+    return tf.BertModel(config).eval(), (_ids(),)
 
 
 def gpt2():
     """A 2-layer GPT2Model (no key/value cache), and its example input."""
-    config = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=2,
-                                     n_positions=64, use_cache=False, bos_token_id=0,
-                                     eos_token_id=0)
-    return transformers.GPT2Model(config).eval(), (_ids(),)
+    tf = _transformers()
+    config = tf.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=2, n_positions=64,
+                           use_cache=False, bos_token_id=0, eos_token_id=0)
+    return tf.GPT2Model(config).eval(), (_ids(),)
 
 
 def llama():
     """A 2-layer LlamaModel: rotary position embeddings, grouped-query attention, RMSNorm."""
-    config = transformers.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=1,
-                                      intermediate_size=64, max_position_embeddings=64,
-                                      use_cache=False)
-    return transformers.LlamaModel(config).eval(), (_ids(),)
+    tf = _transformers()
+    config = tf.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                            num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
+                            max_position_embeddings=64, use_cache=False)
+    return tf.LlamaModel(config).eval(), (_ids(),)
 
 
 def main():

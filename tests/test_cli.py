@@ -76,6 +76,20 @@ def test_plot_without_matplotlib_says_how_to_get_it(tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
+def test_factory_needing_a_missing_package_names_it(tmp_path):
+    # examples/transformer_layers.py without transformers: the factory says which package to
+    # install, as "No module named ..." (what the doc-command tests skip on), not AttributeError.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\nsys.modules['transformers'] = None  # as if it were not installed\n")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
+    result = subprocess.run([sys.executable, "-m", "fxdebug", "summary",
+                             "examples/transformer_layers.py:gpt2"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("fxdebug: error: ModuleNotFoundError: No module named 'transformers'")
+    assert "pip install transformers" in first and "transformer_layers.py:gpt2" in first
+
 def test_model_from_a_file_with_inputs(tmp_path):
     (tmp_path / "net.py").write_text(textwrap.dedent("""
         import torch

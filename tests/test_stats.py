@@ -4,6 +4,7 @@ Ground truth is computed another way: ``torch.mean / std / amin / amax`` over th
 finite values in float64, ``(t == 0).sum()`` and ``(~torch.isfinite(t)).sum()``.
 """
 
+import json
 import math
 import textwrap
 
@@ -253,3 +254,27 @@ def test_triton_kernels_match_float64_under_the_interpreter():
     proc = run_python(_TRITON_CASES, TRITON_INTERPRET="1")  # read as triton is imported
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("ok ") == len(ADVERSARIAL) + 6, proc.stdout
+
+
+_STATS_WITH_WARNINGS_AS_ERRORS = """\
+import json, sys, warnings
+warnings.simplefilter("error")  # every warning an error, as under python -W error
+import torch, fxdebug
+x = torch.linspace(-3.0, 5.0, 1 << 16).reshape(1, 1, 256, 256)
+gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), mode="stats")
+gm(x)
+stats = fxdebug.records(gm)["0"]
+print(json.dumps(dict(mean=stats.mean, min=stats.min, max=stats.max,
+                      inductor="torch._inductor.compile_fx" in sys.modules)))
+"""
+
+
+def test_compiled_kernel_raises_no_warning_of_torch_on_first_use():
+    # A fresh process, so the kernel's first compile imports inductor here: torch 2.11 raises
+    # DeprecationWarnings about its own code on that import, which the user must not see.
+    child = run_python(_STATS_WITH_WARNINGS_AS_ERRORS)
+    assert child.returncode == 0, child.stderr[-3000:]
+    got = json.loads(child.stdout)
+    assert got.pop("inductor")  # the compiled kernel ran, not torch's reductions
+    expected = truth(torch.linspace(-3.0, 5.0, 1 << 16).relu())
+    assert got == pytest.approx({key: expected[key] for key in got}, abs=1e-5)

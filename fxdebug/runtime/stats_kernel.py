@@ -50,6 +50,7 @@ from typing import Callable
 import torch
 
 from ..errors import PerformanceWarning
+from .torch_compat import load_inductor
 
 __all__ = ["one_pass_sums", "merge_parts", "MIN_NUMEL", "ROW", "BOUND_RATIO"]
 
@@ -226,6 +227,7 @@ def _kernel(device_type: str, wide: bool, dtype: torch.dtype):
                 name = f"fxdebug_stats_{device_type}_{'wide' if wide else 'narrow'}_{str(dtype)[6:]}"
                 code = _kernel_template.__code__.replace(co_name=name, co_qualname=name)
                 function = types.FunctionType(code, globals(), name, (wide,))
+                load_inductor()  # without torch 2.11's warnings about its own code
                 kernel = torch.compile(function, dynamic=True, fullgraph=True)
                 _kernels[key] = kernel
     return kernel

@@ -13,7 +13,7 @@ package never touches one: it calls the functions of this package, by topic::
       ├─ module_internals.py  nn.Module: parameter/buffer/child registries, hooks, dropout
       ├─ autograd.py          version counters, a grad_fn's saved tensors and their hooks
       ├─ ops.py               torch.ops overloads, dispatch mode, _foreach kernels, tolerances
-      └─ dynamo.py            torch.compile: wrapped module, backends, graph breaks
+      └─ dynamo.py            torch.compile: wrapped module, backends, inductor, graph breaks
 
 The rule: private torch names live only here. Each name says which private
 name it reads, the torch versions it was checked on, and what it does when
@@ -36,7 +36,7 @@ require_torch(MINIMUM_TORCH, "fxdebug")  # before any private name below can fai
 from .autograd import (saved_tensor_has_unpack_hooks, saved_tensor_names,  # noqa: E402
                        tensor_version)
 from .dynamo import (compiled_inner, dynamo_frame_id, graph_break_reason,  # noqa: E402
-                     inductor_backend, lookup_backend)
+                     inductor_backend, load_inductor, lookup_backend)
 from .export_nodes import (AUTOCAST_NODE_FUNCTIONS, ENTER_AUTOCAST, EXIT_AUTOCAST,  # noqa: E402
                            SET_GRAD_ENABLED, autocast_arguments, is_autocast_function,
                            is_export_guard_call)
@@ -60,7 +60,7 @@ __all__ = [
     "saved_tensor_has_unpack_hooks", "saved_tensor_names", "tensor_version",
     # dynamo
     "compiled_inner", "dynamo_frame_id", "graph_break_reason", "inductor_backend",
-    "lookup_backend",
+    "load_inductor", "lookup_backend",
     # export_nodes
     "AUTOCAST_NODE_FUNCTIONS", "ENTER_AUTOCAST", "EXIT_AUTOCAST", "SET_GRAD_ENABLED",
     "autocast_arguments", "is_autocast_function", "is_export_guard_call",
