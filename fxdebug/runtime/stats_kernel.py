@@ -52,7 +52,7 @@ import torch
 from ..errors import PerformanceWarning
 from .torch_compat import load_inductor
 
-__all__ = ["one_pass_sums", "merge_parts", "MIN_NUMEL", "ROW", "BOUND_RATIO"]
+__all__ = ["one_pass_sums", "merge_parts", "dense_memory", "MIN_NUMEL", "ROW", "BOUND_RATIO"]
 
 MIN_NUMEL = 1 << 15
 """Smaller tensors use torch's reductions: the compiled call costs more than it saves."""
@@ -163,7 +163,7 @@ def _merge_on_host(parts: list[list[float]]) -> torch.Tensor:
     return torch.tensor([count, mean, m2, low, high, zeros, bound], dtype=torch.float64)
 
 
-def _dense(tensor: torch.Tensor) -> torch.Tensor:
+def dense_memory(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` if its values fill its memory in some order (contiguous, channels-last), else a copy."""
     if tensor.is_contiguous() or any(
             tensor.dim() == dims and tensor.is_contiguous(memory_format=memory_format)
@@ -251,7 +251,7 @@ def one_pass_sums(tensor: torch.Tensor, wide: bool = False) -> torch.Tensor | No
     kernel = _kernel(tensor.device.type, wide, tensor.dtype)
     try:
         with torch.no_grad():
-            dense = _dense(tensor.detach())
+            dense = dense_memory(tensor.detach())
             if torch.is_autocast_enabled(tensor.device.type):
                 with torch.autocast(tensor.device.type, enabled=False):
                     parts = _parts(kernel, dense, wide)

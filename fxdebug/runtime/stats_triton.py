@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from ..errors import PerformanceWarning
+from .stats_kernel import dense_memory
 
 __all__ = ["gpu_summary", "GPU_DTYPES"]
 
@@ -129,15 +130,6 @@ def _build():
     return _block_kernel, _combine_kernel
 
 
-def _dense(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` if its values fill its memory in some order (contiguous, channels-last), else a copy."""
-    if tensor.is_contiguous() or any(
-            tensor.dim() == dims and tensor.is_contiguous(memory_format=memory_format)
-            for dims, memory_format in ((4, torch.channels_last), (5, torch.channels_last_3d))):
-        return tensor
-    return tensor.contiguous()
-
-
 def gpu_summary(tensor: torch.Tensor) -> torch.Tensor | None:
     """``[count, mean, M2, min, max, zeros, non-finite, numel]`` of a floating tensor, float64, on
     its device, from two kernel launches and no read back; None where Triton is off or missing.
@@ -161,7 +153,7 @@ def gpu_summary(tensor: torch.Tensor) -> torch.Tensor | None:
     if _unavailable:
         return None
     block_kernel, combine_kernel = _kernels[0]
-    values = _dense(tensor.detach())
+    values = dense_memory(tensor.detach())
     numel = values.numel()
     programs = max(-(-numel // BLOCK), 1)
     rows = torch.empty((programs, _ROW), dtype=torch.float64, device=values.device)
