@@ -49,7 +49,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import FxdebugError
-from ..runtime import clone_inputs, torch_compat
+from ..runtime import clone_inputs, flatten_tensors, torch_compat
 from ..runtime.formatting import value_text
 from ..frontend import trace
 from ..tracing.keys import META_PASS, node_key
@@ -165,25 +165,13 @@ def _devices(*values) -> list[str]:
     >>> _devices({"w": torch.ones(1)}, [torch.ones(1)], 3)
     ['cpu']
     """
-    found: dict[str, None] = {}
-    stack = list(values)
-    while stack:
-        value = stack.pop()
-        if isinstance(value, torch.Tensor):
-            found[value.device.type] = None
-        elif isinstance(value, (list, tuple)):
-            stack.extend(value)
-        elif isinstance(value, dict):
-            stack.extend(value.values())
-    return sorted(found)
+    return sorted({tensor.device.type for _, tensor in flatten_tensors(values)})
 
 
 def _settings_json(settings: dict, devices: list[str]) -> str:
     """settings.json: ``{"settings": {name: value}, "devices": [...], "nondeterministic": why}``."""
-    rows = [f"  {json.dumps(name)}: {json.dumps(value)}" for name, value in settings.items()]
-    return ('{\n "settings": {\n' + ",\n".join(rows) + "\n },\n"
-            f' "devices": {json.dumps(devices)},\n'
-            f' "nondeterministic": {json.dumps(nondeterminism(settings, devices))}\n}}\n')
+    return json.dumps({"settings": settings, "devices": devices,
+                       "nondeterministic": nondeterminism(settings, devices)}, indent=1) + "\n"
 
 
 def _breakpoints_json(forward_line: int, nodes: dict[str, dict]) -> str:

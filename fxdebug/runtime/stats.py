@@ -85,17 +85,16 @@ def summarize(tensor: torch.Tensor, sync_free: bool | None = None,
     [2.0, 1.0, 2.0, 0.0, 2.0, 1.0, 0.0, 2.0]
     """
     numel = tensor.numel()
-    if one_pass and numel and sync_free is not False and tensor.device.type == "cuda" \
-            and tensor.dtype in GPU_DTYPES and tensor.layout == torch.strided \
-            and type(tensor) in _PLAIN_TENSORS:
+    if sync_free is None:
+        sync_free = tensor.device.type != "cpu"
+    kernel_applies = one_pass and tensor.layout == torch.strided and type(tensor) in _PLAIN_TENSORS
+    if kernel_applies and numel and sync_free and tensor.device.type == "cuda" \
+            and tensor.dtype in GPU_DTYPES:
         summary = gpu_summary(tensor)  # two launches, nothing read back
         if summary is not None:
             return summary
-    if one_pass and numel >= MIN_NUMEL and tensor.dtype in _KERNEL_DTYPES \
-            and tensor.layout == torch.strided and tensor.device.type in ("cpu", "cuda") \
-            and type(tensor) in _PLAIN_TENSORS:
-        if sync_free is None:
-            sync_free = tensor.device.type != "cpu"
+    if kernel_applies and numel >= MIN_NUMEL and tensor.dtype in _KERNEL_DTYPES \
+            and tensor.device.type in ("cpu", "cuda"):
         sums = one_pass_sums(tensor, wide=sync_free)
         if sums is not None:
             summary = _from_sums_on_device(sums, numel) if sync_free else _from_sums(sums, numel)
@@ -105,8 +104,6 @@ def summarize(tensor: torch.Tensor, sync_free: bool | None = None,
     if t is None:  # empty, sparse, quantized, meta: only the size is known
         return torch.tensor([0.0, _NAN, _NAN, _INF, -_INF, _NAN, 0.0, float(numel)],
                             dtype=torch.float64)
-    if sync_free is None:
-        sync_free = t.device.type != "cpu"
     if not sync_free:
         fast = _summarize_finite_cpu(t, numel)
         if fast is not None:

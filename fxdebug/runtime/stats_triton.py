@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import nullcontext
 import warnings
 from typing import Any
 
@@ -159,21 +160,13 @@ def gpu_summary(tensor: torch.Tensor) -> torch.Tensor | None:
     rows = torch.empty((programs, _ROW), dtype=torch.float64, device=values.device)
     out = torch.empty(8, dtype=torch.float64, device=values.device)
     try:
-        with torch.cuda.device(values.device) if values.device.type == "cuda" else _no_context():
+        with torch.cuda.device(values.device) if values.device.type == "cuda" else nullcontext():
             block_kernel[(programs,)](values, rows, numel, BLOCK=BLOCK)
             combine_kernel[(1,)](rows, out, programs, numel, BLOCK=_COMBINE_BLOCK)
     except Exception as error:  # noqa: BLE001 - a kernel that does not build here: say why once
         _give_up(error)
         return None
     return out
-
-
-class _no_context:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _give_up(error: BaseException) -> None:
