@@ -95,6 +95,7 @@ def spawned(rank: int, world: int, folder: str) -> None:
                             rank=rank, world_size=world)
     try:
         main(rank)
+        dist.barrier()  # no rank tears gloo down while another still reads its last message
     finally:
         dist.destroy_process_group()
 
@@ -104,6 +105,7 @@ if __name__ == "__main__":
         dist.init_process_group("gloo")
         try:
             main(dist.get_rank())
+            dist.barrier()
         finally:
             dist.destroy_process_group()
     else:  # a plain script: start 2 ranks here

@@ -42,6 +42,7 @@ def _serve(rank: int, world: int, folder: str, tasks, results) -> None:
                 results.put((rank, True, fn(rank, world, *args)))
             except BaseException:  # noqa: BLE001 - the test reads the traceback
                 results.put((rank, False, traceback.format_exc()))
+        dist.barrier()  # every rank got its last task: none tears gloo down under another
     finally:
         dist.destroy_process_group()
 
