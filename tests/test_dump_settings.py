@@ -64,7 +64,7 @@ class WithOffsets(torch.nn.Module):
 def _dump_under_other_settings(folder) -> str:
     """Dump WithOffsets with every global it changes restored afterwards."""
     torch.manual_seed(0)
-    model, x = WithOffsets(), torch.randn(2, 3, 32, 32)
+    model, x = WithOffsets(), torch.randn(2, 3, 64, 64)
     before = (torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled(),
               torch.is_deterministic_algorithms_warn_only_enabled(), torch.backends.mkldnn.enabled,
               torch.get_default_dtype(), torch.backends.cuda.matmul.fp32_precision,
