@@ -8,6 +8,8 @@ Call tree::
       ├─ outputs differ: localize
       │    ├─ instrument(reference / candidate, capture="all")   every node captured
       │    ├─ match_nodes                                       by key, inputs, position
+      │    ├─ refuted_matches   a match whose candidate computes another node's value
+      │    │                    (a fused Linear+ReLU: the ReLU's) is withdrawn; match again
       │    └─ compare every matched value in the reference's execution order
       │         -> first_divergence, divergences, table()
       └─ grads=True, outputs agree, gradients differ: localize in the backward
@@ -110,7 +112,11 @@ def check_equivalence(reference: torch.nn.Module, candidate: torch.nn.Module, *i
     node keeps it with :func:`fxdebug.keys.inherit_key`), else by identical
     inputs or by position, never by guessing, and the first node in the
     reference's execution order whose value differs is
-    ``report.first_divergence``.
+    ``report.first_divergence``. A match by inputs or position that the
+    values refute (the candidate node computes another reference node's
+    value) is withdrawn; a node whose candidate reads another reference
+    node's counterpart in some argument slot is named with the change
+    (``first_divergence.arguments``: ``"(fc2, fc1) -> (fc2, fc1_relu)"``).
 
     Args:
         reference: the module the candidate must reproduce (any ``nn.Module``).

@@ -251,7 +251,7 @@ def match_nodes(reference: fx.GraphModule, candidate: fx.GraphModule,
                 if all(cand is not cand_arg for cand, _ in entries):
                     entries.append((cand_arg, user))
             # else both are matched elsewhere: the user itself reads other values
-            # (operands swapped), and its own comparison shows that.
+            # (operands swapped), and its own comparison shows that (a Rewire, below).
     pair_by_inputs()
 
     def read_through_removed(ref: fx.Node) -> dict[fx.Node, None]:
@@ -344,25 +344,30 @@ def refuted_matches(matching: NodeMatching, agrees: Callable[[fx.Node, fx.Node],
     return found
 
 
-class _Shown:
-    """A node shown by its key inside an argument tuple."""
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-    def __repr__(self) -> str:
-        return self.key
+def _shown(value: object) -> str:
+    """An argument as text, nodes by key, containers element by element."""
+    if isinstance(value, fx.Node):
+        return node_key(value)
+    if isinstance(value, (tuple, list)):
+        items = ", ".join(map(_shown, value))
+        if isinstance(value, list):
+            return f"[{items}]"
+        return f"({items},)" if len(value) == 1 else f"({items})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_shown(v)}" for k, v in value.items()) + "}"
+    return repr(value)
 
 
 def arguments_text(node: fx.Node) -> str:
     """A node's arguments, nodes shown by key: ``(fc2, fc1)``, ``(x, dim=1)``.
 
-    >>> import torch, operator
+    >>> import torch
     >>> g = torch.fx.Graph(); a = g.placeholder("a")
     >>> arguments_text(g.call_function(torch.sum, (a,), {"dim": 1}))
     '(a, dim=1)'
+    >>> arguments_text(g.call_function(torch.cat, ([a, a],)))
+    '([a, a],)'
     """
-    shown = fx.node.map_arg((node.args, node.kwargs), lambda n: _Shown(node_key(n)))
-    args, kwargs = shown
-    parts = [repr(arg) for arg in args] + [f"{name}={value!r}" for name, value in kwargs.items()]
-    return f"({', '.join(parts)}{',' if len(parts) == 1 and not kwargs else ''})"
+    parts = [_shown(arg) for arg in node.args]
+    parts += [f"{name}={_shown(value)}" for name, value in node.kwargs.items()]
+    return f"({', '.join(parts)}{',' if len(parts) == 1 and not node.kwargs else ''})"
