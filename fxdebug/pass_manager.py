@@ -101,7 +101,11 @@ class PassReport(Report):
     def _finding(self) -> str:
         for stage in self.stages[1:]:
             if stage.equivalence is not None and not stage.equivalence.ok:
-                return f"pass {stage.name!r} changed the outputs"
+                first = stage.equivalence.first_divergence
+                if first is None:
+                    return f"pass {stage.name!r} changed the outputs"
+                how = f": its arguments changed {first.arguments}" if first.arguments else ""
+                return f"pass {stage.name!r} changed the outputs; first divergence {first.key}{how}"
         return ""
 
     def _fields(self) -> dict:

@@ -8,6 +8,8 @@ Call tree::
       ├─ outputs differ: localize
       │    ├─ instrument(reference / candidate, capture="all")   every node captured
       │    ├─ match_nodes                                       by key, inputs, position
+      │    ├─ refuted_matches   a match whose candidate computes another node's value
+      │    │                    (a fused Linear+ReLU: the ReLU's) is withdrawn; match again
       │    └─ compare every matched value in the reference's execution order
       │         -> first_divergence, divergences, table()
       └─ grads=True, outputs agree, gradients differ: localize in the backward
@@ -35,7 +37,8 @@ from .activation_grads import activation_grads
 from .compare import Comparison, compare_tensors, compare_values
 from .controlled_run import ControlledRuns
 from .equivalence_report import EquivalenceReport, NodeComparison
-from .node_matching import NodeMatching, match_nodes, value_nodes
+from .node_matching import (NodeMatching, arguments_text, match_nodes, refuted_matches,
+                            value_nodes)
 
 __all__ = ["check_equivalence", "EquivalenceReport", "NodeComparison"]
 
@@ -109,7 +112,11 @@ def check_equivalence(reference: torch.nn.Module, candidate: torch.nn.Module, *i
     node keeps it with :func:`fxdebug.keys.inherit_key`), else by identical
     inputs or by position, never by guessing, and the first node in the
     reference's execution order whose value differs is
-    ``report.first_divergence``.
+    ``report.first_divergence``. A match by inputs or position that the
+    values refute (the candidate node computes another reference node's
+    value) is withdrawn; a node whose candidate reads another reference
+    node's counterpart in some argument slot is named with the change
+    (``first_divergence.arguments``: ``"(fc2, fc1) -> (fc2, fc1_relu)"``).
 
     Args:
         reference: the module the candidate must reproduce (any ``nn.Module``).
@@ -322,29 +329,44 @@ def _changed_modules_note(matching: NodeMatching, owners: dict) -> str:
             f"in: the batch norm's node).")
 
 
-def _localize(reference, candidate, runs: ControlledRuns, ref_out, cand_out, rtol, atol,
-              equal_nan, notes: list[str]):
-    ref_gm = _instrumented(reference, "reference", notes)
-    cand_gm = _instrumented(candidate, "candidate", notes)
-    if ref_gm is None or cand_gm is None:
-        return None
-    ref_values = _run_and_collect(ref_gm, runs, ref_out, "reference", rtol, atol, equal_nan,
-                                  notes)
-    cand_values = _run_and_collect(cand_gm, runs, cand_out, "candidate", rtol, atol, equal_nan,
-                                   notes)
-    matching: NodeMatching = match_nodes(ref_gm, cand_gm)
+def _rewired_text(ref: fx.Node, matching: NodeMatching) -> tuple[str, str]:
+    """The argument change of a reference node whose counterpart reads other nodes' counterparts,
+    and what it reads where: ``("(fc2, fc1) -> (fc2, fc1_relu)", "it reads ...")``."""
+    rewires = matching.rewired.get(ref)
+    if not rewires:
+        return "", ""
+    change = f"{arguments_text(ref)} -> {arguments_text(matching.counterpart[ref].candidate)}"
+    reads = ", and ".join(
+        f"{node_key(r.candidate)!r}"
+        + ("" if node_key(r.candidate) == node_key(r.stands_for) else
+           f" (the candidate's counterpart of {node_key(r.stands_for)!r})")
+        + f" where the reference reads {node_key(r.reference)!r}" for r in rewires)
+    return change, f"it reads {reads}"
+
+
+def _compare_matched(ref_gm, cand_gm, matching: NodeMatching, ref_values, cand_values, rtol,
+                     atol, equal_nan):
+    """A row for every matched node and every node read in a reference node's place, in the
+    reference's execution order; and the verdict of each compared (reference, candidate) pair."""
     matched_candidates = {m.candidate: None for m in matching.counterpart.values()}
     owners = {m.candidate: ref for ref, m in matching.counterpart.items()}
     compared: list[NodeComparison] = []
+    verdicts: dict[tuple[fx.Node, fx.Node], bool] = {}
     for ref in value_nodes(ref_gm.graph):
         key = node_key(ref)
         if key not in ref_values:
             continue  # not a tensor (a size, a shape): its effect shows downstream
         match = matching.counterpart.get(ref)
         if match is not None and node_key(match.candidate) in cand_values:
-            compared.append(_compare_node(ref, ref_gm, match.candidate, cand_gm, match.how,
-                                          ref_values[key], cand_values[node_key(match.candidate)],
-                                          rtol, atol, equal_nan))
+            row = _compare_node(ref, ref_gm, match.candidate, cand_gm, match.how,
+                                ref_values[key], cand_values[node_key(match.candidate)],
+                                rtol, atol, equal_nan)
+            verdicts[(ref, match.candidate)] = row.ok
+            change, reads = _rewired_text(ref, matching)
+            if change:
+                row = dataclasses.replace(row, arguments=change, detail="; ".join(
+                    part for part in (reads, row.detail) if part))
+            compared.append(row)
         elif match is not None:
             compared.append(NodeComparison(
                 key=key, op=op_name(ref, ref_gm), target=_target_text(ref),
@@ -358,17 +380,59 @@ def _localize(reference, candidate, runs: ControlledRuns, ref_out, cand_out, rto
                 continue
             row = _compare_node(ref, ref_gm, cand, cand_gm, "in its place", ref_values[key],
                                 cand_values[cand_key], rtol, atol, equal_nan)
+            verdicts[(ref, cand)] = row.ok
             detail = ("only in the candidate" if cand not in matched_candidates else
                       f"the candidate's counterpart of {node_key(owners[cand])!r}")
             compared.append(dataclasses.replace(
                 row, match="in its place", via=node_key(user),
                 detail=f"{detail}; {row.detail}" if row.detail else detail))
+    return compared, verdicts
+
+
+def _refuted_note(refuted: list[tuple[fx.Node, fx.Node]], matching: NodeMatching) -> str:
+    """What became of matches the values refuted (a fused node read in another node's place)."""
+    owners = {m.candidate: ref for ref, m in matching.counterpart.items()}
+    described = []
+    for ref, cand in refuted:
+        owner = owners.get(cand)
+        whose = f"of {node_key(owner)!r}" if owner is not None else "of another reference node"
+        described.append(f"{node_key(cand)!r} reads what {node_key(ref)!r} reads but computes "
+                         f"the value {whose}, not of {node_key(ref)!r}")
+    return (f"{'; '.join(described)} (a fusion): each is compared as the node whose value it "
+            f"computes, and a reference node it only seemed to match is listed without a "
+            f"counterpart. A pass can say what a new node computes with "
+            f"fxdebug.keys.inherit_key(new_node, old_node).")
+
+
+def _localize(reference, candidate, runs: ControlledRuns, ref_out, cand_out, rtol, atol,
+              equal_nan, notes: list[str]):
+    ref_gm = _instrumented(reference, "reference", notes)
+    cand_gm = _instrumented(candidate, "candidate", notes)
+    if ref_gm is None or cand_gm is None:
+        return None
+    ref_values = _run_and_collect(ref_gm, runs, ref_out, "reference", rtol, atol, equal_nan,
+                                  notes)
+    cand_values = _run_and_collect(cand_gm, runs, cand_out, "candidate", rtol, atol, equal_nan,
+                                   notes)
+    refuted: list[tuple[fx.Node, fx.Node]] = []
+    for _ in value_nodes(ref_gm.graph):  # each round refutes at least one more match
+        matching: NodeMatching = match_nodes(ref_gm, cand_gm, refuted)
+        compared, verdicts = _compare_matched(ref_gm, cand_gm, matching, ref_values,
+                                              cand_values, rtol, atol, equal_nan)
+        more = refuted_matches(matching, lambda ref, cand: verdicts.get((ref, cand)))
+        if not more:
+            break
+        refuted.extend(more)
+    owners = {m.candidate: ref for ref, m in matching.counterpart.items()}
     changed = {ref: None for ref, _ in matching.changed_modules}
     unmatched_ref = [node_key(n) for n in matching.unmatched_reference
                      if n not in matching.seen_as and n.op != "get_attr" and n not in changed]
+    if refuted:
+        notes.append(_refuted_note(refuted, matching))
     if matching.changed_modules:
         notes.append(_changed_modules_note(matching, owners))
-    elif unmatched_ref and not any(n.meta.get(META_PROVENANCE) for n in cand_gm.graph.nodes):
+    elif (unmatched_ref and not refuted
+          and not any(n.meta.get(META_PROVENANCE) for n in cand_gm.graph.nodes)):
         notes.append(f"a pass that replaces a node can pair the new node with the old one: "
                      f"fxdebug.keys.inherit_key(new_node, old_node) gives it the old node's "
                      f"key ({unmatched_ref[0]!r} and the others without a counterpart)")

@@ -31,8 +31,12 @@ class NodeComparison:
     inputs), ``"position"`` (read in the same argument slot by matched users),
     or ``"in its place"``: the candidate's node ``via`` reads
     ``candidate_key`` where the reference's reads ``key`` (a node a pass
-    inserted in between, or what replaced a removed node). ``detail`` says
-    what differs besides the numbers.
+    inserted in between, or what replaced a removed node). ``arguments``,
+    where the pass changed the node's arguments, says how (``"(fc2, fc1) ->
+    (fc2, fc1_relu)"``: the candidate's node reads, in some argument slot, the
+    counterpart of another reference node than the reference's node reads
+    there); the change, not the nodes it reads, is then what makes its value
+    differ. ``detail`` says what differs besides the numbers.
     """
 
     key: str
@@ -49,6 +53,7 @@ class NodeComparison:
     dtype: str
     detail: str = ""
     via: str = ""
+    arguments: str = ""
 
     @property
     def location(self) -> str:
@@ -57,8 +62,10 @@ class NodeComparison:
 
     def describe(self) -> str:
         """One line naming the node, its op, its source line and its error."""
-        text = (f"{self.key} ({self.op}, {self.location}): max abs {format_error(self.max_abs)}, "
-                f"max rel {format_error(self.max_rel)}")
+        text = f"{self.key} ({self.op}, {self.location}): "
+        if self.arguments:
+            text += f"its arguments changed {self.arguments}; "
+        text += f"max abs {format_error(self.max_abs)}, max rel {format_error(self.max_rel)}"
         if self.match == "in its place":
             text += (f"; in the candidate, {self.via!r} reads {self.candidate_key!r} "
                      f"({self.candidate_op}) in its place")
@@ -74,8 +81,12 @@ class NodeComparison:
         if self.match == "in its place":
             return f"{self.candidate_key} (read by {self.via})"
         if self.match != "key" or self.candidate_key != self.key:
-            return f"{self.candidate_key} ({_HOW[self.match]})"
-        return "=" if self.candidate_op == self.op else f"= ({self.candidate_op})"
+            text = f"{self.candidate_key} ({_HOW[self.match]})"
+        else:
+            text = "=" if self.candidate_op == self.op else f"= ({self.candidate_op})"
+        if not self.arguments:
+            return text
+        return "= (arguments changed)" if text == "=" else f"{text}, arguments changed"
 
 
 @dataclasses.dataclass(repr=False)
@@ -235,6 +246,9 @@ class EquivalenceReport(Report):
 
     def _finding(self) -> str:
         first = self.first_divergence or self.first_grad_divergence
+        if first is not None and first.arguments:  # the change says it best in one line
+            return f"first divergence {first.key} ({first.op}): its arguments changed " \
+                   f"{first.arguments}"
         if first is not None:
             return f"first divergence {first.describe()}"
         failed = [c for c in self.outputs + self.grads if not c.ok]

@@ -22,12 +22,27 @@ Besides its counterpart, a reference node can be *seen as* another candidate
 node by its users: a node a pass inserted in between (``conv1 -> mul -> bn1``),
 or, for a reference node the pass removed, whatever node its users read now.
 Those are only recorded where the user is the same operation in both graphs,
-so a fused node (conv+bn -> conv) is not compared against the conv's input.
+so a fused node (conv+bn -> conv) is not compared against the conv's input,
+and only where what the user reads is a node only the candidate has, or the
+counterpart of what the removed node read (its users read its input now).
+
+A user that is the same operation in both graphs but reads, in some argument
+slot, the counterpart of *another* reference node than the one its reference
+node reads there had its arguments rewired by the pass (:class:`Rewire`): a
+skip connection moved to a fused node's output, operands swapped. Such a
+user is compared itself, and the rewiring is said on its row.
+
+A match by inputs or by position is a claim that the candidate node computes
+the reference node's value. :func:`refuted_matches` withdraws the claim where
+the values show the candidate node computes another reference node's value
+(a fused Linear+ReLU read in the ReLU's place reads the Linear's inputs too);
+matching again with those pairs ``refuted`` pairs it with that node instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable, Iterable
 
 import torch
 import torch.fx as fx
@@ -35,7 +50,8 @@ import torch.fx as fx
 from ..runtime import leaves
 from ..tracing.keys import META_PASS, META_PROVENANCE, node_key, op_name
 
-__all__ = ["Match", "NodeMatching", "match_nodes", "module_changed", "value_nodes", "arg_slots"]
+__all__ = ["Match", "NodeMatching", "Rewire", "match_nodes", "module_changed", "value_nodes",
+           "arg_slots", "arguments_text", "refuted_matches"]
 
 VALUE_OPS = ("placeholder", "call_function", "call_method", "call_module", "get_attr")
 
@@ -48,6 +64,21 @@ class Match:
     how: str  # "key", "inputs" or "position"
 
 
+@dataclasses.dataclass(frozen=True)
+class Rewire:
+    """One argument slot of a matched user that reads another reference node's counterpart.
+
+    ``reference`` is what the reference user reads in ``slot``; ``candidate``
+    what the candidate user reads there, the counterpart of ``stands_for``
+    (another reference node).
+    """
+
+    slot: str
+    reference: fx.Node
+    candidate: fx.Node
+    stands_for: fx.Node
+
+
 @dataclasses.dataclass
 class NodeMatching:
     """Result of :func:`match_nodes`; lists are in graph order."""
@@ -58,6 +89,8 @@ class NodeMatching:
     unmatched_candidate: list[fx.Node]
     changed_modules: list[tuple[fx.Node, fx.Node]] = dataclasses.field(default_factory=list)
     # (reference node, candidate node): same key, but the candidate's module was changed
+    rewired: dict[fx.Node, list[Rewire]] = dataclasses.field(default_factory=dict)
+    # reference user -> the argument slots its counterpart reads another node's counterpart in
 
 
 def value_nodes(graph: fx.Graph) -> list[fx.Node]:
@@ -129,8 +162,13 @@ def module_changed(ref: fx.Node, ref_root: torch.nn.Module, cand: fx.Node,
     return False
 
 
-def match_nodes(reference: fx.GraphModule, candidate: fx.GraphModule) -> NodeMatching:
+def match_nodes(reference: fx.GraphModule, candidate: fx.GraphModule,
+                refuted: Iterable[tuple[fx.Node, fx.Node]] = ()) -> NodeMatching:
     """Match the value nodes of ``candidate`` to those of ``reference`` (both keyed).
+
+    ``refuted``: (reference node, candidate node) pairs never to match by
+    inputs or position, nor to compare in each other's place (see
+    :func:`refuted_matches`).
 
     >>> import torch, fxdebug
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
@@ -145,6 +183,7 @@ def match_nodes(reference: fx.GraphModule, candidate: fx.GraphModule) -> NodeMat
     cand_set = dict.fromkeys(cand_nodes)
     counterpart: dict[fx.Node, Match] = {}
     owner: dict[fx.Node, fx.Node] = {}  # candidate node -> its reference node
+    refused = {pair_: None for pair_ in refuted}
 
     def pair(ref: fx.Node, cand: fx.Node, how: str) -> None:
         counterpart[ref] = Match(cand, how)
@@ -186,7 +225,7 @@ def match_nodes(reference: fx.GraphModule, candidate: fx.GraphModule) -> NodeMat
                     ref_sigs.setdefault(sig, []).append(ref)
         for sig, refs in ref_sigs.items():
             cands = cand_sigs.get(sig, [])
-            if len(refs) == 1 and len(cands) == 1:
+            if len(refs) == 1 and len(cands) == 1 and (refs[0], cands[0]) not in refused:
                 pair(refs[0], cands[0], "inputs")
 
     pair_by_inputs()
@@ -199,7 +238,8 @@ def match_nodes(reference: fx.GraphModule, candidate: fx.GraphModule) -> NodeMat
         cand_slots = arg_slots(match.candidate)
         for label, ref_arg in arg_slots(user).items():
             cand_arg = cand_slots.get(label)
-            if cand_arg is None or ref_arg not in ref_set or cand_arg not in cand_set:
+            if (cand_arg is None or ref_arg not in ref_set or cand_arg not in cand_set
+                    or (ref_arg, cand_arg) in refused):
                 continue
             existing = counterpart.get(ref_arg)
             if existing is not None and existing.candidate is cand_arg:
@@ -211,11 +251,123 @@ def match_nodes(reference: fx.GraphModule, candidate: fx.GraphModule) -> NodeMat
                 if all(cand is not cand_arg for cand, _ in entries):
                     entries.append((cand_arg, user))
             # else both are matched elsewhere: the user itself reads other values
-            # (operands swapped), and its own comparison shows that.
+            # (operands swapped), and its own comparison shows that (a Rewire, below).
     pair_by_inputs()
+
+    def read_through_removed(ref: fx.Node) -> dict[fx.Node, None]:
+        """What a reference node reads, through nodes without a counterpart (removed too)."""
+        found: dict[fx.Node, None] = {}
+        todo = list(arg_slots(ref).values())
+        while todo:
+            arg = todo.pop()
+            if arg in found or arg not in ref_set:
+                continue
+            found[arg] = None
+            if arg not in counterpart:
+                todo.extend(arg_slots(arg).values())
+        return found
+
+    def stands_in(ref: fx.Node, cand: fx.Node) -> bool:
+        """Whether a user may read ``cand`` in place of ``ref``: a node only the candidate
+        has, or the counterpart of what ``ref`` (removed) read."""
+        other = owner.get(cand)
+        return other is None or (ref not in counterpart and other in read_through_removed(ref))
+
+    rewired: dict[fx.Node, list[Rewire]] = {}
+    for user in ref_nodes:
+        match = counterpart.get(user)
+        if match is None or not _same_op(user, reference, match.candidate, candidate):
+            continue
+        cand_slots = arg_slots(match.candidate)
+        for label, ref_arg in arg_slots(user).items():
+            cand_arg = cand_slots.get(label)
+            if cand_arg is None or ref_arg not in ref_set or cand_arg not in cand_set:
+                continue
+            mate = counterpart.get(ref_arg)
+            if (mate is not None and mate.candidate is cand_arg) or stands_in(ref_arg, cand_arg):
+                continue
+            rewired.setdefault(user, []).append(Rewire(label, ref_arg, cand_arg, owner[cand_arg]))
     return NodeMatching(
         counterpart={ref: counterpart[ref] for ref in ref_nodes if ref in counterpart},
-        seen_as={ref: seen_as[ref] for ref in ref_nodes if ref in seen_as},
+        seen_as={ref: kept for ref in ref_nodes if ref in seen_as
+                 for kept in [[(cand, user) for cand, user in seen_as[ref]
+                               if stands_in(ref, cand)]] if kept},
         unmatched_reference=[ref for ref in ref_nodes if ref not in counterpart],
         unmatched_candidate=[cand for cand in cand_nodes if cand not in owner],
-        changed_modules=changed)
+        changed_modules=changed, rewired=rewired)
+
+
+def refuted_matches(matching: NodeMatching, agrees: Callable[[fx.Node, fx.Node], bool | None]
+                    ) -> list[tuple[fx.Node, fx.Node]]:
+    """Matches by inputs or position whose candidate node computes another reference node's value.
+
+    ``agrees(ref, cand)``: whether their values agree (None: not compared). A
+    candidate node that differs from its match but agrees with a reference
+    node that a user reads it in place of computes that node's value, not its
+    match's: a fused Linear+ReLU reads the Linear's inputs, yet its value is
+    the ReLU's. Such pairs go to ``match_nodes(..., refuted=...)``.
+
+    >>> import torch, fxdebug
+    >>> class Skip(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.fc1, self.relu = torch.nn.Linear(2, 2), torch.nn.ReLU()
+    ...     def forward(self, x):
+    ...         return self.relu(self.fc1(x)) * 2
+    >>> ref, cand = fxdebug.trace(Skip()), fxdebug.trace(Skip())
+    >>> fc1, relu, mul = [n for n in cand.graph.nodes if n.op.startswith("call")]
+    >>> _ = cand.add_submodule("fused", torch.nn.Sequential(cand.fc1, torch.nn.ReLU()))
+    >>> with cand.graph.inserting_after(fc1):   # a pass fuses Linear+ReLU
+    ...     fused = cand.graph.call_module("fused", fc1.args)
+    >>> mul.args = (fused, 2); cand.graph.erase_node(relu); cand.graph.erase_node(fc1)
+    >>> first = match_nodes(ref, cand)
+    >>> [(r.name, m.candidate.name, m.how) for r, m in first.counterpart.items()]
+    [('x', 'x', 'key'), ('fc1', 'fused', 'inputs'), ('mul', 'mul', 'key')]
+    >>> values_equal = {("fc1", "fused"): False, ("relu", "fused"): True}   # from a run of both
+    >>> refuted = refuted_matches(first, lambda r, c: values_equal.get((r.name, c.name)))
+    >>> [(r.name, c.name) for r, c in refuted]
+    [('fc1', 'fused')]
+    >>> again = match_nodes(ref, cand, refuted)
+    >>> [(r.name, m.candidate.name, m.how) for r, m in again.counterpart.items()]
+    [('x', 'x', 'key'), ('relu', 'fused', 'position'), ('mul', 'mul', 'key')]
+    """
+    stand_ins: dict[fx.Node, list[fx.Node]] = {}  # candidate node -> reference nodes it stands in
+    for ref, entries in matching.seen_as.items():
+        for cand, _ in entries:
+            stand_ins.setdefault(cand, []).append(ref)
+    found = []
+    for ref, match in matching.counterpart.items():
+        cand = match.candidate
+        if match.how in ("inputs", "position") and agrees(ref, cand) is False and any(
+                other is not ref and agrees(other, cand) for other in stand_ins.get(cand, ())):
+            found.append((ref, cand))
+    return found
+
+
+def _shown(value: object) -> str:
+    """An argument as text, nodes by key, containers element by element."""
+    if isinstance(value, fx.Node):
+        return node_key(value)
+    if isinstance(value, (tuple, list)):
+        items = ", ".join(map(_shown, value))
+        if isinstance(value, list):
+            return f"[{items}]"
+        return f"({items},)" if len(value) == 1 else f"({items})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_shown(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def arguments_text(node: fx.Node) -> str:
+    """A node's arguments, nodes shown by key: ``(fc2, fc1)``, ``(x, dim=1)``.
+
+    >>> import torch
+    >>> g = torch.fx.Graph(); a = g.placeholder("a")
+    >>> arguments_text(g.call_function(torch.sum, (a,), {"dim": 1}))
+    '(a, dim=1)'
+    >>> arguments_text(g.call_function(torch.cat, ([a, a],)))
+    '([a, a],)'
+    """
+    parts = [_shown(arg) for arg in node.args]
+    parts += [f"{name}={_shown(value)}" for name, value in node.kwargs.items()]
+    return f"({', '.join(parts)}{',' if len(parts) == 1 and not node.kwargs else ''})"
