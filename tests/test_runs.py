@@ -440,5 +440,5 @@ def test_load_records_finishes_this_process_run_of_a_deleted_module(tmp_path):
         gm(x)
         del gm
         rec = fxdebug.load_records(folder(tmp_path / name))
-        assert list(rec.keys()) == ["0", "1"]
+        assert list(rec.keys()) == ["input", "0", "1"] and torch.equal(rec["input"], x)
         assert torch.equal(rec["1"], model(x)) and torch.equal(rec["0"], model[0](x))

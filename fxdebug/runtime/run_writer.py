@@ -156,6 +156,10 @@ class RunWriter:
         self._enqueue(("begin", self.run, self.folder, context, records.notes, grads_recorded))
         return records
 
+    def base_folder(self) -> str:
+        """The folder the runs go to: ``path``, or under torch.distributed ``path/rank-R``."""
+        return self._base or self.path
+
     def _resolve_base(self) -> str:
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         if distributed and torch.distributed.get_world_size() > 1:
@@ -303,7 +307,7 @@ def flush_writers_of(path: str) -> None:
     is raised here, naming its run folder."""
     target = os.path.realpath(path)
     for writer in list(_WRITERS):
-        base = os.path.realpath(writer._base or writer.path)
+        base = os.path.realpath(writer.base_folder())
         if writer.folder is not None and (_within(target, base) or _within(base, target)):
             writer.flush()
 
