@@ -375,7 +375,6 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.path.join(ROOT, "docs", "zoo.md"))
     args = parser.parse_args(argv)
     logging.getLogger("torch").setLevel(logging.ERROR)  # torch.export's notes on failures
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     shown, skip = [], False
     for arg in argv if argv is not None else sys.argv[1:]:
         if skip or arg.startswith("--out"):
@@ -385,6 +384,8 @@ def main(argv=None) -> int:
     command = " ".join(["python benchmarks/zoo.py", *shown])
     rows = []
     workdir = tempfile.mkdtemp(prefix="fxdebug_zoo_")
+    threads = torch.get_num_threads()  # given back after: tests call main() in their own process
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     try:
         from fxdebug.runtime.progress import progress
         models = list(selected(args))
@@ -396,6 +397,7 @@ def main(argv=None) -> int:
                   f"equal={row.equal} dump={row.dump} {row.seconds:.1f}s {row.error}",
                   flush=True)
     finally:
+        torch.set_num_threads(threads)
         shutil.rmtree(workdir, ignore_errors=True)
     text = render(rows, command)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -1,11 +1,10 @@
-"""A dump SIGKILLed at 20 random points: the folder holds the earlier dump or the new one, whole."""
+"""A dump SIGKILLed at 20 points spread over the whole dump: the folder holds the earlier dump
+or the new one, whole. Half the kills come before a file system change, half in the middle of
+writing a file (before one of its writes); the points are fixed, so every run kills alike."""
 
 from __future__ import annotations
 
 import os
-import random
-import signal
-import time
 
 import torch
 import torchvision
@@ -19,21 +18,29 @@ KILLS = 20
 X = torch.randn(1, 3, 32, 32)
 
 
-def _start_dump(gm, folder) -> int:
-    pid = os.fork()
-    if pid == 0:  # the child: never returns to pytest
-        code = 1
-        try:
-            torch.set_num_threads(1)
-            fxdebug.dump(gm, folder, X, overwrite=True)
-            code = 0
-        finally:
-            os._exit(code)
-    return pid
+def _spread(count: int, total: int) -> list[int]:
+    """``count`` event numbers from 1 to ``total``, evenly apart, the first and the last included."""
+    return [1 + (index * (total - 1)) // (count - 1) for index in range(count)]
 
 
-def test_sigkill_at_random_points_loses_nothing_and_leaves_nothing(tmp_path):
-    """Half the kills at a random time of the whole dump, half at a random file system change."""
+def _events(gm, folder, log) -> list[str]:
+    """The kinds of event an uncut dump of ``gm`` into ``folder`` meets, in order."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)  # os.open: not one of the events
+
+    def note(event, path):
+        os.write(fd, f"{event}\n".encode())
+        return False
+
+    try:
+        status = killed_dump(gm, folder, note, X, writes=True)
+    finally:
+        os.close(fd)
+    assert os.WIFEXITED(status), status
+    with open(log) as handle:
+        return handle.read().split()
+
+
+def test_sigkill_at_many_points_loses_nothing_and_leaves_nothing(tmp_path):
     models = []
     for seed in (0, 1):
         torch.manual_seed(seed)
@@ -51,32 +58,30 @@ def test_sigkill_at_random_points_loses_nothing_and_leaves_nothing(tmp_path):
     dest = work / "resnet18"
     killed_dump(models[0], str(dest), lambda event, path: False, X)
     assert _tree(dest) == refs[0]
-    start = time.perf_counter()  # one replacing dump, uncut: how long it takes and its events
-    status = killed_dump(models[1], str(dest), lambda event, path: False, X)
-    took, events = time.perf_counter() - start, os.WEXITSTATUS(status)
-    assert _tree(dest) == refs[1] and events >= 12
-    seed = random.randrange(1 << 30)
-    rng = random.Random(seed)
+    events = _events(models[1], str(dest), tmp_path / "events")  # one replacing dump, uncut
+    assert _tree(dest) == refs[1]
+    changes, writes = len([e for e in events if e != "write"]), events.count("write")
+    assert changes >= 12 and writes >= 12, events
+    # (kind of event counted, its number): kills alternate between the two kinds
+    points = [("change", at) for at in _spread(KILLS // 2, changes)]
+    points = [point for pair in zip(points, [("write", at) for at in _spread(KILLS // 2, writes)])
+              for point in pair]
     holds, outcomes = 1, []
-    for trial in range(KILLS):
+    for kind, at in points:
         other = 1 - holds
-        if trial % 2:
-            at = rng.randrange(1, events + 1)
-            counter = iter(range(1, events + 1))
-            killed_dump(models[other], str(dest), lambda event, path: next(counter) == at, X)
-        else:
-            pid = _start_dump(models[other], str(dest))
-            time.sleep(rng.uniform(0, took * 1.1))
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+        counter = iter(range(1, len(events) + 1))
+
+        def when(event, path, kind=kind, at=at, counter=counter):
+            return ((event == "write") == (kind == "write")) and next(counter) == at
+
+        killed_dump(models[other], str(dest), when, X, writes=kind == "write")
         done = prepare_destination(str(dest), True, KNOWN)  # what the next dump does first
-        assert sorted(os.listdir(work)) == ["resnet18"], (seed, os.listdir(work))
+        assert sorted(os.listdir(work)) == ["resnet18"], (kind, at, os.listdir(work))
         tree = _tree(dest)
-        assert tree in refs, f"seed {seed}: neither the earlier dump nor the new one"
+        assert tree in refs, f"killed before {kind} {at}: neither the earlier dump nor the new one"
         holds = refs.index(tree)
         outcomes.append("new" if holds == other else "restored" if done else "earlier")
-    print(f"seed {seed}, a dump {took:.2f} s and {events} file system changes, kills: {outcomes}")
-    assert "new" in outcomes and "earlier" in outcomes, (seed, outcomes)  # kills before and after
+    assert "new" in outcomes and "earlier" in outcomes, list(zip(points, outcomes))
     killed_dump(models[1 - holds], str(dest), lambda event, path: False, X)  # a whole dump at last
     assert sorted(os.listdir(work)) == ["resnet18"] and _tree(dest) == refs[1 - holds]
     package = {"__file__": str(dest / "module.py"), "__name__": "dumped_resnet18"}

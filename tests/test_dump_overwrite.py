@@ -88,17 +88,39 @@ def test_an_edited_dump_is_not_replaced_but_one_that_ran_is(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["earlier"]
 
 
-# -- a dump killed at a chosen point (test_dump_kill.py kills at random ones) --------------
+# -- a dump killed at a chosen point (test_dump_kill.py kills at many) ----------------------
 EVENTS = ("open", "mkdir", "rename", "unlink", "rmdir")
 
 
-def killed_dump(gm, folder, when, inputs=None) -> int:
+class _AskedWrites:
+    """A file opened for writing whose every ``write`` asks ``when("write", path)`` first."""
+
+    def __init__(self, handle, path, when):
+        self.handle, self.path, self.when = handle, path, when
+
+    def write(self, data):
+        if self.when("write", self.path):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.handle.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.handle, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self.handle.__exit__(*exc)
+
+
+def killed_dump(gm, folder, when, inputs=None, writes=False) -> int:
     """Dump ``gm`` in a forked child that SIGKILLs itself when ``when(event, path)`` says so.
 
     ``when`` is asked before every file system change (``EVENTS``: a file opened,
-    a folder made, a rename (its destination), a file or folder removed). Returns
-    the child's wait status; a child that was not killed exits with the number of
-    events it saw (at most 255).
+    a folder made, a rename (its destination), a file or folder removed), and with
+    ``writes`` before every ``write`` into a file it opened (event ``"write"``: a kill
+    there leaves the file cut short). Returns the child's wait status; a child that was
+    not killed exits with the number of file system changes it saw (at most 255).
     """
     pid = os.fork()
     if pid == 0:  # the child: never returns to pytest
@@ -109,11 +131,14 @@ def killed_dump(gm, folder, when, inputs=None) -> int:
             def hooked(real, event):
                 def call(path, *args, **kwargs):
                     target = args[0] if event == "rename" else path
-                    if event != "open" or (args and "w" in args[0]):
+                    opens_to_write = event == "open" and args and "w" in args[0]
+                    if event != "open" or opens_to_write:
                         seen[0] += 1
                         if when(event, os.fspath(target)):
                             os.kill(os.getpid(), signal.SIGKILL)
-                    return real(path, *args, **kwargs)
+                    result = real(path, *args, **kwargs)
+                    return _AskedWrites(result, os.fspath(path), when) if writes and opens_to_write \
+                        else result
                 return call
 
             builtins.open = hooked(builtins.open, "open")

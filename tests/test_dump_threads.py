@@ -1,4 +1,5 @@
-"""run.py --backward on another machine: gradients summed in another order still pass."""
+"""run.py --backward: the dump's thread count set again, and gradients summed in another order
+(another machine) still pass."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torchvision
 import fxdebug
 from subprocesses import run_python
 
-# Runs each folder's run.py --backward with 16 threads (the dump was made with one).
+# Runs each folder's run.py --backward in a process with 16 threads (the dump was made with one).
 CHILD = textwrap.dedent("""
     import runpy, sys, torch
     torch.set_num_threads(16)
@@ -53,6 +54,9 @@ def test_gradients_pass_with_another_thread_count_and_real_changes_fail(tmp_path
     assert proc.returncode == 0, proc.stderr
     same, close_copy, other = proc.stdout.split("== ")[1:]
     assert same.rstrip().endswith("exit 0") and "ok: same results as when dumped" in same, same
+    # run.py set the dump's thread count again: on the same machine, the same bits
+    assert same.splitlines()[1] == "settings applied as when dumped: torch.set_num_threads(1)", same
+    assert " equal" in same and "close" not in same and "NOT as when dumped" not in same, same
     assert close_copy.rstrip().endswith("exit 0") and "ok: same results" in close_copy, close_copy
     close = re.findall(r"(\S+): close \(max abs diff (\S+); rtol (\S+), atol (\S+)\)", close_copy)
     reference = torch.load(tmp_path / "same" / "expected.pt", weights_only=True)["grads"]

@@ -246,6 +246,28 @@ def test_vjp_errors():
         fxdebug.vjp(model, x, of="layer1", wrt="layer2")
     with pytest.raises(fxdebug.SelectionError, match="Close keys: .*'layer1.0.conv1'"):
         fxdebug.vjp(model, x, of="layer2", wrt="layer1.0.conv")
+    # the call shape of older releases, the inputs as one tuple: say what to pass
+    with pytest.raises(fxdebug.FxdebugError) as caught:
+        fxdebug.vjp(model, (x,), of="layer2", wrt="layer1.0.conv1")
+    message = str(caught.value)
+    assert "tuple of 1 tensor(s)" in message and "the model failed on it (TypeError: " in message
+    assert "fxdebug.vjp(model, *inputs, of='layer2', wrt='layer1.0.conv1')" in message
+
+
+def test_vjp_of_a_model_that_takes_a_tuple():
+    """A model whose one input is a tuple gets it as it is (only a failure is explained)."""
+    class Pair(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(3, 3), torch.nn.Tanh()
+
+        def forward(self, pair):
+            return self.b(self.a(pair[0]) + pair[1])
+
+    model, pair = Pair(), (torch.randn(2, 3), torch.randn(2, 3))
+    h = model.a(pair[0]).detach().requires_grad_(True)
+    (want,) = torch.autograd.grad(model.b(h + pair[1]).sum(), h)
+    torch.testing.assert_close(fxdebug.vjp(model, pair, of="b", wrt="a"), want)
 
 
 def _exact_norms(layers, x):

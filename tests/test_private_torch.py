@@ -157,34 +157,49 @@ def private_torch_uses() -> list[str]:
     own, torch_names = _own_names(trees), _torch_object_names()
     found: list[str] = []
     for path, tree in trees.items():
-        if _in_compat(path) or path in ALLOWED_FILES:
-            continue
-        aliases = _torch_aliases(tree)
-        inner = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.name.split(".")[0] == "torch" and any(
-                            _private(part) for part in alias.name.split(".")):
-                        found.append(f"{path}:{node.lineno}: import {alias.name}")
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
-                if any(_private(part) for part in node.module.split(".")):
-                    found.append(f"{path}:{node.lineno}: from {node.module} import ...")
-                found += [f"{path}:{node.lineno}: from {node.module} import {alias.name}"
-                          for alias in node.names if _private(alias.name)]
-            elif isinstance(node, ast.Attribute) and id(node) not in inner:
-                chain = _chain(node)
-                private = [part for part in chain[1:] if _private(part)]
-                if chain and chain[0] in aliases and private and private[0] not in ALLOWED_NAMES:
-                    found.append(f"{path}:{node.lineno}: {'.'.join(chain)}")
-        for line, name, how in _attribute_uses(tree):
-            if name.startswith("_saved_"):
-                found.append(f"{path}:{line}: {name} ({how}; autograd's saved tensors)")
-            elif how != "self" and name not in ALLOWED_NAMES \
-                    and (path, name) not in ALLOWED_IN_FILE \
-                    and (name in torch_names or (how != "string" and name not in own)):
-                found.append(f"{path}:{line}: {name} ({how})")
+        if not (_in_compat(path) or path in ALLOWED_FILES):
+            found += _uses_in(path, tree, own, torch_names)
     return sorted(dict.fromkeys(found))
+
+
+def generated_private_uses(folder: pathlib.Path) -> list[str]:
+    """``file:line: what`` of every private torch name in the Python files of a dumped folder
+    (the code fxdebug generated: module.py, run.py, __init__.py), checked as fxdebug's own."""
+    trees = {path.relative_to(folder).as_posix(): ast.parse(path.read_text(), str(path))
+             for path in sorted(folder.rglob("*.py"))}
+    own, torch_names = _own_names(trees), _torch_object_names()
+    return sorted(dict.fromkeys(use for path, tree in trees.items()
+                                for use in _uses_in(path, tree, own, torch_names)))
+
+
+def _uses_in(path: str, tree: ast.Module, own: dict, torch_names: dict) -> list[str]:
+    found: list[str] = []
+    aliases = _torch_aliases(tree)
+    inner = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "torch" and any(
+                        _private(part) for part in alias.name.split(".")):
+                    found.append(f"{path}:{node.lineno}: import {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            if any(_private(part) for part in node.module.split(".")):
+                found.append(f"{path}:{node.lineno}: from {node.module} import ...")
+            found += [f"{path}:{node.lineno}: from {node.module} import {alias.name}"
+                      for alias in node.names if _private(alias.name)]
+        elif isinstance(node, ast.Attribute) and id(node) not in inner:
+            chain = _chain(node)
+            private = [part for part in chain[1:] if _private(part)]
+            if chain and chain[0] in aliases and private and private[0] not in ALLOWED_NAMES:
+                found.append(f"{path}:{node.lineno}: {'.'.join(chain)}")
+    for line, name, how in _attribute_uses(tree):
+        if name.startswith("_saved_"):
+            found.append(f"{path}:{line}: {name} ({how}; autograd's saved tensors)")
+        elif how != "self" and name not in ALLOWED_NAMES \
+                and (path, name) not in ALLOWED_IN_FILE \
+                and (name in torch_names or (how != "string" and name not in own)):
+            found.append(f"{path}:{line}: {name} ({how})")
+    return found
 
 
 def test_no_private_torch_name_outside_torch_compat():
@@ -302,3 +317,35 @@ def test_the_package_reexports_every_name_of_its_modules():
                 if getattr(torch_compat, name, None) is not getattr(module, name)] == [], path.name
     assert sorted(set(names) - set(torch_compat.__all__)) == []
     assert len(torch_compat.__all__) == len(set(torch_compat.__all__))
+
+
+def _dumps(folder: pathlib.Path) -> list[pathlib.Path]:
+    """Dumps of every model of tests/dump_models.py, by the fx front end and by torch.export."""
+    import fxdebug
+    from dump_models import DictInput, Gadgets, Opaque
+    torch.manual_seed(0)
+    pair = {"a": torch.randn(2, 3), "b": torch.randn(2, 3)}
+    made = [
+        fxdebug.dump(fxdebug.instrument(fxdebug.trace(Gadgets(), leaf_modules=[Opaque])),
+                     folder / "gadgets", torch.randn(2, 6), allow_pickled_modules=True),
+        fxdebug.dump(fxdebug.instrument(Opaque(6)), folder / "opaque", torch.randn(2, 6)),
+        fxdebug.dump(fxdebug.instrument(fxdebug.trace(
+            DictInput(), concrete_args={"d": {"a": fx.PH, "b": fx.PH}})), folder / "dict_input", pair),
+        fxdebug.dump(fxdebug.instrument(fxdebug.trace(Opaque(6), torch.randn(2, 6), frontend="export")),
+                     folder / "opaque_export", torch.randn(2, 6)),
+        fxdebug.dump(fxdebug.instrument(fxdebug.trace(DictInput(), pair, frontend="export")),
+                     folder / "dict_input_export", pair),
+    ]
+    return [pathlib.Path(path) for path in made]
+
+
+def test_no_private_torch_name_in_the_code_a_dump_generates(tmp_path):
+    """A dumped folder runs wherever torch runs, so its code uses public torch only: fx's own
+    pytree flattening of inputs and outputs is written as plain Python."""
+    folders = _dumps(tmp_path)
+    for folder in folders:
+        assert sorted(path.name for path in folder.glob("*.py")) == ["__init__.py", "module.py", "run.py"]
+    assert {folder.name: generated_private_uses(folder) for folder in folders} == {
+        folder.name: [] for folder in folders}
+    code = (tmp_path / "dict_input_export" / "module.py").read_text()
+    assert "d_a = d['a']" in code or "= d['a']" in code, code  # the plain flattening ran

@@ -240,3 +240,19 @@ def test_link_checker_finds_broken_links(tmp_path, monkeypatch):
         (2, "docs/b.md", "docs/b.md does not exist"),
         (6, "#nowhere", "README.md has no heading whose anchor is #nowhere"),
     ]
+
+
+def test_the_eager_values_promise_states_its_compiled_exception():
+    """Wherever the docs promise only values eager ``forward`` computed, the same paragraph says
+    that a model the user compiles (``torch.compile(fxdebug.instrument(m))``) records the
+    compiled code's values instead."""
+    promise = "never shows a value that eager `forward` did not compute"
+    pages = [README, *sorted((ROOT / "docs").glob("*.md"))]
+    found = []
+    for page in pages:
+        for paragraph in page.read_text(encoding="utf-8").split("\n\n"):
+            if promise in " ".join(paragraph.split()):
+                found.append(page.name)
+                assert "exception" in paragraph and "torch.compile(fxdebug.instrument(model))" in \
+                    " ".join(paragraph.split()), (page.name, paragraph)
+    assert "README.md" in found and "guarantees.md" in found

@@ -223,14 +223,13 @@ try:
 except fxdebug.SavedRunError as exc:
     print("ERROR", exc)
 gm3 = fxdebug.instrument(linear, save_to={str(tmp_path / 'next')!r})
-import time
-for attempt in range(100):  # the writer fails in the background; a later forward says so
-    try:
-        gm3(torch.randn(512, 64))
-    except fxdebug.SavedRunError as exc:
-        print("NEXT FORWARD", exc)
-        break
-    time.sleep(0.05)
+gm3(torch.randn(512, 64))  # its capture fails to write in the background
+gm3.fxdebug_recorder.run_writer.wait_written()  # the failure is in, nothing raised yet
+try:
+    gm3(torch.randn(512, 64))  # the next forward says so
+    print("NEXT FORWARD ran")
+except fxdebug.SavedRunError as exc:
+    print("NEXT FORWARD", exc)
 gm2 = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), save_to={str(tmp_path / 'exit')!r})
 gm2(torch.tensor([-1.0, 2.0]))
 """
@@ -429,3 +428,17 @@ def test_streaming_every_capture_stays_near_eager_memory(tmp_path):
     assert peaks["memory"] >= 300, peaks
     assert peaks["save_to"] <= peaks["eager"] + 64 + 24, peaks
     assert len(fxdebug.load_records(tmp_path / "runs")) == 40
+
+
+def test_load_records_finishes_this_process_run_of_a_deleted_module(tmp_path):
+    """``gm(x); del gm; load_records(path)``: the run this process still writes there is finished
+    first, whichever folder is named (the save_to folder or the run's own)."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    x = torch.randn(2, 4)
+    for name, folder in (("save_to", lambda path: path), ("run", lambda path: path / "run-000001")):
+        gm = fxdebug.instrument(model, capture="all", save_to=tmp_path / name)
+        gm(x)
+        del gm
+        rec = fxdebug.load_records(folder(tmp_path / name))
+        assert list(rec.keys()) == ["input", "0", "1"] and torch.equal(rec["input"], x)
+        assert torch.equal(rec["1"], model(x)) and torch.equal(rec["0"], model[0](x))

@@ -61,7 +61,19 @@ def vjp(model: torch.nn.Module, *inputs: Any, of: str, wrt: str,
         return value
 
     with torch.enable_grad():
-        LiveRun(gm, [wrt_target] if of == wrt else [wrt_target, of_target], on_value).run(*inputs)
+        try:
+            LiveRun(gm, [wrt_target] if of == wrt else [wrt_target, of_target], on_value).run(*inputs)
+        except (TypeError, RuntimeError) as exc:
+            if _one_tuple_of_inputs(inputs):
+                count = len(inputs[0])
+                raise FxdebugError(
+                    f"vjp(model, {type(inputs[0]).__name__} of {count} tensor(s), of={of!r}, "
+                    f"wrt={wrt!r}): the model failed on it ({type(exc).__name__}: "
+                    f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}). vjp takes "
+                    f"the model's inputs as separate arguments, as the model does: write "
+                    f"fxdebug.vjp(model, *inputs, of={of!r}, wrt={wrt!r}) (for one input x: "
+                    f"fxdebug.vjp(model, x, of=..., wrt=...)), not vjp(model, (x,), ...).") from exc
+            raise
         out, leaf = found["of"], found["wrt"]
         if grad_outputs is None:
             grad_outputs = torch.ones_like(out)
@@ -72,3 +84,9 @@ def vjp(model: torch.nn.Module, *inputs: Any, of: str, wrt: str,
             return torch.zeros_like(leaf)
         (grad,) = torch.autograd.grad(out, leaf, grad_outputs, allow_unused=True)
     return torch.zeros_like(leaf) if grad is None else grad
+
+
+def _one_tuple_of_inputs(inputs: tuple) -> bool:
+    """The call shape before vjp took ``*inputs``: one tuple or list of tensors."""
+    return len(inputs) == 1 and isinstance(inputs[0], (tuple, list)) and len(inputs[0]) > 0 \
+        and all(isinstance(item, torch.Tensor) for item in inputs[0])

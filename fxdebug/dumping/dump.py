@@ -110,11 +110,13 @@ def _readme(cls: str, inputs: tuple, structure: Structure, imports: Imports, exa
               "## Numeric settings", "",
               "`run.py` first sets the settings that change what a model computes (TF32, float32 "
               "matmul precision, deterministic algorithms, cuDNN and oneDNN flags, attention "
-              "backends, the default dtype) to those `expected.pt` was computed under, listed in "
+              "backends, the default dtype, the CPU thread count) to those `expected.pt` was computed "
+              "under, listed in "
               "`settings.json`, and prints those it changed. `load()` changes none of them: in "
               "your own process, set them yourself for the same numbers (for instance "
               + ", ".join(f"`{setting_text(name, settings[name])}`" for name in
-                          ("torch.backends.cudnn.allow_tf32", "torch.get_float32_matmul_precision()")
+                          ("torch.backends.cudnn.allow_tf32", "torch.get_float32_matmul_precision()",
+                           "torch.get_num_threads()")
                           if name in settings) + ")."]
     why = nondeterminism(settings, devices)
     if why:

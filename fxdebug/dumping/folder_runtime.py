@@ -3,8 +3,9 @@
 run.py must run where fxdebug is not installed, so :func:`fxdebug.dump` writes
 the source of every function here into it (``inspect.getsource``), with the
 nested-value walker of :mod:`fxdebug.runtime.values` it calls (its source too,
-and the line importing torch's pytree functions it calls); fxdebug itself uses
-the same functions to record what the folder must reproduce.
+with :func:`children` here in place of the walker's: run.py uses no private torch
+name, so it opens containers without torch's pytree); fxdebug itself uses the same
+functions to record what the folder must reproduce.
 """
 
 import inspect
@@ -12,13 +13,33 @@ import inspect
 import torch
 
 from ..runtime.formatting import TOLERANCES
-from ..runtime.torch_compat import PYTREE_IMPORT
 from ..runtime.values import WALKER_FUNCTIONS, named_leaves
 from . import numeric_settings
 
 __all__ = ["flatten_outputs", "loss_of", "first_line", "tolerance", "GRADIENT_SCALE", "SPREAD_SCALE",
            "NONDETERMINISTIC_RUNS",
            "TOLERANCES", "nonfinite_text", "compare_tensor", "compare", "spread_of", "run_py_source"]
+
+
+_opened_here = WALKER_FUNCTIONS[1]  # the walker's own opening of a container pytree keeps whole
+
+
+def children(value):
+    """run.py's walker step: one level of a nested value without torch's pytree.
+
+    Tuples, lists, dicts (``transformers``' ModelOutput too: its items are the
+    values pytree gives), namedtuples, dataclasses and slices are opened as
+    fxdebug's walker opens them; an object of another class pytree knows is a
+    leaf here (run.py then says its outputs are missing, never compares wrongly).
+
+    >>> children({"a": 1}), children((5,)), children(3)
+    ([('a', 1)], [('0', 5)], None)
+    """
+    if isinstance(value, (torch.Tensor, str, int, float, type(None))):
+        return None
+    if isinstance(value, dict):
+        return [(str(key), item) for key, item in value.items()]
+    return _opened_here(value)
 
 
 def flatten_outputs(value, prefix="output"):
@@ -205,7 +226,7 @@ def spread_of(runs):
 def run_py_source():
     """The source run.py carries: the nested-value walker, every function above and of
     :mod:`~fxdebug.dumping.numeric_settings`, with their constants."""
-    walker = [PYTREE_IMPORT] + [inspect.getsource(f).rstrip() for f in WALKER_FUNCTIONS]
+    walker = [inspect.getsource(f).rstrip() for f in (_opened_here, children, named_leaves)]
     table = "".join(f"\n    {dtype!r}: {pair!r}," for dtype, pair in TOLERANCES.items())
     walker.append(f"TOLERANCES = {{{table}\n}}  # torch.testing.assert_close's (rtol, atol)")
     functions = (flatten_outputs, loss_of, first_line, tolerance, nonfinite_text, compare_tensor,
@@ -215,6 +236,7 @@ def run_py_source():
     setters = "".join(f"\n    {name!r}: {setter!r}," for name, setter in numeric_settings.SETTERS.items())
     parts += [f"DETERMINISTIC = {numeric_settings.DETERMINISTIC!r}\n"
               f"ENVIRONMENT = {numeric_settings.ENVIRONMENT!r}\n"
+              f"CPU_CAPABILITY = {numeric_settings.CPU_CAPABILITY!r}\n"
               f"SETTERS = {{{setters}\n}}  # the function that sets each setting read by a call"]
     parts += [inspect.getsource(function).rstrip() for function in SETTINGS_FUNCTIONS]
     return "\n\n\n".join(walker + parts) + "\n"

@@ -9,6 +9,8 @@ each node sits (what ``breakpoints.json`` and ``fxdebug debug --break`` use).
 
 from __future__ import annotations
 
+import ast
+import collections
 import dataclasses
 import keyword
 import re
@@ -86,6 +88,10 @@ def forward_code(gm: fx.GraphModule, imports: Imports) -> Forward:
         for part in parts[1:]:
             if not _DELETION.match(part):  # fx frees values after their last use: the dump
                 lines.append((part, node))  # keeps them, so pdb can print any of them
+    specs = torch_compat.pytree_specs(gm.graph)
+    if specs is not None:  # fx flattens the inputs and rebuilds the output with torch's private
+        in_spec, out_spec = specs  # pytree: module.py does it in plain Python
+        lines = _plain_pytree(lines, in_spec, out_spec, imports)
     body = "\n".join([src_lines[def_index]] + [text for text, _ in lines])
     used = dict.fromkeys(_IDENTIFIER.findall(body))
     script = ScriptSource(imports, reserved=(class_name(gm),))
@@ -123,6 +129,90 @@ def forward_code(gm: fx.GraphModule, imports: Imports) -> Forward:
         lines = [(pattern.sub(new, text), node) for text, node in lines]
     wrapped = [renamed.get(w, w) for w in wrapped if w in used]
     return Forward(lines, src_lines[def_index], wrapped, script)
+
+
+_FLATTEN = re.compile(r"^(?P<targets>.*?)\s*=\s*fx_pytree\.tree_flatten_spec\((?P<value>.*), self\._in_spec\)$")
+_UNFLATTEN = re.compile(r"^return pytree\.tree_unflatten\((?P<leaves>.*), self\._out_spec\)$")
+
+
+def _plain_pytree(lines: list[tuple[str, fx.Node | None]], in_spec, out_spec,
+                  imports: Imports) -> list[tuple[str, fx.Node | None]]:
+    """fx's ``fx_pytree.tree_flatten_spec(...)`` and ``pytree.tree_unflatten(...)`` lines
+    written as plain Python: one ``leaf = value['key'][0]`` a line, a literal output."""
+    plain: list[tuple[str, fx.Node | None]] = []
+    for text, node in lines:
+        flatten, unflatten = _FLATTEN.match(text), _UNFLATTEN.match(text)
+        if flatten:
+            targets = [t.strip() for t in flatten["targets"].split(",") if t.strip()]
+            values = _leaf_expressions(ast.parse(flatten["value"], mode="eval").body, in_spec)
+            if len(values) != len(targets):
+                raise FxdebugError(f"fxdebug.dump: the input specification has {len(values)} "
+                                   f"leaves, forward {len(targets)} inputs; please report it "
+                                   f"with the model.")
+            plain += [(f"{target} = {value}", node) for target, value in zip(targets, values)
+                      if target != value]
+        elif unflatten:
+            leaves = ast.parse(unflatten["leaves"], mode="eval").body
+            items = iter(ast.unparse(leaf) for leaf in getattr(leaves, "elts", [leaves]))
+            plain.append((f"return {_rebuilt(out_spec, items, imports)}", node))
+        else:
+            plain.append((text, node))
+    return plain
+
+
+def _unsupported(kind) -> FxdebugError:
+    return FxdebugError(f"cannot dump: forward takes or returns a {kind.__module__}.{kind.__qualname__} "
+                        f"that torch's pytree opens; module.py writes tuples, lists, dicts, "
+                        f"namedtuples and OrderedDicts as plain Python, not this. Return or take "
+                        f"one of those instead, then trace and dump again.")
+
+
+def _leaf_expressions(value: ast.expr, spec) -> list[str]:
+    """Python expressions of the leaves of ``value`` (the code fx flattens) under ``spec``."""
+    parts = torch_compat.treespec_parts(spec)
+    if parts is None:
+        return [ast.unparse(value)]
+    kind, context, children = parts
+    if kind is type(None):
+        return []
+    if isinstance(value, (ast.List, ast.Tuple)) and kind in (list, tuple) \
+            and len(value.elts) == len(children):
+        pairs = list(zip(value.elts, children))
+    elif isinstance(value, ast.Dict) and kind is dict and list(context) == [
+            key.value if isinstance(key, ast.Constant) else None for key in value.keys]:
+        pairs = list(zip(value.values, children))
+    elif issubclass(kind, (list, tuple)):
+        pairs = [(ast.Subscript(value, ast.Constant(index)), child) for index, child in enumerate(children)]
+    elif issubclass(kind, dict):
+        pairs = [(ast.Subscript(value, ast.Constant(key)), child) for key, child in zip(context, children)]
+    else:
+        raise _unsupported(kind)
+    return [leaf for item, child in pairs for leaf in _leaf_expressions(item, child)]
+
+
+def _rebuilt(spec, leaves, imports: Imports) -> str:
+    """The Python expression that builds the output ``spec`` describes from ``leaves``."""
+    parts = torch_compat.treespec_parts(spec)
+    if parts is None:
+        return next(leaves)
+    kind, context, children = parts
+    if kind is type(None):
+        return "None"
+    items = [_rebuilt(child, leaves, imports) for child in children]
+    if kind is tuple:
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    if kind is list:
+        return "[" + ", ".join(items) + "]"
+    pairs = "{" + ", ".join(f"{key!r}: {item}" for key, item in zip(context, items)) + "}"
+    if kind is dict:
+        return pairs
+    namedtuple = issubclass(kind, tuple) and hasattr(kind, "_fields")
+    found = importable(kind)
+    if not (namedtuple or kind is collections.OrderedDict) or isinstance(found, str):
+        raise _unsupported(kind)
+    alias = re.sub(r"\W", "_", f"{found[0]}_{found[1]}")
+    imports.add_object(alias, *found)
+    return f"{alias}({', '.join(items)})" if namedtuple else f"{alias}({pairs})"
 
 
 def weights(gm: fx.GraphModule) -> tuple[dict, dict, list]:
@@ -177,13 +267,7 @@ def module_py(gm: fx.GraphModule, cls: str, imports: Imports, forward: Forward,
     """
     _, tied, frozen = weight_info
     training, training_exceptions = _training_flags(gm)
-    extra_attrs = []
-    if pytree_inputs:  # forward flattens its inputs with specs kept on the module
-        for attr in ("_in_spec", "_out_spec"):
-            spec = getattr(gm, attr, None)
-            if spec is not None:
-                extra_attrs.append(f"self.{attr} = torch.utils._pytree.treespec_loads("
-                                   f"{torch_compat.treespec_dumps(spec)!r})")
+    extra_attrs: list[str] = []  # pytree_inputs: forward_code flattens them in plain Python
     head = template("module_head.py.tmpl").format(
         cls=cls, imports=imports.text() + ("\n\n\n" + forward.script.text() if forward.script.text() else ""),
         wrap="".join(f'\ntorch.fx.wrap("{name}")\n' for name in forward.wrapped),

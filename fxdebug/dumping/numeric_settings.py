@@ -22,11 +22,17 @@ public torch API:
   ``torch.backends.mkldnn.{enabled,deterministic}``, the scaled-dot-product
   attention backends (``torch.backends.cuda.flash_sdp_enabled()``...)
 * the environment variable ``CUBLAS_WORKSPACE_CONFIG`` (deterministic cuBLAS needs it)
+* on the CPU: ``torch.get_num_threads()`` (a CPU convolution or reduction splits its sum
+  by thread: efficientnet_b0's output at 1x3x64x64 differs in its last bits between 1 and
+  2 threads) and ``torch.backends.cpu.get_cpu_capability()`` (the vector instructions
+  ATen's kernels use, chosen at start-up from the CPU or ``ATEN_CPU_CAPABILITY``: ``DEFAULT``
+  gives other bits than ``AVX2``). The capability cannot be changed once torch runs:
+  run.py reports it where it differs, with the variable that sets it.
 
-Not recorded: the thread count (another machine has other cores: run.py's
-tolerances absorb the other summation order instead), ``torch.set_flush_denormal``
-(torch has no way to read it). A name this torch lacks is left out when
-recording and reported, not applied, by run.py.
+Not recorded: ``torch.get_num_interop_threads()`` (tried: 1 or 2 inter-op threads give
+the same bits, they only run independent ops side by side), ``torch.set_flush_denormal``
+(torch has no way to read it). A name this torch lacks is left out when recording and
+reported, not applied, by run.py.
 
 >>> recorded = read_settings()
 >>> recorded["torch.get_default_dtype()"], setting_text("torch.backends.cudnn.allow_tf32", False)
@@ -37,8 +43,8 @@ import os
 
 import torch
 
-__all__ = ["SETTINGS", "DETERMINISTIC", "SETTERS", "ENVIRONMENT", "resolve_torch_path", "read_setting",
-           "write_setting", "read_settings", "setting_text", "apply_settings", "nondeterminism"]
+__all__ = ["SETTINGS", "DETERMINISTIC", "SETTERS", "ENVIRONMENT", "CPU_CAPABILITY", "resolve_torch_path",
+           "read_setting", "write_setting", "read_settings", "setting_text", "apply_settings", "nondeterminism"]
 
 DETERMINISTIC = "torch.are_deterministic_algorithms_enabled()"
 """Its value: True, False, or "warn_only" (``use_deterministic_algorithms(True, warn_only=True)``)."""
@@ -71,6 +77,8 @@ SETTINGS = (
     "torch.backends.cuda.cudnn_sdp_enabled()",
     "torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()",
     "os.environ['CUBLAS_WORKSPACE_CONFIG']",
+    "torch.get_num_threads()",
+    "torch.backends.cpu.get_cpu_capability()",
 )
 """Every setting recorded, named by the expression that reads it, in the order run.py applies them."""
 
@@ -84,10 +92,14 @@ SETTERS = {
     "torch.backends.cuda.cudnn_sdp_enabled()": "torch.backends.cuda.enable_cudnn_sdp",
     "torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()":
         "torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp",
+    "torch.get_num_threads()": "torch.set_num_threads",
 }
 """The function that sets each setting read by a call (the others are attributes, set by assignment)."""
 
 ENVIRONMENT = "os.environ['CUBLAS_WORKSPACE_CONFIG']"
+
+CPU_CAPABILITY = "torch.backends.cpu.get_cpu_capability()"
+"""Read only: ATen picks it when torch starts, from the CPU or ``ATEN_CPU_CAPABILITY``."""
 
 
 def resolve_torch_path(path):
@@ -104,7 +116,7 @@ def resolve_torch_path(path):
 
 
 def read_setting(name):
-    """The value of one of :data:`SETTINGS` now (a str, bool or None).
+    """The value of one of :data:`SETTINGS` now (a str, bool, int or None).
 
     Raises AttributeError where this torch lacks it, RuntimeError where torch
     refuses to read it (the legacy TF32 flags, after the fp32_precision ones were
@@ -127,7 +139,7 @@ def read_setting(name):
         value = getattr(owner, attr)
     if isinstance(value, torch.dtype):
         return str(value)
-    if not isinstance(value, (bool, str)) and value is not None:
+    if not isinstance(value, (bool, str, int)) and value is not None:
         raise AttributeError(f"{name} reads {type(value).__name__}, not a flag")
     return value
 
@@ -146,6 +158,9 @@ def write_setting(name, value):
             os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
         else:
             os.environ["CUBLAS_WORKSPACE_CONFIG"] = value
+    elif name == CPU_CAPABILITY:
+        raise RuntimeError(f"this process runs {read_setting(name)}: torch picks it when it starts, "
+                           f"set the variable before python starts")
     elif name == DETERMINISTIC:
         torch.use_deterministic_algorithms(value is not False, warn_only=value == "warn_only")
     elif name in SETTERS:
@@ -180,9 +195,13 @@ def setting_text(name, value):
     "torch.set_float32_matmul_precision('medium')"
     >>> setting_text(DETERMINISTIC, "warn_only")
     'torch.use_deterministic_algorithms(True, warn_only=True)'
+    >>> setting_text("torch.get_num_threads()", 2), setting_text(CPU_CAPABILITY, "AVX2")
+    ('torch.set_num_threads(2)', 'ATEN_CPU_CAPABILITY=avx2')
     """
     if name == ENVIRONMENT:
         return f"CUBLAS_WORKSPACE_CONFIG={value}" if value is not None else "no CUBLAS_WORKSPACE_CONFIG"
+    if name == CPU_CAPABILITY:
+        return f"ATEN_CPU_CAPABILITY={str(value).lower()}"
     if name == DETERMINISTIC:
         return f"torch.use_deterministic_algorithms({value is not False}" + (
             ", warn_only=True)" if value == "warn_only" else ")")

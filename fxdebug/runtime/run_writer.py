@@ -7,7 +7,8 @@ it is made and the forward goes on; the thread writes its bytes (the format of
 :mod:`.saved_runs`) and lets it go, so a run holds at most ``limit_bytes`` of
 captures not yet written: a forward waits for the writer when more are queued.
 The run's ``manifest.json`` is written when the next forward starts, at
-:func:`flush`, and when the process exits.
+:func:`flush`, when :func:`~fxdebug.load_records` of this process reads that folder
+(even after the module was deleted), and when the process exits.
 
 A view captured from the model is written after the forward has moved on: its
 version counter is checked when it is written, and a tensor written in place
@@ -40,10 +41,10 @@ import torch
 
 from ..errors import SavedRunError
 from .records import Record, Records
-from .saved_runs import (RunFile, location_of, manifest_of, record_entry, run_context,
-                         run_folders, write_manifest)
+from .saved_runs import (BEFORE_READING, RunFile, location_of, manifest_of, record_entry,
+                         run_context, run_folders, write_manifest)
 
-__all__ = ["RunWriter", "StreamingRecords", "DEFAULT_LIMIT_BYTES"]
+__all__ = ["RunWriter", "StreamingRecords", "DEFAULT_LIMIT_BYTES", "flush_writers_of"]
 
 DEFAULT_LIMIT_BYTES = 64 * 2**20
 """Bytes of captures a run may hold before they are written (the forward waits beyond)."""
@@ -155,6 +156,10 @@ class RunWriter:
         self._enqueue(("begin", self.run, self.folder, context, records.notes, grads_recorded))
         return records
 
+    def base_folder(self) -> str:
+        """The folder the runs go to: ``path``, or under torch.distributed ``path/rank-R``."""
+        return self._base or self.path
+
     def _resolve_base(self) -> str:
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         if distributed and torch.distributed.get_world_size() > 1:
@@ -188,15 +193,23 @@ class RunWriter:
         if self.folder is not None:
             self._enqueue(("manifest", self.run))
         with self._cond:
-            while (self._queue or self._busy) and self._thread is not None \
-                    and self._thread.is_alive():
-                self._cond.wait(0.1)
+            self._wait_written()
             self._stopping = stop
             self._cond.notify_all()
         thread = self._thread
         if stop and thread is not None and thread is not threading.current_thread():
             thread.join()
         self.raise_error()
+
+    def wait_written(self) -> None:
+        """Wait until the thread has written everything queued, or failed to; raises nothing
+        (the next forward or :meth:`flush` raises a failure)."""
+        with self._cond:
+            self._wait_written()
+
+    def _wait_written(self) -> None:
+        while (self._queue or self._busy) and self._thread is not None and self._thread.is_alive():
+            self._cond.wait(0.1)
 
     def raise_error(self) -> None:
         with self._cond:
@@ -281,6 +294,25 @@ class RunWriter:
     def _finish(self, run: _Run) -> None:
         write_manifest(run.folder, run.manifest())
         run.data.close()
+
+
+def _within(inner: str, outer: str) -> bool:
+    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
+
+
+def flush_writers_of(path: str) -> None:
+    """Finish what this process's writers still hold for ``path`` (a ``save_to`` folder, a
+    folder above or below it, a run folder): :func:`~fxdebug.load_records` calls it before
+    reading, so a run streamed by a module since deleted is read whole. A writer's error
+    is raised here, naming its run folder."""
+    target = os.path.realpath(path)
+    for writer in list(_WRITERS):
+        base = os.path.realpath(writer.base_folder())
+        if writer.folder is not None and (_within(target, base) or _within(base, target)):
+            writer.flush()
+
+
+BEFORE_READING.append(flush_writers_of)
 
 
 def _flush_at_exit() -> None:

@@ -39,11 +39,16 @@ from .stats import Stats
 
 __all__ = ["save_records", "load_records", "SavedRecords", "RunFile", "record_entry",
            "run_context", "write_manifest", "manifest_of", "location_of", "run_folders",
-           "FORMAT", "FORMAT_VERSION"]
+           "FORMAT", "FORMAT_VERSION", "BEFORE_READING"]
 
 FORMAT = "fxdebug-run"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+
+BEFORE_READING: list = []
+"""Callables ``f(path)`` that :func:`load_records` calls before it reads ``path``: the
+streaming writer (:mod:`.run_writer`) puts its flush here, so a run this process is still
+writing there is finished first (``gm(x); del gm; load_records(path)`` reads that run)."""
 DATA = "tensors.bin"
 ALIGN = 64  # every tensor starts at a multiple: any dtype can view its bytes
 RUN_FOLDER = re.compile(r"^run-(\d{6,})$")
@@ -271,6 +276,8 @@ def load_records(path: str | os.PathLike, run: int | None = None) -> SavedRecord
     >>> rec["0"].shape, rec.context["dtype"]
     (torch.Size([1, 2]), 'float32')
     """
+    for finish_writing in BEFORE_READING:
+        finish_writing(os.fspath(path))
     folder = _run_folder(os.fspath(path), run)
     manifest_path = os.path.join(folder, MANIFEST)
     manifest = _read_manifest(manifest_path)

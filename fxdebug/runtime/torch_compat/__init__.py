@@ -50,8 +50,8 @@ from .module_internals import (BUFFERS_ATTR, CHILDREN_ATTR, DROPOUT_TYPES,  # no
                                set_own_buffer)
 from .ops import (TorchDispatchMode, assert_close_tolerances, foreach_copy_,  # noqa: E402
                   foreach_norm, is_op_overload, is_op_packet, op_schema)
-from .pytree import (PYTREE_IMPORT, tree_flatten, tree_flatten_with_path,  # noqa: E402
-                     tree_is_leaf, tree_leaves, tree_unflatten, treespec_dumps)
+from .pytree import (tree_flatten, tree_flatten_with_path, tree_is_leaf,  # noqa: E402
+                     tree_leaves, tree_unflatten, treespec_parts)
 
 __all__ = [
     # torch_version
@@ -76,6 +76,6 @@ __all__ = [
     "TorchDispatchMode", "assert_close_tolerances", "foreach_copy_", "foreach_norm",
     "is_op_overload", "is_op_packet", "op_schema",
     # pytree
-    "PYTREE_IMPORT", "tree_flatten", "tree_flatten_with_path", "tree_is_leaf", "tree_leaves",
-    "tree_unflatten", "treespec_dumps",
+    "tree_flatten", "tree_flatten_with_path", "tree_is_leaf", "tree_leaves",
+    "tree_unflatten", "treespec_parts",
 ]
