@@ -44,9 +44,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import threading
 import types
 import weakref
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -135,14 +136,14 @@ class ModelSnapshot:
         self._names: dict[int, str] = {}
         self._classes: dict[int, tuple[object, type]] = {}
         self._dicts: dict[int, tuple[dict, dict]] = {}
-        self._containers: dict[int, tuple[object, object]] = {}
+        self._containers: dict[int, tuple[Any, list]] = {}
         self._cells: dict[int, tuple[types.CellType, object]] = {}
         self._tensors: dict[int, _TensorState] = {}
         owner = global_module_hooks_owner()
         self._globals = {name: getattr(owner, name, _ABSENT) for name in global_module_hook_names()}
         for value in self._globals.values():
             if isinstance(value, dict):
-                self._containers[id(value)] = (value, dict(value))
+                self._containers[id(value)] = (value, list(value.items()))
         self._take(model)
 
     # -- taking -----------------------------------------------------------------------------
@@ -219,17 +220,18 @@ class ModelSnapshot:
         for key, (value, cls) in self._classes.items():
             if type(value) is not cls:
                 found.append(f"{self._names[key]}: class {cls.__name__} -> {type(value).__name__}")
-        for key, (state, saved) in self._dicts.items():
-            found.extend(f"{self._names[key]}: {detail}" for detail in _dict_changes(state, saved))
-        for key, (container, saved) in self._containers.items():
-            if _identities(_contents(container)) != _identities(saved):
+        for key, (own, saved_dict) in self._dicts.items():
+            found.extend(f"{self._names[key]}: {detail}"
+                         for detail in _dict_changes(own, saved_dict))
+        for key, (container, saved_items) in self._containers.items():
+            if _identities(_contents(container)) != _identities(saved_items):
                 found.append(f"{self._names.get(key, 'torch module hooks')}: contents differ")
-        for key, state in self._tensors.items():
-            tensor = state.tensor
-            if (_place(tensor) != state.place or tensor.requires_grad != state.requires_grad
-                    or (tensor.is_leaf and tensor.grad is not state.grad)):
+        for key, kept in self._tensors.items():
+            tensor = kept.tensor
+            if (_place(tensor) != kept.place or tensor.requires_grad != kept.requires_grad
+                    or (tensor.is_leaf and tensor.grad is not kept.grad)):
                 found.append(f"{self._names[key]}: tensor state differs")
-            elif state.registered and tensor_version(tensor) != state.version:
+            elif kept.registered and tensor_version(tensor) != kept.version:
                 found.append(f"{self._names[key]}: written in place")
         return sorted(found)
 
@@ -243,12 +245,12 @@ class ModelSnapshot:
         for value, cls in self._classes.values():
             if type(value) is not cls:
                 object.__setattr__(value, "__class__", cls)
-        for state, saved in self._dicts.values():
-            if _dict_changes(state, saved):
-                state.clear()
-                state.update(saved)
-        for container, saved in self._containers.values():
-            _restore_contents(container, saved)
+        for own, saved_dict in self._dicts.values():
+            if _dict_changes(own, saved_dict):
+                own.clear()
+                own.update(saved_dict)
+        for container, saved_items in self._containers.values():
+            _restore_contents(container, saved_items)
         for cell, contents in self._cells.values():
             if contents is not _ABSENT and _cell_value(cell) is not contents:
                 cell.cell_contents = contents
@@ -303,10 +305,12 @@ def model_transaction(model: torch.nn.Module, caller: str) -> Iterator[ModelSnap
     The exception gets a note saying the model was restored (and what could
     not be, if anything). See the module doc for what is put back.
     """
-    if not isinstance(model, torch.nn.Module):  # the call refuses it itself
-        yield None
+    open_here = _open.__dict__.setdefault("models", [])
+    if not isinstance(model, torch.nn.Module) or any(m is model for m in open_here):
+        yield None  # not a module (the call refuses it), or inside instrument()'s own transaction
         return
     snapshot = ModelSnapshot(model)
+    open_here.append(model)
     try:
         yield snapshot
     except BaseException as exc:
@@ -316,3 +320,8 @@ def model_transaction(model: torch.nn.Module, caller: str) -> Iterator[ModelSnap
                          f"except what cannot be undone: {'; '.join(lost[:5])}"
                          f"{' ...' if len(lost) > 5 else ''}.")
         raise
+    finally:
+        open_here.pop()
+
+
+_open = threading.local()  # .models: the models of this thread's open transactions
