@@ -3,6 +3,8 @@
 Call tree::
 
     trace_fx(model, leaf_modules, concrete_args, auto_leaf)
+      ├─ refuse_unsupported(model)                 FSDP2: an error saying what works (unsupported.py)
+      ├─ ModelSnapshot(model)                      put back after every attempt (transaction.py)
       └─ for each attempt (one more auto-leaf per failed attempt)
            ├─ _Tracer.trace(shallow copy of model)   torch.fx.Tracer, plus:
            │    ├─ create_node   -> meta: fxdebug_key, fxdebug_source
