@@ -2,7 +2,7 @@
 
 Call tree::
 
-    trace(model, *example_inputs, frontend="fx")
+    trace(model, *example_inputs, frontend="fx")    a transaction: a failure puts the model back
       ├─ unwrap_compiled(model)                       torch.compile(m) given: m, one warning
       ├─ "fx":     fx_tracer.trace_fx(model)          symbolic tracing, auto-leaf
       ├─ "export": export.export_trace(model, *example_inputs)
@@ -24,6 +24,7 @@ from .tracing.fx_tracer import trace_fx
 from .tracing.graph_module import keyed_copy
 from .tracing.keys import META_KEY
 from .tracing.locations import caller_stacklevel
+from .tracing.transaction import model_transaction
 from .partial.trace_parts import trace_parts
 from .partial.report import is_partial
 
@@ -95,6 +96,11 @@ def trace(model: torch.nn.Module, *example_inputs: object, leaf_modules: Iterabl
         >>> [n.meta["fxdebug_key"] for n in gm.graph.nodes][5:9]
         ['layer1.0.conv1', 'layer1.0.bn1', 'layer1.0.relu', 'layer1.0.conv2']
     """
+    with model_transaction(model, "fxdebug.trace"):  # a failure leaves the model as it was
+        return _trace(model, example_inputs, leaf_modules, concrete_args, auto_leaf, frontend)
+
+
+def _trace(model, example_inputs, leaf_modules, concrete_args, auto_leaf, frontend):
     model = unwrap_compiled(model, "fxdebug.trace")
     if is_partial(model):
         raise TraceFailure(

@@ -2,7 +2,7 @@
 
 Call tree::
 
-    instrument(model)
+    instrument(model)                      a transaction: any failure puts the model back
       ├─ tracing.unwrap_compiled(model)    torch.compile(m) given: instrument m, one warning
       ├─ tracing.trace(model)              unless it is a GraphModule already
       │    └─ TraceFailure of the root:     tracing.instrument_parts(model, _instrument_part):
@@ -45,6 +45,7 @@ from .tracing.graph_module import DebugGraphModule
 from .tracing.keys import META_SOURCE
 from .runtime.formatting import format_location
 from .tracing.selection import candidates
+from .tracing.transaction import model_transaction
 
 __all__ = ["instrument", "records", "accumulate_stats", "build_pipeline", "run_pipeline",
            "set_step", "flush"]
@@ -108,6 +109,12 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fxdebug.instrument expects an nn.Module or a GraphModule, "
                         f"got {type(model).__name__}.")
+    with model_transaction(model, "fxdebug.instrument"):  # a failure leaves the model as it was
+        return _instrument(model, capture, depth, include, exclude, grads, mode, passes, save_to)
+
+
+def _instrument(model, capture, depth, include, exclude, grads, mode, passes,
+                save_to) -> torch.nn.Module:
     model = unwrap_compiled(model, "fxdebug.instrument")
     arguments = dict(capture=capture, depth=depth, include=include, exclude=exclude,
                      grads=grads, mode=mode)

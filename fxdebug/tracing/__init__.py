@@ -21,7 +21,9 @@ structure of what the module returned::
 part by part (:mod:`fxdebug.partial`). Also here:
 :func:`~fxdebug.tracing.selection.select` (which keys a pattern picks),
 :class:`~fxdebug.tracing.graph_module.DebugGraphModule` (the GraphModule
-fxdebug returns) and module copies that share parameters.
+fxdebug returns), module copies that share parameters, and
+:func:`~fxdebug.tracing.transaction.model_transaction` (a failed call, and every
+trace, leaves the user's model as it was).
 
 >>> import torch
 >>> from fxdebug.tracing import trace_fx

@@ -42,6 +42,8 @@ from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocato
 from .locations import is_user_file, user_location_in_traceback
 from ..runtime.formatting import format_location
 from .module_copy import module_tree_copy
+from .transaction import ModelSnapshot
+from .unsupported import refuse_unsupported
 
 __all__ = ["export_trace"]
 
@@ -301,11 +303,16 @@ def export_trace(model: torch.nn.Module, *example_inputs,
                *torch_compat.tree_leaves((example_inputs, example_kwargs))]
     devices = sorted({t.device.index or 0 for t in tensors
                       if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
-    with torch.random.fork_rng(devices=devices):
-        plain = _explained_export(model, tuple(example_inputs), example_kwargs)
-        _assign_keys(plain, [path for path, _ in model.named_modules() if path],
-                     _output_structures(_scratch_copy(model), tuple(example_inputs),
-                                        example_kwargs))
+    refuse_unsupported(model)
+    before = ModelSnapshot(model)  # what export's runs write through shared hook state: put back
+    try:
+        with torch.random.fork_rng(devices=devices):
+            plain = _explained_export(model, tuple(example_inputs), example_kwargs)
+            _assign_keys(plain, [path for path, _ in model.named_modules() if path],
+                         _output_structures(_scratch_copy(model), tuple(example_inputs),
+                                            example_kwargs))
+    finally:
+        before.restore()
     torch_compat.set_graph_tracer_cls(plain.graph, None)  # torch.export's tracer cannot re-trace a pickled copy
     gm = DebugGraphModule(plain, plain.graph, class_name=name)
     for attr in ("_in_spec", "_out_spec"):

@@ -3,6 +3,8 @@
 Call tree::
 
     trace_fx(model, leaf_modules, concrete_args, auto_leaf)
+      ├─ refuse_unsupported(model)                 FSDP2: an error saying what works (unsupported.py)
+      ├─ ModelSnapshot(model)                      put back after every attempt (transaction.py)
       └─ for each attempt (one more auto-leaf per failed attempt)
            ├─ _Tracer.trace(shallow copy of model)   torch.fx.Tracer, plus:
            │    ├─ create_node   -> meta: fxdebug_key, fxdebug_source
@@ -39,7 +41,7 @@ import torch
 import torch.fx as fx
 from torch.fx.proxy import Attribute
 
-from ..errors import EagerFallbackWarning
+from ..errors import EagerFallbackWarning, FidelityWarning
 from ..runtime import PROXY_IN_TEXT, Recorder, leaves, traced_message
 from ..runtime.inplace_ops import INPLACE_NAMES
 from .failure import explain_failure
@@ -51,6 +53,8 @@ from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocato
                    key_base)
 from .locations import caller_stacklevel, short_list, user_location
 from .module_copy import shallow_module_copy
+from .transaction import ModelSnapshot
+from .unsupported import refuse_unsupported
 
 __all__ = ["trace_fx"]
 
@@ -301,6 +305,36 @@ def _refuse_leftover_proxies(tracer: _Tracer, root: torch.nn.Module) -> None:
     raise error
 
 
+def _refuse_attributes_made_while_tracing(tracer: _Tracer, graph: fx.Graph,
+                                          root: torch.nn.Module) -> None:
+    """A ``get_attr`` node whose target a ``forward`` registered while it was traced (put back
+    since): that module runs eagerly, where it registers it for real."""
+    for node in graph.nodes:
+        if node.op != "get_attr":
+            continue
+        owner_path, _, name = str(node.target).rpartition(".")
+        try:
+            owner = root.get_submodule(owner_path)
+        except AttributeError:
+            owner = None
+        if owner is not None and hasattr(owner, name):
+            continue
+        parts = owner_path.split(".") if owner_path else []
+        tracer.failure_scope = tuple(".".join(parts[:i + 1]) for i in range(len(parts)))
+        error = UnfaithfulTrace(f"fxdebug: forward registers {node.target!r} on the module while "
+                                f"it runs (a lazily made parameter or buffer)")
+        error.fxdebug_location = node.meta.get(META_SOURCE)
+        raise error
+
+
+def _warn_lost(lost: list[str], model: torch.nn.Module) -> None:
+    if lost:
+        warnings.warn(f"fxdebug.trace ran {type(model).__name__}'s forward and hooks on traced "
+                      f"values, and they changed what fxdebug cannot put back: "
+                      f"{short_list(lost)}. Check these before training on.", FidelityWarning,
+                      stacklevel=caller_stacklevel())
+
+
 def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
              concrete_args: dict | None = None, auto_leaf: bool = True,
              warn: bool = True) -> fx.GraphModule:
@@ -313,15 +347,23 @@ def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
         raise TypeError(f"fxdebug.trace expects an nn.Module, got {type(model).__name__}. "
                         f"Wrap a plain function in a Module, or call torch.fx.symbolic_trace on it.")
     leaf_paths, leaf_types = _resolve_leaves(model, leaf_modules)
+    refuse_unsupported(model)
     auto_leaves: list[tuple[str, str]] = []
+    # forward and its hooks run on Proxies, and what they write on the user's objects (an
+    # attribute, FSDP's lazy init, fx's Proxy for a parameter read by a hook) is put back
+    before = ModelSnapshot(model)
     while True:
         tracer = _Tracer(leaf_paths + [path for path, _ in auto_leaves], leaf_types)
         # fx writes tensor constants onto the traced root: a shallow copy keeps them off the
         # user's module, while submodules stay shared as in torch.fx (model.eval() reaches gm)
         root = shallow_module_copy(model)
         try:
-            graph = tracer.trace(root, concrete_args=concrete_args)
-            _refuse_leftover_proxies(tracer, root)
+            try:
+                graph = tracer.trace(root, concrete_args=concrete_args)
+                _refuse_leftover_proxies(tracer, root)
+            finally:
+                _warn_lost(before.restore(), model)
+            _refuse_attributes_made_while_tracing(tracer, graph, root)
             break
         except Exception as exc:  # any failure of user code under tracing is explained
             failure = explain_failure(exc, model, tracer.failure_scope or (), tuple(auto_leaves),

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BUFFERS_ATTR", "CHILDREN_ATTR", "DROPOUT_TYPES", "PARAMETERS_ATTR", "has_module_hooks",
+__all__ = ["BUFFERS_ATTR", "CHILDREN_ATTR", "DROPOUT_TYPES", "PARAMETERS_ATTR", "global_module_hook_names",
+           "global_module_hooks_owner", "has_module_hooks",
            "is_persistent_buffer", "own_buffers", "own_children", "own_parameters", "set_child",
            "set_own_buffer"]
 
@@ -121,6 +122,29 @@ def has_module_hooks(module: torch.nn.Module, backward: bool = True) -> bool:
     registries = [getattr(module, "_" + kind, missing) for kind in kinds]
     registries += [getattr(torch.nn.modules.module, "_global_" + kind, missing) for kind in kinds]
     return any(registry is missing or bool(registry) for registry in registries)
+
+
+def global_module_hooks_owner():
+    """The Python module that keeps torch's process-wide module hooks
+    (``torch.nn.modules.module``, 2.9.1 and 2.14.1); see :func:`global_module_hook_names`.
+
+    >>> global_module_hooks_owner().__name__
+    'torch.nn.modules.module'
+    """
+    return torch.nn.modules.module
+
+
+def global_module_hook_names() -> tuple[str, ...]:
+    """Names, in :func:`global_module_hooks_owner`, of what ``register_module_forward_hook`` and
+    friends change: ``_global_forward_hooks`` and the other ``_global_*`` registries and flags
+    (2.9.1, 2.14.1); where torch renamed them, the ones that exist (none: nothing to keep).
+
+    >>> "_global_forward_hooks" in global_module_hook_names()
+    True
+    """
+    owner = global_module_hooks_owner()
+    return tuple(name for name in sorted(vars(owner)) if name.startswith("_global_")
+                 and (isinstance(vars(owner)[name], dict) or name == "_global_is_full_backward_hook"))
 
 
 DROPOUT_TYPES: tuple[type[torch.nn.Module], ...] = tuple(dict.fromkeys(
