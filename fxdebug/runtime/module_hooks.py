@@ -93,6 +93,7 @@ def forward_pre_hooks(module: torch.nn.Module, key: str, args: tuple, kwargs: di
     holds itself: the hooks must leave them registered (a hook that swaps them, as FSDP2's
     all-gather does, would leave the graph computing with the old ones: an error says so).
 
+    >>> import torch
     >>> lin = torch.nn.Linear(1, 1)
     >>> _ = lin.register_forward_pre_hook(lambda m, a: (a[0] * 2,))
     >>> forward_pre_hooks(lin, "fc", (torch.ones(1),), {})
@@ -122,6 +123,7 @@ def forward_hooks(module: torch.nn.Module, key: str, args: tuple, kwargs: dict, 
     """Run ``module``'s forward hooks on its ``output`` (called with ``args``, ``kwargs``);
     the leaves of the result.
 
+    >>> import torch
     >>> lin = torch.nn.Linear(1, 1)
     >>> _ = lin.register_forward_hook(lambda m, a, out: out + 1)
     >>> forward_hooks(lin, "fc", (torch.ones(1),), {}, torch.zeros(1))

@@ -6,7 +6,8 @@ Call tree::
       └─ for each attempt (one more auto-leaf per failed attempt)
            ├─ _Tracer.trace(shallow copy of model)   torch.fx.Tracer, plus:
            │    ├─ create_node   -> meta: fxdebug_key, fxdebug_source
-           │    ├─ call_module   -> scope stack; non-leaf outputs -> fxdebug_returns
+           │    ├─ call_module   -> scope stack; non-leaf outputs -> fxdebug_returns; forward
+           │    │                   hooks -> run-time nodes around the body (module_hooks.py)
            │    ├─ proxy         -> _FaithfulProxy (keeps ``+=`` and ``x[i] = v`` in place)
            │    └─ TracePatches  -> random ops / constructors / grad modes / autocast as
            │                        nodes; inference_mode, ``self.x = proxy`` refused (fidelity.py)

@@ -88,7 +88,7 @@ def fixed_keys(tracer, prefix: str):
         tracer.key_override = previous
 
 
-def _rebuild(node: fx.Proxy, structure):
+def _rebuild(node, structure):
     """``structure`` with each Proxy leaf replaced by ``node[i]`` (i: its place among the leaves)."""
     leaves, spec = torch_compat.tree_flatten(structure)
     return torch_compat.tree_unflatten(

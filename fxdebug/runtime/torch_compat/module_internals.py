@@ -125,8 +125,10 @@ def has_module_hooks(module: torch.nn.Module, backward: bool = True, forward: bo
     return any(registry is missing or bool(registry) for registry in registries)
 
 
+# nn.Module's forward hook registries (2.9.1, 2.14.1)
 _FORWARD_REGISTRIES = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
                        "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+# torch.nn.modules.module's global forward hook registries (2.9.1, 2.14.1)
 _GLOBAL_FORWARD_REGISTRIES = ("_global_forward_pre_hooks", "_global_forward_hooks",
                               "_global_forward_hooks_with_kwargs",
                               "_global_forward_hooks_always_called")
