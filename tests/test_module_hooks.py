@@ -114,3 +114,17 @@ def test_a_module_with_backward_hooks_runs_whole_with_its_hooks():
     assert torch.equal(seen["gm"][0], seen["eager"][0])
     assert [n.target for n in gm.graph.nodes if n.op == "call_module"][1] == "b"  # b ran whole
     assert torch.equal(net.a.fc.weight.grad, eager.a.fc.weight.grad)
+
+
+def test_a_sequential_root_with_hooks_runs_them_once_and_its_children_only():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(Block(), torch.nn.Linear(4, 2))
+    calls = []
+    net.register_forward_pre_hook(lambda m, args: calls.append("pre") or (args[0] + 1,))
+    net.register_forward_hook(lambda m, args, out: calls.append("post") or out * 3)
+    gm = fxdebug.instrument(net)
+    x = torch.randn(3, 4)
+    out = gm(x)
+    assert calls == ["pre", "post"]
+    assert torch.equal(out, net(x)) and calls == ["pre", "post"] * 2
+    assert fxdebug.records(gm).keys() == ["0.fc", "0", "1"]

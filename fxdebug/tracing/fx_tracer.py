@@ -150,12 +150,13 @@ class _Tracer(fx.Tracer):
         static = static_forward(root)
         owner = self.hooks_owner
         self._root_hooks = static is None and owner is not None and runs_hooks_in_graph(owner)
-        if self._root_hooks:  # the graph runs the model's own hooks: root is the caller's copy
-            setattr(root, ROOT_HOOKS_ATTR, HookedRoot(owner))
         with TracePatches(self, root):
             if static is None:
                 graph = super().trace(root, concrete_args)
                 if self._root_hooks and owner is not None:
+                    # the graph runs the model's own hooks; set after tracing, so forward never
+                    # sees it (Sequential iterates its children); root is the caller's copy
+                    setattr(root, ROOT_HOOKS_ATTR, HookedRoot(owner))
                     check_root_reads(graph, owner)
                 return graph
             # fx would bind the module to the first parameter: trace the function instead
