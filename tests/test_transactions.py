@@ -306,46 +306,39 @@ def _fsdp2_world_of_one(rank, world):
     found = {}
     net, twin = _sharded(world), _sharded(world)
     before = _module_dicts(net)
+    fxdebug.instrument(net)  # FSDP2 is traced: no hook of FSDP's runs at trace time
+    found["instrumented: unchanged"] = _module_dicts(net) == before
+    found["instrumented: runs like twin"] = _runs_like_twin(net, twin)
+    net, twin = _sharded(world), _sharded(world)
+    fxdebug.trace(net)
+    found["traced: runs like twin"] = _runs_like_twin(net, twin)
+
+    def fails(gm):
+        raise InjectedFault("a pass failed after the trace")
+
+    net, twin = _sharded(world), _sharded(world)
     try:
-        fxdebug.instrument(net)
+        fxdebug.instrument(net, passes=[fails])
+    except InjectedFault:
+        found["failed pass: runs like twin"] = _runs_like_twin(net, twin)
+    try:
+        fxdebug.trace(_sharded(world), torch.randn(2, 4), frontend="export")
     except fxdebug.FxdebugError as error:
-        found["error"] = str(error)
-    found["refused: unchanged"] = _module_dicts(net) == before
-    found["refused: runs like twin"] = _runs_like_twin(net, twin)
-    # with the refusal out of the way (as FSDP2 support will be): the trace runs FSDP's hooks,
-    # which initialise FSDP's state lazily and keep fx's Proxies of the parameters in it
-    refuse = fx_tracer.refuse_unsupported
-    fx_tracer.refuse_unsupported = lambda model: None
-    try:
-        net, twin = _sharded(world), _sharded(world)
-        fxdebug.trace(net)
-        found["traced: runs like twin"] = _runs_like_twin(net, twin)
-
-        def fails(gm):
-            raise InjectedFault("a pass failed after the trace")
-
-        net, twin = _sharded(world), _sharded(world)
-        try:
-            fxdebug.instrument(net, passes=[fails])
-        except InjectedFault:
-            found["failed pass: runs like twin"] = _runs_like_twin(net, twin)
-    finally:
-        fx_tracer.refuse_unsupported = refuse
+        found["export"] = str(error)
     return found
 
 
-def test_fsdp2_model_keeps_working_after_a_failed_instrument():
+def test_fsdp2_model_keeps_working_after_instrument_and_after_a_failed_one():
     found = on_ranks(_fsdp2_world_of_one, 1)[0]
-    error = found.pop("error")
-    assert "FSDP2" in error and "fully_shard" in error and "'', '0', '2', '4'" in error
+    error = found.pop("export")
+    assert "frontend='export'" in error and "fully_shard" in error and "'', '0', '2', '4'" in error
     assert "test_transactions.py:" in error  # the user's line that asked
-    assert "gm = fxdebug.instrument(model)" in error and "fully_shard(gm)" in error
-    assert found == {"refused: unchanged": True, "refused: runs like twin": True,
+    assert found == {"instrumented: unchanged": True, "instrumented: runs like twin": True,
                      "traced: runs like twin": True, "failed pass: runs like twin": True}
 
 
 def _instrument_then_shard(rank, world):
-    """What the FSDP2 error advises: instrument the unsharded model, shard the result."""
+    """Instrumenting first and sharding the result works too."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     torch.manual_seed(0)
@@ -363,7 +356,7 @@ def _instrument_then_shard(rank, world):
             torch.equal(fxdebug.records(gm)["1"], hidden))
 
 
-def test_the_fsdp2_advice_works_instrument_first_then_shard():
+def test_instrument_first_then_shard():
     same_output, keys, same_capture = on_ranks(_instrument_then_shard, 1)[0]
     assert same_output and same_capture
     assert keys == ["0", "1", "2", "3", "4"]

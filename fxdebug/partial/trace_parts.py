@@ -278,7 +278,8 @@ class _Context:
                   if not path or leaf.startswith(path + ".")]
         try:
             gm = trace_fx(clean_tree(module), leaf_modules=[*inside, *self.leaf_types],
-                          concrete_args=plan.concrete_args, warn=False)  # the report lists them
+                          concrete_args=plan.concrete_args, warn=False,
+                          root_hooks=False)  # the dispatcher's module(...) runs them  # the report lists them
         except TraceFailure as failure:
             return failure
         strip_guards(gm)

@@ -14,6 +14,7 @@ these functions, and the functions write into the module's Recorder::
       ├─ edited_parameter(edit, p, name)       a view of p whose gradient is edited
       ├─ call_with_parameters(module, {n: v})  the module reads the edited view, not p
       ├─ stop(key, op, inputs)                 pdb in the generated forward
+      ├─ forward_pre_hooks / forward_hooks     a traced-through module's hooks, at run time
       ├─ begin_part(part recorder, inputs)     a traced part of a part-by-part model
       └─ EagerScope                             code that runs eagerly (eager modules,
                                                 leaf modules): module calls and ops
@@ -45,6 +46,7 @@ from .gradients import (PASSES_THROUGH, GradEdit, call_with_parameters, edit_gra
 from .nodes import RECORDER_ATTR, Recorder, begin_run, capture, capture_stats, emit_if_tracing
 from .eager_ops import (EAGER_MODULE, EAGER_OP, REGIONS_ATTR, EagerKeys, EagerScope, RegionForward,
                         RegionForwards)
+from .module_hooks import ROOT_HOOKS_ATTR, HookedRoot, forward_hooks, forward_pre_hooks
 from .parts import PartRecorder, SharedRecorder, begin_part
 from .records import Record, Records
 from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
@@ -56,7 +58,8 @@ __all__ = ["Recorder", "RECORDER_ATTR", "Records", "Record", "Stats", "tensor_st
            "begin_run", "capture", "capture_stats", "record_grads", "GradEdit", "edit_grads",
            "own_value", "edited_parameter", "call_with_parameters", "PASSES_THROUGH",
            "traced_message", "TracedMessage", "PROXY_IN_TEXT",
-           "stop", "stops_disabled", "begin_part", "SharedRecorder", "PartRecorder",
+           "stop", "stops_disabled", "forward_pre_hooks", "forward_hooks", "HookedRoot",
+           "ROOT_HOOKS_ATTR", "begin_part", "SharedRecorder", "PartRecorder",
            "emit_if_tracing", "flatten_tensors", "outputs_loss", "clone_inputs", "children", "leaves",
            "named_leaves", "map_leaves", "map_tensors",
            "EagerScope", "EagerKeys", "RegionForward", "RegionForwards", "REGIONS_ATTR", "EAGER_OP",
@@ -66,6 +69,6 @@ __all__ = ["Recorder", "RECORDER_ATTR", "Records", "Record", "Stats", "tensor_st
 # code, pickles and dumped folders say fxdebug.runtime.capture wherever they are defined.
 for _node_function in (begin_run, capture, capture_stats, record_grads, edit_grads, stop,
                        begin_part, own_value, edited_parameter, call_with_parameters,
-                       traced_message):
+                       traced_message, forward_pre_hooks, forward_hooks):
     _node_function.__module__ = __name__
 del _node_function

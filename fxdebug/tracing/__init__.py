@@ -9,6 +9,8 @@ structure of what the module returned::
       │  faithful in-place ops; random ops, constructors, grad-mode and
       │  autocast blocks as nodes, inference_mode and attribute writes
       │  refused (fidelity.py)
+      ├─ a traced-through module's forward hooks (FSDP2's, a user's) as
+      │  run-time nodes around its body, never run at trace time (module_hooks.py)
       ├─ ``x += y`` nothing can observe -> ``operator.add``
       │  (inplace_lowering.py, value_facts.py; what a node aliases
       │  and writes: alias_rules.py, shared with passes and lint)

@@ -3,12 +3,12 @@
 Call tree::
 
     trace_fx(model, leaf_modules, concrete_args, auto_leaf)
-      ├─ refuse_unsupported(model)                 FSDP2: an error saying what works (unsupported.py)
       ├─ ModelSnapshot(model)                      put back after every attempt (transaction.py)
       └─ for each attempt (one more auto-leaf per failed attempt)
            ├─ _Tracer.trace(shallow copy of model)   torch.fx.Tracer, plus:
            │    ├─ create_node   -> meta: fxdebug_key, fxdebug_source
-           │    ├─ call_module   -> scope stack; non-leaf outputs -> fxdebug_returns
+           │    ├─ call_module   -> scope stack; non-leaf outputs -> fxdebug_returns; forward
+           │    │                   hooks -> run-time nodes around the body (module_hooks.py)
            │    ├─ proxy         -> _FaithfulProxy (keeps ``+=`` and ``x[i] = v`` in place)
            │    └─ TracePatches  -> random ops / constructors / grad modes / autocast as
            │                        nodes; inference_mode, ``self.x = proxy`` refused (fidelity.py)
@@ -29,6 +29,7 @@ find the ``operator.add`` they look for.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import operator
@@ -42,7 +43,8 @@ import torch.fx as fx
 from torch.fx.proxy import Attribute
 
 from ..errors import EagerFallbackWarning, FidelityWarning
-from ..runtime import PROXY_IN_TEXT, Recorder, leaves, traced_message
+from ..runtime import (PROXY_IN_TEXT, ROOT_HOOKS_ATTR, HookedRoot, Recorder, leaves,
+                       traced_message)
 from ..runtime.inplace_ops import INPLACE_NAMES
 from .failure import explain_failure
 from .fidelity import (NOT_CONSTANT, TracePatches, UnfaithfulTrace, constant_value, real_values,
@@ -54,7 +56,7 @@ from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocato
 from .locations import caller_stacklevel, short_list, user_location
 from .module_copy import shallow_module_copy
 from .transaction import ModelSnapshot
-from .unsupported import refuse_unsupported
+from .module_hooks import check_root_reads, hooked_forward, runs_hooks_in_graph, runs_whole
 
 __all__ = ["trace_fx"]
 
@@ -136,6 +138,9 @@ class _Tracer(fx.Tracer):
         self._order: dict[fx.Node, int] = {}
         self._recorder_proxies: dict[str, fx.Proxy] = {}
         self._thread = threading.get_ident()
+        self.key_override = None  # module_hooks.fixed_keys: a hook node's key
+        self.hooks_owner: torch.nn.Module | None = None  # the model whose root hooks to run
+        self._root_hooks = False
 
     def trace(self, root, concrete_args=None):
         self.condition_node = None
@@ -145,9 +150,17 @@ class _Tracer(fx.Tracer):
                 return super().trace(root, concrete_args)
         self.key_allocator = KeyAllocator(owned=(name for name, _ in root.named_modules() if name))
         static = static_forward(root)
+        owner = self.hooks_owner
+        self._root_hooks = static is None and owner is not None and runs_hooks_in_graph(owner)
         with TracePatches(self, root):
             if static is None:
-                return super().trace(root, concrete_args)
+                graph = super().trace(root, concrete_args)
+                if self._root_hooks and owner is not None:
+                    # the graph runs the model's own hooks; set after tracing, so forward never
+                    # sees it (Sequential iterates its children); root is the caller's copy
+                    setattr(root, ROOT_HOOKS_ATTR, HookedRoot(owner))
+                    check_root_reads(graph, owner)
+                return graph
             # fx would bind the module to the first parameter: trace the function instead
             graph = super().trace(static, concrete_args)
         for node in graph.nodes:  # constants fx stored on its stand-in root
@@ -155,6 +168,19 @@ class _Tracer(fx.Tracer):
                 setattr(root, node.target, getattr(self.root, node.target))
         self.root = root
         return graph
+
+    def create_args_for_root(self, root_fn, is_module, concrete_args=None):
+        fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
+        if not self._root_hooks:
+            return fn, args
+        head = 1 if is_module else 0  # the module itself, then the placeholders
+
+        @functools.wraps(fn)
+        def with_root_hooks(*values):
+            def body(*inputs, **kw):
+                return fn(*values[:head], *inputs, **kw)
+            return hooked_forward(self, ROOT_HOOKS_ATTR, "", body)(*values[head:])
+        return with_root_hooks, args
 
     def to_bool(self, obj):
         value = self.concrete(obj)
@@ -196,8 +222,8 @@ class _Tracer(fx.Tracer):
             args = self._message_of_this_run(args)
         node = super().create_node(kind, target, args, kwargs, name, type_expr)
         scope = self._module_scope[-1] if self._module_scope else ""
-        node.meta[META_KEY] = self.key_allocator.allocate(key_base(kind, target, scope),
-                                                          owner=kind == "call_module")
+        node.meta[META_KEY] = self.key_override(node) if self.key_override is not None else \
+            self.key_allocator.allocate(key_base(kind, target, scope), owner=kind == "call_module")
         node.meta[META_SOURCE] = user_location(sys._getframe(1))
         node.meta[META_MODULE] = str(target) if kind == "call_module" else scope
         self._order[node] = len(self._order)
@@ -218,6 +244,8 @@ class _Tracer(fx.Tracer):
 
     def is_leaf_module(self, m: torch.nn.Module, module_qualified_name: str) -> bool:
         if module_qualified_name in self.leaf_paths or isinstance(m, self.leaf_types):
+            return True
+        if runs_whole(m):  # backward hooks: only module(...) runs them as eager does
             return True
         return super().is_leaf_module(m, module_qualified_name)
 
@@ -240,6 +268,8 @@ class _Tracer(fx.Tracer):
         source = user_location(sys._getframe(1))
         key = self.key_allocator.allocate(path, owner=True)
         self._module_scope.append(path)
+        if runs_hooks_in_graph(m):  # its hooks run at run time, around its traced forward
+            forward = hooked_forward(self, path, key, m.forward)
         try:
             out = super().call_module(m, forward, args, kwargs)
         except Exception:
@@ -337,23 +367,24 @@ def _warn_lost(lost: list[str], model: torch.nn.Module) -> None:
 
 def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
              concrete_args: dict | None = None, auto_leaf: bool = True,
-             warn: bool = True) -> fx.GraphModule:
+             warn: bool = True, root_hooks: bool = True) -> fx.GraphModule:
     """Symbolic tracing with auto-leaf (the ``"fx"`` front end).
 
     ``warn=False``: auto-leaves are only listed in ``gm.meta["fxdebug_auto_leaves"]``
-    (for a caller that reports them itself), not warned about.
+    (for a caller that reports them itself), not warned about. ``root_hooks=False``: the
+    graph does not run ``model``'s own forward hooks (its caller calls ``model(...)``).
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fxdebug.trace expects an nn.Module, got {type(model).__name__}. "
                         f"Wrap a plain function in a Module, or call torch.fx.symbolic_trace on it.")
     leaf_paths, leaf_types = _resolve_leaves(model, leaf_modules)
-    refuse_unsupported(model)
     auto_leaves: list[tuple[str, str]] = []
     # forward and its hooks run on Proxies, and what they write on the user's objects (an
     # attribute, FSDP's lazy init, fx's Proxy for a parameter read by a hook) is put back
     before = ModelSnapshot(model)
     while True:
         tracer = _Tracer(leaf_paths + [path for path, _ in auto_leaves], leaf_types)
+        tracer.hooks_owner = model if root_hooks else None
         # fx writes tensor constants onto the traced root: a shallow copy keeps them off the
         # user's module, while submodules stay shared as in torch.fx (model.eval() reaches gm)
         root = shallow_module_copy(model)

@@ -68,9 +68,9 @@ def candidates(gm: fx.GraphModule, every_node: bool) -> list[Target]:
     modules = dict(gm.named_modules(remove_duplicate=False))
     found: list[Target] = []
     for node in gm.graph.nodes:
-        if META_PASS in node.meta:
-            continue  # never act on fxdebug's own nodes
-        if node.op == "call_module" or (every_node and node.op in _CAPTURABLE_OPS):
+        own = META_PASS in node.meta  # never act on fxdebug's own nodes (a module call's
+        # return may end on one: the node that ran its forward hooks)
+        if not own and (node.op == "call_module" or (every_node and node.op in _CAPTURABLE_OPS)):
             found.append(Target(node_key(node), op_name(node, gm, modules), node, (node,), node,
                                 node.op == "call_module", node.meta.get(META_SOURCE)))
         for ret in node.meta.get(META_RETURNS, ()):

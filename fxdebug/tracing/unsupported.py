@@ -1,12 +1,10 @@
-"""Models fxdebug cannot trace yet, refused before anything of theirs is touched.
+"""Models a front end cannot trace, refused before anything of theirs is touched.
 
-An FSDP2 model (``torch.distributed.fsdp.fully_shard``) keeps per-module state
-that its forward hooks initialise lazily on the first forward, from the root
-down. A trace runs those hooks on Proxies, and the traced module runs the
-blocks' hooks without the root's: either way the state ends up initialised
-the wrong way, and the user's own ``model(x)`` stops working. Until fxdebug
-traces FSDP2 models itself, it says so and how to get the same captures:
-instrument the model first, shard the result.
+``torch.export`` (the ``"export"`` front end) cannot trace an FSDP2 model
+(``torch.distributed.fsdp.fully_shard``): its forward hooks all-gather
+parameters with collectives and initialise state lazily. The fx front end
+traces such a model (the hooks run at run time, see tracing/module_hooks.py),
+so the error says to use it.
 """
 
 from __future__ import annotations
@@ -42,15 +40,10 @@ def refuse_unsupported(model: torch.nn.Module) -> None:
     if not sharded:
         return
     listed = ", ".join(repr(path) for path in sharded[:6]) + (", ..." if len(sharded) > 6 else "")
-    blocks = [path for path in sharded if path]
-    shard_again = (f"for path in {blocks[:3]!r}{' + ...' if len(blocks) > 3 else ''}: "
-                   f"fully_shard(gm.get_submodule(path)); " if blocks else "")
     raise FxdebugError(
-        f"fxdebug cannot trace an FSDP2 model yet (called at "
+        f"frontend='export' cannot trace an FSDP2 model (called at "
         f"{format_location(user_location())}): fully_shard was applied to "
-        f"{type(model).__name__}'s module(s) {listed}, and tracing runs FSDP's forward hooks, "
-        f"whose lazily initialised state would then no longer fit the model. Nothing of the model "
-        f"was changed. Fix: instrument the model before sharding it and shard the result the "
-        f"same way: gm = fxdebug.instrument(model); {shard_again}fully_shard(gm). To compare "
-        f"the ranks of the sharded model as it is, use fxdebug.compare_ranks(model) or "
-        f"fxdebug.watch_nonfinite(model).")
+        f"{type(model).__name__}'s module(s) {listed}, whose forward hooks gather parameters "
+        f"with collectives that torch.export cannot trace. Nothing of the model was changed. "
+        f"Fix: use the fx front end, the default: fxdebug.trace(model) or "
+        f"fxdebug.instrument(model).")

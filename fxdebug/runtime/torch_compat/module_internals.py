@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BUFFERS_ATTR", "CHILDREN_ATTR", "DROPOUT_TYPES", "PARAMETERS_ATTR", "global_module_hook_names",
-           "global_module_hooks_owner", "has_module_hooks",
+__all__ = ["BUFFERS_ATTR", "CHILDREN_ATTR", "DROPOUT_TYPES", "PARAMETERS_ATTR",
+           "global_module_hook_names", "global_module_hooks_owner", "has_module_hooks",
+           "forward_hooks_readable", "run_forward_pre_hooks", "run_forward_hooks",
            "is_persistent_buffer", "own_buffers", "own_children", "own_parameters", "set_child",
            "set_own_buffer"]
 
@@ -104,9 +105,10 @@ def is_persistent_buffer(module: torch.nn.Module, name: str) -> bool:
     return name in module.state_dict(keep_vars=True)
 
 
-def has_module_hooks(module: torch.nn.Module, backward: bool = True) -> bool:
+def has_module_hooks(module: torch.nn.Module, backward: bool = True, forward: bool = True) -> bool:
     """Whether a call of ``module`` runs a hook: its own forward (pre-)hooks or the global ones
-    (``register_module_forward_hook``), and with ``backward`` the backward ones too.
+    (``register_module_forward_hook``), and with ``backward`` the backward ones too
+    (``forward=False``: only those).
 
     Reads ``module._forward_hooks`` and friends and ``torch.nn.modules.module._global_*``
     (2.9.1, 2.14.1); where one is gone, answers True (a module that may have hooks is never
@@ -116,7 +118,7 @@ def has_module_hooks(module: torch.nn.Module, backward: bool = True) -> bool:
     >>> has_module_hooks(lin), bool(lin.register_forward_hook(lambda *a: None)) and has_module_hooks(lin)
     (False, True)
     """
-    kinds = ["forward_pre_hooks", "forward_hooks"] + (
+    kinds = (["forward_pre_hooks", "forward_hooks"] if forward else []) + (
         ["backward_hooks", "backward_pre_hooks"] if backward else [])
     missing = object()
     registries = [getattr(module, "_" + kind, missing) for kind in kinds]
@@ -145,6 +147,78 @@ def global_module_hook_names() -> tuple[str, ...]:
     owner = global_module_hooks_owner()
     return tuple(name for name in sorted(vars(owner)) if name.startswith("_global_")
                  and (isinstance(vars(owner)[name], dict) or name == "_global_is_full_backward_hook"))
+# nn.Module's forward hook registries (2.9.1, 2.14.1)
+_FORWARD_REGISTRIES = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+                       "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+# torch.nn.modules.module's global forward hook registries (2.9.1, 2.14.1)
+_GLOBAL_FORWARD_REGISTRIES = ("_global_forward_pre_hooks", "_global_forward_hooks",
+                              "_global_forward_hooks_with_kwargs",
+                              "_global_forward_hooks_always_called")
+
+
+def forward_hooks_readable(module: torch.nn.Module) -> bool:
+    """Whether :func:`run_forward_pre_hooks` and :func:`run_forward_hooks` can run ``module``'s
+    forward hooks: its ``_forward_*hooks*`` registries and torch's ``_global_forward_*``
+    ones exist (2.9.1, 2.14.1). Where one is gone, False: the caller runs the module whole,
+    through ``module(...)``, which runs its hooks itself.
+
+    >>> forward_hooks_readable(torch.nn.Linear(1, 1))
+    True
+    """
+    return all(isinstance(getattr(module, name, None), dict) for name in _FORWARD_REGISTRIES) \
+        and all(hasattr(torch.nn.modules.module, name) for name in _GLOBAL_FORWARD_REGISTRIES)
+
+
+def run_forward_pre_hooks(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` after the global and ``module``'s forward pre-hooks, run in the order
+    and with the results ``nn.Module._call_impl`` gives them (2.9.1, 2.14.1): a hook
+    registered ``with_kwargs`` returns ``None`` or ``(args, kwargs)``, another ``None``, a
+    tuple or one value.
+
+    >>> lin = torch.nn.Linear(1, 1)
+    >>> _ = lin.register_forward_pre_hook(lambda m, a: (a[0] + 1,))
+    >>> run_forward_pre_hooks(lin, (torch.zeros(1),), {})
+    ((tensor([1.]),), {})
+    """
+    global_hooks = torch.nn.modules.module._global_forward_pre_hooks
+    with_kwargs = module._forward_pre_hooks_with_kwargs
+    for hook_id, hook in (*global_hooks.items(), *module._forward_pre_hooks.items()):
+        if hook_id in with_kwargs:
+            result = hook(module, args, kwargs)
+            if result is not None:
+                if not (isinstance(result, tuple) and len(result) == 2):
+                    raise RuntimeError(f"forward pre-hook must return None or a tuple of "
+                                       f"(new_args, new_kwargs), but got {result}.")
+                args, kwargs = result
+        else:
+            result = hook(module, args)
+            if result is not None:
+                args = result if isinstance(result, tuple) else (result,)
+    return args, kwargs
+
+
+def run_forward_hooks(module: torch.nn.Module, args: tuple, kwargs: dict, output):
+    """``output`` after the global and ``module``'s forward hooks, as ``nn.Module._call_impl``
+    runs them (2.9.1, 2.14.1): each sees the pre-hooked ``args`` (and ``kwargs`` where
+    registered ``with_kwargs``) and may return a replacement. (``always_call`` hooks run
+    here as any other; on an exception in the forward, ``_call_impl`` would also run them.)
+
+    >>> lin = torch.nn.Linear(1, 1)
+    >>> _ = lin.register_forward_hook(lambda m, a, out: out * 0)
+    >>> run_forward_hooks(lin, (torch.ones(1),), {}, torch.ones(1))
+    tensor([0.])
+    """
+    torch_module = torch.nn.modules.module
+    global_hooks = torch_module._global_forward_hooks
+    global_kwargs = torch_module._global_forward_hooks_with_kwargs
+    for hook_id, hook in (*global_hooks.items(), *module._forward_hooks.items()):
+        if hook_id in module._forward_hooks_with_kwargs or hook_id in global_kwargs:
+            result = hook(module, args, kwargs, output)
+        else:
+            result = hook(module, args, output)
+        if result is not None:
+            output = result
+    return output
 
 
 DROPOUT_TYPES: tuple[type[torch.nn.Module], ...] = tuple(dict.fromkeys(

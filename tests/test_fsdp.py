@@ -1,0 +1,166 @@
+"""instrument() on FSDP2 models (fully_shard per block and at the root), on 1 and 2 gloo ranks.
+
+Ground truth is computed another way on every rank:
+- captures: forward hooks on the unsharded model (same weights, same input), or, with a
+  MixedPrecisionPolicy, forward hooks on a plain FSDP2 twin;
+- gradients: ``loss.backward()`` on a plain FSDP2 twin built from the same state, its
+  sharded ``.grad`` (DTensors) compared bitwise;
+- activation gradients (``grads=True``): ``retain_grad`` on the twin's module outputs;
+- train()/eval(): the twin run eagerly in the same mode, with the same RNG state.
+Each rank feeds its own batch, as in data-parallel training.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import fxdebug
+from ranks import on_ranks
+
+D = 8
+
+
+class Block(torch.nn.Module):
+    def __init__(self, extra: str = "") -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(D)
+        self.fc1 = torch.nn.Linear(D, 2 * D)
+        self.fc2 = torch.nn.Linear(2 * D, D)
+        self.extra = (torch.nn.Dropout(0.5) if extra == "dropout" else
+                      torch.nn.BatchNorm1d(2 * D) if extra == "batchnorm" else torch.nn.Identity())
+
+    def forward(self, x):
+        return x + self.fc2(self.extra(torch.relu(self.fc1(self.norm(x)))))
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, extra: str = "") -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block(extra) for _ in range(3))
+        self.head = torch.nn.Linear(D, 2)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def batch(rank: int) -> torch.Tensor:
+    return torch.randn(4, D, generator=torch.Generator().manual_seed(100 + rank))
+
+
+def shard(model, world, mp=False, reshard=True, hsdp=False):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    mesh = (init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard")) if hsdp
+            else init_device_mesh("cpu", (world,)))
+    options = dict(mesh=mesh, reshard_after_forward=reshard)
+    if mp:
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    for block in model.blocks:
+        fully_shard(block, **options)
+    fully_shard(model, **options)
+    return model
+
+
+def hooked_outputs(model, retain=False):
+    """Every module's output by path, from forward hooks (retain: with retain_grad)."""
+    seen: dict[str, torch.Tensor] = {}
+    handles = []
+    for name, module in model.named_modules():
+        if name and not isinstance(module, torch.nn.ModuleList):
+            def hook(module, args, out, name=name):
+                if retain and out.requires_grad:
+                    out.retain_grad()
+                seen[name] = out
+            handles.append(module.register_forward_hook(hook))
+    return seen, handles
+
+
+def local(tensor):
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def _fsdp_configs(rank, world):
+    from torch.distributed.fsdp import FSDPModule
+    results = []
+    for mp, reshard, hsdp in [(False, True, False), (False, False, False), (True, True, False),
+                              (True, False, False), (False, True, True)]:
+        if hsdp and world < 2:
+            continue
+        torch.manual_seed(0)
+        plain = MLP()
+        unsharded = copy.deepcopy(plain)
+        twin = shard(copy.deepcopy(plain), world, mp, reshard, hsdp)
+        model = shard(plain, world, mp, reshard, hsdp)
+        gm = fxdebug.instrument(model, grads=True)
+        # tracing ran no FSDP hook: no lazy init, no state change
+        assert isinstance(model, FSDPModule) and model._get_fsdp_state()._is_root is None
+        assert all(b._get_fsdp_state()._is_root is None for b in model.blocks)
+        x = batch(rank)
+        reference, handles = hooked_outputs(unsharded)
+        unsharded(x)
+        twin_seen, _ = hooked_outputs(twin, retain=True)
+        twin_out = twin(x)
+        out = gm(x)
+        rec = fxdebug.records(gm)
+        keys = rec.keys()
+        assert keys == [f"blocks.{i}{part}" for i in range(3)  # the unsharded model's paths
+                        for part in (".norm", ".fc1", ".extra", ".fc2", "")] + ["head"]
+        for key in keys:
+            if mp:  # bf16 compute: the plain FSDP2 model's forward hooks are the truth
+                torch.testing.assert_close(rec[key], twin_seen[key], rtol=1.6e-2, atol=1e-5)
+                assert rec[key].dtype == twin_seen[key].dtype == torch.bfloat16
+            else:
+                torch.testing.assert_close(rec[key], reference[key])
+        assert torch.equal(out, twin_out)
+        out.square().sum().backward()
+        twin_out.square().sum().backward()
+        grads = dict(model.named_parameters())
+        for name, p in twin.named_parameters():
+            mine = grads[name].grad
+            assert type(mine) is type(p.grad) and mine.placements == p.grad.placements, name
+            assert torch.equal(local(mine), local(p.grad)), name
+        for key in keys:
+            assert torch.equal(rec.grads[key], twin_seen[key].grad), key
+        results.append((mp, reshard, hsdp, len(keys)))
+    return results
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_fsdp2_captures_and_gradients_equal_unsharded_and_plain_fsdp2(world):
+    results = on_ranks(_fsdp_configs, world)
+    expected = 5 if world == 2 else 4
+    assert all(len(found) == expected for found in results)
+
+
+def _modes(rank, world):
+    found = {}
+    for extra in ("dropout", "batchnorm"):
+        torch.manual_seed(0)
+        plain = MLP(extra)
+        twin = shard(copy.deepcopy(plain), world)
+        model = shard(plain, world)
+        gm = fxdebug.instrument(model)  # in train mode
+        seen, _ = hooked_outputs(twin)
+        x = batch(rank)
+        for mode in ("train", "eval", "train"):
+            for m in (model, twin):
+                m.train(mode == "train")
+            torch.manual_seed(1)
+            expected = twin(x)
+            torch.manual_seed(1)
+            out = gm(x)
+            assert torch.equal(out, expected), (extra, mode)
+            rec = fxdebug.records(gm)
+            assert rec.keys() and all(torch.equal(rec[k], seen[k]) for k in rec.keys())
+        found[extra] = True
+    return found
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_fsdp2_instrumented_in_train_mode_follows_eval(world):
+    assert all(r == {"dropout": True, "batchnorm": True} for r in on_ranks(_modes, world))
