@@ -429,3 +429,32 @@ def test_streaming_every_capture_stays_near_eager_memory(tmp_path):
     assert peaks["memory"] >= 300, peaks
     assert peaks["save_to"] <= peaks["eager"] + 64 + 24, peaks
     assert len(fxdebug.load_records(tmp_path / "runs")) == 40
+
+
+def test_run_saved_with_population_std_reads_as_tensor_std(tmp_path):
+    """Format 1 saved the population std (divide by n): loading converts it to tensor.std()."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 10), torch.nn.ReLU(), torch.nn.Linear(10, 1))
+    gm = fxdebug.instrument(model, grads=True)
+    gm(torch.randn(8, 8, generator=torch.Generator().manual_seed(0))).sum().backward()
+    path = fxdebug.save_records(fxdebug.records(gm), tmp_path / "old")
+    manifest_path = os.path.join(path, MANIFEST)
+    manifest = json.load(open(manifest_path))
+    assert manifest["version"] == 2
+    values = {key: fxdebug.records(gm)[key].double() for key in fxdebug.records(gm).keys()}
+    manifest["version"] = 1  # written the old way: the population std of each tensor
+    for entry in manifest["records"]:
+        entry["stats"][1] = values[entry["key"]].std(correction=0).item()
+    grads = dict(model.named_parameters())
+    for item in manifest["parameters"]:
+        item[2][1] = grads[item[0]].grad.double().std(correction=0).item()
+    json.dump(manifest, open(manifest_path, "w"))
+    loaded = fxdebug.load_records(path)
+    for key, value in values.items():
+        assert loaded.record(key).stats.std == pytest.approx(value.std().item(), rel=1e-12), key
+    for name, _, stats in loaded.parameter_grads():
+        assert stats.std == pytest.approx(grads[name].grad.double().std(correction=1).item(), rel=1e-12,
+                                          nan_ok=True)  # a bias of 1: NaN, as torch
+    # a run written now holds tensor.std() as it is
+    fresh = fxdebug.load_records(fxdebug.save_records(fxdebug.records(gm), tmp_path / "new"))
+    for key, value in values.items():
+        assert fresh.record(key).stats.std == pytest.approx(value.std().item(), rel=1e-6), key
