@@ -343,12 +343,21 @@ def test_cli_exit_codes(resnet, tmp_path, capsys):
 
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "fxdebug", "compare", *args],
-                              env=child_env(), capture_output=True, text=True, timeout=300)
+                              env=child_env(COLUMNS="80"), capture_output=True, text=True,
+                              timeout=300)
     equal, different = cli(a, same), cli(a, b)
     assert equal.returncode == 0 and "verdict: EQUAL" in equal.stdout, equal.stderr
     assert different.returncode == 1 and "first divergence: fc (Linear" in different.stdout
+    # at 80 columns the table is fitted, the first divergence line is not: grep finds it whole
+    assert max(len(line) for line in different.stdout.splitlines()
+               if not line.startswith("first divergence:")) <= 80
+    found = [line for line in different.stdout.splitlines() if "first divergence:" in line]
+    assert len(found) == 1 and "resnet.py:" in found[0] and "max abs" in found[0], found
+    missing = cli(a, str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr  # trouble, as diff
+    assert cli(a).returncode == 2  # bad arguments
     from fxdebug.cli import main
-    assert main(["compare", a, str(tmp_path / "nowhere")]) == 1
+    assert main(["compare", a, str(tmp_path / "nowhere")]) == 2  # trouble, as diff and cmp
     assert "does not exist" in capsys.readouterr().err
 
 

@@ -158,10 +158,11 @@ class RunComparison(Report):
         bad = self.divergences
         if bad:
             lines.append(f"verdict: DIFFERENT: {len(bad)} of {total} keys differ")
-            lines.append(f"first divergence: {bad[0].describe()}")
         else:
             lines.append(f"verdict: EQUAL: {total} keys agree")
         lines = [fit_line(line, width) for line in lines]
+        if bad:  # one line whatever the width: grep "first divergence:" finds key and file:line
+            lines.append(f"first divergence: {bad[0].describe()}")
         lines.append("")
         lines.append(fit_table(self._rows(), ["key", "op", "status", "max abs", "max rel",
                                               "shape", "file:line"],
