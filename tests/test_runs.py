@@ -279,7 +279,10 @@ def test_planted_perturbation_is_found_at_its_key(resnet, tmp_path):
     assert f"first divergence: {truth} (Conv2d" in table
     os.environ["COLUMNS"] = "80"
     try:
-        assert max(len(line) for line in report.table().splitlines()) <= 80
+        fitted = report.table().splitlines()  # all but the first divergence, kept whole
+        assert max(len(line) for line in fitted if not line.startswith("first divergence:")) <= 80
+        assert [line for line in fitted if line.startswith("first divergence:")] == \
+            [line for line in table.splitlines() if line.startswith("first divergence:")]
     finally:
         del os.environ["COLUMNS"]
     assert len(table.splitlines()) >= len(rec_a) + 5  # every key listed
@@ -467,3 +470,40 @@ def test_run_saved_with_population_std_reads_as_tensor_std(tmp_path):
     fresh = fxdebug.load_records(fxdebug.save_records(fxdebug.records(gm), tmp_path / "new"))
     for key, value in values.items():
         assert fresh.record(key).stats.std == pytest.approx(value.std().item(), rel=1e-6), key
+
+
+@pytest.mark.parametrize("mode", ["tensor", "stats"])
+def test_float32_against_bfloat16_says_what_rounding_explains(resnet, tmp_path, mode):
+    """Rounding only: explained, with the bound. A real BatchNorm change in the bfloat16 run:
+    that key is the first beyond rounding, and every key before it stays within."""
+    import copy
+    model, x = resnet
+    gm = fxdebug.instrument(model, mode=mode)
+    gm(x)
+    a = fxdebug.save_records(fxdebug.records(gm), tmp_path / "float32")
+    low = copy.deepcopy(model).to(torch.bfloat16)
+    gm_low = fxdebug.instrument(low, mode=mode)
+    gm_low(x.bfloat16())
+    rounding_only = fxdebug.compare_runs(a, fxdebug.save_records(fxdebug.records(gm_low),
+                                                                  tmp_path / "bfloat16"))
+    assert not rounding_only.ok  # bfloat16's tolerances alone call every key different
+    check = rounding_only.rounding
+    assert check is not None and check.dtype == "bfloat16" and check.explained, check
+    assert check.checked == len(rounding_only.entries)
+    text = rounding_only.table(wide=True)
+    assert ("rounding: bfloat16 rounding can explain every difference in the "
+            f"{check.checked} keys") in text and "16 x eps(bfloat16)" in text
+
+    with torch.no_grad():  # a real change: this BatchNorm's running variance, 4x
+        low.layer2[0].bn1.running_var.mul_(4.0)
+    gm_low(x.bfloat16())
+    changed = fxdebug.compare_runs(a, fxdebug.records(gm_low))
+    check = changed.rounding
+    assert not check.explained and check.beyond[0] == "layer2.0.bn1", check.beyond[:3]
+    keys = [entry.key for entry in changed.entries]
+    assert all(not e.beyond_rounding for e in changed.entries[:keys.index("layer2.0.bn1")])
+    line = [l for l in changed.table(wide=True).splitlines() if l.startswith("first beyond")]
+    assert line and line[0].startswith("first beyond rounding: layer2.0.bn1 (BatchNorm2d, ")
+    assert "resnet.py:" in line[0]
+    same_dtype = fxdebug.compare_runs(a, a)
+    assert same_dtype.rounding is None and "rounding" not in same_dtype.table(wide=True)

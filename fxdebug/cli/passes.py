@@ -48,6 +48,8 @@ def run(args) -> int:
     if differs is not None:
         print(f"\npass {differs.pass_name!r} changed what the module computes; the passes after "
               f"it did not run")
-        print(report.stages[-1].equivalence.table(wide=args.wide))
+        equivalence = report.stages[-1].equivalence
+        if equivalence is not None:
+            print(equivalence.table(wide=args.wide))
         return 1
     return 1 if report.ok is False else 0

@@ -37,7 +37,7 @@ import torch
 
 __all__ = ["warm_overrides", "CacheWatch"]
 
-_CACHE = functools._lru_cache_wrapper  # the type of every functools.lru_cache / cache function
+_CACHE = type(functools.lru_cache(maxsize=None)(len))  # the type of every lru_cache / cache function
 _known: dict[str, list[Any]] = {}  # module name -> its caches without arguments, found once
 
 
