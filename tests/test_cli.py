@@ -85,7 +85,7 @@ def test_factory_needing_a_missing_package_names_it(tmp_path):
     result = subprocess.run([sys.executable, "-m", "fxdebug", "summary",
                              "examples/transformer_layers.py:gpt2"],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1
+    assert result.returncode == 2  # an error: trouble
     first = result.stderr.splitlines()[0]
     assert first.startswith("fxdebug: error: ModuleNotFoundError: No module named 'transformers'")
     assert "pip install transformers" in first and "transformer_layers.py:gpt2" in first
@@ -102,7 +102,7 @@ def test_model_from_a_file_with_inputs(tmp_path):
 
 
 def _assert_one_paragraph_error(result, *fragments):
-    assert result.returncode == 1
+    assert result.returncode == 2  # an error: trouble
     assert "Traceback" not in result.stderr
     assert result.stderr.startswith("fxdebug: error: ")
     assert len(result.stderr.strip().splitlines()) == 1
@@ -147,3 +147,28 @@ def test_bad_arguments_exit_2():
     assert result.returncode == 2 and "invalid choice" in result.stderr
     result = _fxdebug()
     assert result.returncode == 2
+
+
+def test_comparing_commands_exit_0_same_1_different_2_trouble(tmp_path):
+    """As diff and cmp: check and passes --check say 1 only for a difference, 2 for trouble."""
+    (tmp_path / "net.py").write_text(textwrap.dedent("""
+        import torch
+        def make():
+            return torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+        def relu_to_sigmoid(gm):
+            for node in gm.graph.nodes:
+                if node.op == "call_module" and node.target == "1":  # the ReLU
+                    node.op, node.target = "call_function", torch.sigmoid
+            gm.recompile()
+            return gm
+    """))
+    same = _fxdebug("passes", "net.py:make", "--input", "2,3", "--pass", "capture", "--check",
+                    cwd=tmp_path)
+    assert same.returncode == 0, same.stdout + same.stderr
+    for command in ("passes", "check"):
+        args = [command, "net.py:make", "--input", "2,3", "--pass", "net.py:relu_to_sigmoid"]
+        different = _fxdebug(*args, *(["--check"] if command == "passes" else []), cwd=tmp_path)
+        assert different.returncode == 1, (command, different.stdout + different.stderr)
+        trouble = _fxdebug(command, "net.py:make", "--input", "2,7", cwd=tmp_path)  # wrong shape
+        assert trouble.returncode == 2, (command, trouble.stdout + trouble.stderr)
+        assert trouble.stderr.startswith("fxdebug: error: ")

@@ -87,7 +87,7 @@ def test_a_missing_neighbour_says_where_it_was_looked_for(tmp_path):
     folder.mkdir()
     (folder / "factory.py").write_text("from not_beside_me import Net\n\ndef make():\n    return Net()\n")
     result = fxdebug_cli("summary", "lonely/factory.py:make", cwd=str(tmp_path))
-    assert result.returncode == 1
+    assert result.returncode == 2  # an error: trouble
     assert "No module named 'not_beside_me'" in result.stderr
     assert "its folder searched first" in result.stderr and "factory.py:1" in result.stderr
 

@@ -96,11 +96,11 @@ def test_module_path_breaks_at_its_first_node_and_typos_are_explained(cli_folder
     assert "gradients: 62 equal" in out  # --backward reaches run.py
     status, out, err = _debug_here(folder, "--break", "layer1.0.conv3", stdin="",
                                    monkeypatch=monkeypatch, capsys=capsys)
-    assert status == 1 and "Traceback" not in err
+    assert status == 2 and "Traceback" not in err  # an error: trouble
     assert "no node or module with that key" in err and "'layer1.0.conv2'" in err
     status, out, err = _debug_here(cli_folder / "elsewhere", stdin="", monkeypatch=monkeypatch,
                                    capsys=capsys)
-    assert status == 1 and "not a folder written by fxdebug dump" in err
+    assert status == 2 and "not a folder written by fxdebug dump" in err
 
 
 def test_quitting_is_reported(cli_folder, monkeypatch, capsys):

@@ -495,5 +495,5 @@ def test_cli_dump(tmp_path):
     assert [tuple(t.shape) for t in inputs] == [(1, 3, 64, 64)]
     again = _fxdebug("dump", "torchvision.models:mobilenet_v3_small", "mnv3", "--input", "1,3,64,64",
                      cwd=tmp_path)
-    assert again.returncode == 1 and "Traceback" not in again.stderr
+    assert again.returncode == 2 and "Traceback" not in again.stderr  # an error: trouble
     assert "already exists" in again.stderr and len(again.stderr.strip().splitlines()) == 1

@@ -53,7 +53,7 @@ def test_cli_refuses_then_allows_pickling(tmp_path, monkeypatch, capsys):
         "def build():\n    return fxdebug.trace(Gadgets().eval(), leaf_modules=[Opaque])\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert main(["dump", "gadget_factory:build", "out", "--input", "2,6"]) == 1
+    assert main(["dump", "gadget_factory:build", "out", "--input", "2,6"]) == 2
     assert "--allow-pickle" in capsys.readouterr().err and "out" not in os.listdir(tmp_path)
     assert main(["dump", "gadget_factory:build", "out", "--input", "2,6", "--allow-pickle"]) == 0
     assert os.path.isfile(tmp_path / "out" / "pickled_modules.pt")

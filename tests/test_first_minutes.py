@@ -107,7 +107,7 @@ def test_loss_from_current_directory_and_errors_about_the_loss(tmp_path):
     assert "grad norm" in ok.stdout
     bad = fxdebug_cli("summary", "net.py:build", "--input", "2,3", "--grads",
                       "--loss", "nolosses:first", cwd=str(tmp_path))
-    assert bad.returncode == 1 and "loss" in bad.stderr and "factory" not in bad.stderr
+    assert bad.returncode == 2 and "loss" in bad.stderr and "factory" not in bad.stderr
     assert os.path.exists(tmp_path / "losses.py")
 
 

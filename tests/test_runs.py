@@ -278,7 +278,10 @@ def test_planted_perturbation_is_found_at_its_key(resnet, tmp_path):
     assert f"first divergence: {truth} (Conv2d" in table
     os.environ["COLUMNS"] = "80"
     try:
-        assert max(len(line) for line in report.table().splitlines()) <= 80
+        fitted = report.table().splitlines()  # all but the first divergence, kept whole
+        assert max(len(line) for line in fitted if not line.startswith("first divergence:")) <= 80
+        assert [line for line in fitted if line.startswith("first divergence:")] == \
+            [line for line in table.splitlines() if line.startswith("first divergence:")]
     finally:
         del os.environ["COLUMNS"]
     assert len(table.splitlines()) >= len(rec_a) + 5  # every key listed
@@ -342,12 +345,21 @@ def test_cli_exit_codes(resnet, tmp_path, capsys):
 
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "fxdebug", "compare", *args],
-                              env=child_env(), capture_output=True, text=True, timeout=300)
+                              env=child_env(COLUMNS="80"), capture_output=True, text=True,
+                              timeout=300)
     equal, different = cli(a, same), cli(a, b)
     assert equal.returncode == 0 and "verdict: EQUAL" in equal.stdout, equal.stderr
     assert different.returncode == 1 and "first divergence: fc (Linear" in different.stdout
+    # at 80 columns the table is fitted, the first divergence line is not: grep finds it whole
+    assert max(len(line) for line in different.stdout.splitlines()
+               if not line.startswith("first divergence:")) <= 80
+    found = [line for line in different.stdout.splitlines() if "first divergence:" in line]
+    assert len(found) == 1 and "resnet.py:" in found[0] and "max abs" in found[0], found
+    missing = cli(a, str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr  # trouble, as diff
+    assert cli(a).returncode == 2  # bad arguments
     from fxdebug.cli import main
-    assert main(["compare", a, str(tmp_path / "nowhere")]) == 1
+    assert main(["compare", a, str(tmp_path / "nowhere")]) == 2  # trouble, as diff and cmp
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -442,3 +454,70 @@ def test_load_records_finishes_this_process_run_of_a_deleted_module(tmp_path):
         rec = fxdebug.load_records(folder(tmp_path / name))
         assert list(rec.keys()) == ["input", "0", "1"] and torch.equal(rec["input"], x)
         assert torch.equal(rec["1"], model(x)) and torch.equal(rec["0"], model[0](x))
+
+
+@pytest.mark.filterwarnings("ignore:std..\\W+degrees of freedom")  # a bias of 1: NaN, as torch
+def test_run_saved_with_population_std_reads_as_tensor_std(tmp_path):
+    """Format 1 saved the population std (divide by n): loading converts it to tensor.std()."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 10), torch.nn.ReLU(), torch.nn.Linear(10, 1))
+    gm = fxdebug.instrument(model, grads=True)
+    gm(torch.randn(8, 8, generator=torch.Generator().manual_seed(0))).sum().backward()
+    path = fxdebug.save_records(fxdebug.records(gm), tmp_path / "old")
+    manifest_path = os.path.join(path, MANIFEST)
+    manifest = json.load(open(manifest_path))
+    assert manifest["version"] == 2
+    values = {key: fxdebug.records(gm)[key].double() for key in fxdebug.records(gm).keys()}
+    manifest["version"] = 1  # written the old way: the population std of each tensor
+    for entry in manifest["records"]:
+        entry["stats"][1] = values[entry["key"]].std(correction=0).item()
+    grads = dict(model.named_parameters())
+    for item in manifest["parameters"]:
+        item[2][1] = grads[item[0]].grad.double().std(correction=0).item()
+    json.dump(manifest, open(manifest_path, "w"))
+    loaded = fxdebug.load_records(path)
+    for key, value in values.items():
+        assert loaded.record(key).stats.std == pytest.approx(value.std().item(), rel=1e-12), key
+    for name, _, stats in loaded.parameter_grads():
+        assert stats.std == pytest.approx(grads[name].grad.double().std(correction=1).item(), rel=1e-12,
+                                          nan_ok=True)  # a bias of 1: NaN, as torch
+    # a run written now holds tensor.std() as it is
+    fresh = fxdebug.load_records(fxdebug.save_records(fxdebug.records(gm), tmp_path / "new"))
+    for key, value in values.items():
+        assert fresh.record(key).stats.std == pytest.approx(value.std().item(), rel=1e-6), key
+
+
+@pytest.mark.parametrize("mode", ["tensor", "stats"])
+def test_float32_against_bfloat16_says_what_rounding_explains(resnet, tmp_path, mode):
+    """Rounding only: explained, with the bound. A real BatchNorm change in the bfloat16 run:
+    that key is the first beyond rounding, and every key before it stays within."""
+    import copy
+    model, x = resnet
+    gm = fxdebug.instrument(model, mode=mode)
+    gm(x)
+    a = fxdebug.save_records(fxdebug.records(gm), tmp_path / "float32")
+    low = copy.deepcopy(model).to(torch.bfloat16)
+    gm_low = fxdebug.instrument(low, mode=mode)
+    gm_low(x.bfloat16())
+    rounding_only = fxdebug.compare_runs(a, fxdebug.save_records(fxdebug.records(gm_low),
+                                                                  tmp_path / "bfloat16"))
+    assert not rounding_only.ok  # bfloat16's tolerances alone call every key different
+    check = rounding_only.rounding
+    assert check is not None and check.dtype == "bfloat16" and check.explained, check
+    assert check.checked == len(rounding_only.entries)
+    text = rounding_only.table(wide=True)
+    assert ("rounding: bfloat16 rounding can explain every difference in the "
+            f"{check.checked} keys") in text and "16 x eps(bfloat16)" in text
+
+    with torch.no_grad():  # a real change: this BatchNorm's running variance, 4x
+        low.layer2[0].bn1.running_var.mul_(4.0)
+    gm_low(x.bfloat16())
+    changed = fxdebug.compare_runs(a, fxdebug.records(gm_low))
+    check = changed.rounding
+    assert not check.explained and check.beyond[0] == "layer2.0.bn1", check.beyond[:3]
+    keys = [entry.key for entry in changed.entries]
+    assert all(not e.beyond_rounding for e in changed.entries[:keys.index("layer2.0.bn1")])
+    line = [l for l in changed.table(wide=True).splitlines() if l.startswith("first beyond")]
+    assert line and line[0].startswith("first beyond rounding: layer2.0.bn1 (BatchNorm2d, ")
+    assert "resnet.py:" in line[0]
+    same_dtype = fxdebug.compare_runs(a, a)
+    assert same_dtype.rounding is None and "rounding" not in same_dtype.table(wide=True)

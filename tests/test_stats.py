@@ -30,7 +30,7 @@ class AddOneInPlace(torch.nn.Module):
 
 def truth(t: torch.Tensor) -> dict:
     finite = t[torch.isfinite(t)].double()
-    return dict(mean=torch.mean(finite).item(), std=torch.std(finite, correction=0).item(),
+    return dict(mean=torch.mean(finite).item(), std=torch.std(finite).item(),
                 min=torch.amin(finite).item(), max=torch.amax(finite).item(),
                 zeros_pct=100.0 * int((t == 0).sum()) / t.numel(),
                 nonfinite=int((~torch.isfinite(t)).sum()), numel=t.numel())
@@ -38,9 +38,13 @@ def truth(t: torch.Tensor) -> dict:
 
 def assert_stats_equal(stats, expected, dtype):
     rtol = 1e-5
-    scale = max(abs(expected["mean"]), expected["std"], 1e-30)
+    scale = max(abs(expected["mean"]), 0.0 if math.isnan(expected["std"]) else expected["std"],
+                1e-30)
     assert math.isclose(stats.mean, expected["mean"], rel_tol=rtol, abs_tol=rtol * scale), stats
-    assert math.isclose(stats.std, expected["std"], rel_tol=1e-4), stats
+    if math.isnan(expected["std"]):  # one finite value: torch.std says NaN, and so do we
+        assert math.isnan(stats.std), stats
+    else:
+        assert math.isclose(stats.std, expected["std"], rel_tol=1e-4), stats
     assert stats.min == expected["min"] and stats.max == expected["max"], stats
     assert stats.zeros_pct == expected["zeros_pct"], stats
     assert stats.nonfinite == expected["nonfinite"] and stats.numel == expected["numel"], stats
@@ -89,12 +93,27 @@ def test_one_pass_kernel_matches_direct_computation(sync_free, layout):
     assert_stats_equal(stats_from_summary(summarize(x, sync_free=sync_free)), truth(x), x.dtype)
 
 
+@pytest.mark.parametrize("one_pass", [False, True])
+@pytest.mark.parametrize("sync_free", [False, True])
+def test_std_is_what_tensor_std_says(sync_free, one_pass):
+    """std is Bessel-corrected, as tensor.std(): 80 values (not 0.63% lower), and a kernel-sized tensor."""
+    for x in (torch.randn(80, generator=torch.Generator().manual_seed(3)),
+              torch.randn(2 * MIN_NUMEL, generator=torch.Generator().manual_seed(4))):
+        stats = stats_from_summary(summarize(x, sync_free=sync_free, one_pass=one_pass))
+        assert math.isclose(stats.std, x.double().std().item(), rel_tol=1e-6), (stats, x.std())
+    assert math.isnan(stats_from_summary(summarize(torch.tensor([2.0]))).std)  # as torch.std
+    gm = fxdebug.instrument(torch.nn.Sequential(Copy()))
+    gm(x := torch.randn(4, 20, generator=torch.Generator().manual_seed(5)))
+    row = fxdebug.records(gm).table(wide=True).splitlines()[2].split()
+    assert float(row[5]) == pytest.approx(x.std().item(), rel=1e-3)  # the table's std column
+
+
 @pytest.mark.parametrize("size", [10_000, 2 * MIN_NUMEL])
 @pytest.mark.parametrize("sync_free", [False, True])
 def test_large_mean_small_spread_does_not_cancel(sync_free, size):
     x = 1000.0 + 1e-3 * torch.randn(size, generator=torch.Generator().manual_seed(1))
     stats = stats_from_summary(summarize(x, sync_free=sync_free))
-    assert math.isclose(stats.std, torch.std(x.double(), correction=0).item(), rel_tol=1e-3)
+    assert math.isclose(stats.std, torch.std(x.double()).item(), rel_tol=1e-3)
 
 
 @pytest.mark.parametrize("repeat", [1, MIN_NUMEL])
@@ -102,7 +121,7 @@ def test_huge_finite_values_do_not_overflow(repeat):
     x = torch.tensor([3e38, -3e38, 1e38], dtype=torch.float32).repeat(repeat)
     for sync_free in (False, True):
         stats = stats_from_summary(summarize(x, sync_free=sync_free))
-        assert math.isclose(stats.std, torch.std(x.double(), correction=0).item(), rel_tol=1e-5)
+        assert math.isclose(stats.std, torch.std(x.double()).item(), rel_tol=1e-5)
         assert stats.nonfinite == 0
 
 

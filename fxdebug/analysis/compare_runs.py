@@ -8,9 +8,16 @@ against bfloat16: bfloat16's), so a run on another device or in another
 precision is judged by what that precision can hold. Statistics-only captures
 (``mode="stats"``) compare their mean, std, min, max and non-finite count.
 
+When the runs differ in dtype (a key's, or the runs' as a whole: a float32 run
+against a bfloat16 one), each key is also measured against what the rounding of
+the less precise dtype can explain (:mod:`.rounding`: error norm within
+``16 x eps(dtype) x`` the key's norm in run ``a``), and the report says whether
+rounding explains every difference, or names the keys it cannot.
+
     RunComparison
       ├─ entries / grad_entries   one RunEntry per key: status, max abs / rel error
       ├─ first_divergence         the first entry that differs (key, op, file:line)
+      ├─ rounding                 across dtypes: RoundingCheck, .explained, .beyond keys
       ├─ table()                  verdict, first divergence, every key (80 columns)
       └─ to_dict(), HTML          from fxdebug's Report
 
@@ -41,6 +48,8 @@ from ..runtime.records import Record, Records
 from ..runtime.report import Report
 from ..runtime.saved_runs import load_records
 from .compare import compare_tensors, default_tolerances, dtype_text, format_error, shape_text
+from .rounding import (ROUNDING_FACTOR, RoundingCheck, rounding_dtype, rounding_ratio,
+                       stats_rounding_ratio)
 
 __all__ = ["compare_runs", "RunComparison", "RunEntry", "STATUS_TEXT"]
 
@@ -70,10 +79,17 @@ class RunEntry:
     shape: str = ""
     dtype: str = ""
     detail: str = ""
+    rounding: float | None = None  # across dtypes: error norm / (eps(rounding_dtype) * norm)
+    rounding_dtype: str = ""
 
     @property
     def ok(self) -> bool:
         return self.status not in DIVERGENT
+
+    @property
+    def beyond_rounding(self) -> bool:
+        """Compared across dtypes, and further apart than that rounding explains."""
+        return self.rounding is not None and self.rounding > ROUNDING_FACTOR
 
     def describe(self) -> str:
         """``layer1.0.conv1 (Conv2d, resnet.py:92): max abs 0.5, max rel 1.2``."""
@@ -97,6 +113,7 @@ class RunComparison(Report):
     grad_entries: list[RunEntry]
     rtol: float | None = None
     atol: float | None = None
+    rounding: RoundingCheck | None = None  # set when the runs differ in dtype
 
     verdict_words = ("EQUAL", "DIFFERENT")
 
@@ -125,7 +142,8 @@ class RunComparison(Report):
     def _fields(self) -> dict:
         return {"a": self.a, "b": self.b, "rtol": self.rtol, "atol": self.atol,
                 "keys": len(self.entries), "gradients": len(self.grad_entries),
-                "first_divergence": self.first_divergence, "divergences": self.divergences}
+                "first_divergence": self.first_divergence, "divergences": self.divergences,
+                "rounding": self.rounding}
 
     def _tolerances(self) -> str:
         if self.rtol is None and self.atol is None:
@@ -138,12 +156,22 @@ class RunComparison(Report):
         rows = []
         for entry in self.entries + self.grad_entries:
             compared = entry.status in ("equal", "close", "differs")
-            rows.append([("grad " if entry.section == "grad" else "") + entry.key, entry.op,
-                         STATUS_TEXT[entry.status],
-                         format_error(entry.max_abs) if compared else "-",
-                         format_error(entry.max_rel) if compared else "-",
-                         entry.shape, entry.location or "-"])
+            row = [("grad " if entry.section == "grad" else "") + entry.key, entry.op,
+                   STATUS_TEXT[entry.status],
+                   format_error(entry.max_abs) if compared else "-",
+                   format_error(entry.max_rel) if compared else "-",
+                   entry.shape, entry.location or "-"]
+            if self.rounding is not None:
+                row.insert(5, "-" if entry.rounding is None else
+                           f"{'BEYOND ' if entry.beyond_rounding else ''}{entry.rounding:.2g} eps")
+            rows.append(row)
         return rows
+
+    def _headers(self) -> list[str]:
+        headers = ["key", "op", "status", "max abs", "max rel", "shape", "file:line"]
+        if self.rounding is not None:
+            headers.insert(5, "rounding")
+        return headers
 
     def table(self, wide: bool | None = None) -> str:
         """Verdict, first divergence, then every key with its error."""
@@ -158,24 +186,29 @@ class RunComparison(Report):
         bad = self.divergences
         if bad:
             lines.append(f"verdict: DIFFERENT: {len(bad)} of {total} keys differ")
-            lines.append(f"first divergence: {bad[0].describe()}")
         else:
             lines.append(f"verdict: EQUAL: {total} keys agree")
         lines = [fit_line(line, width) for line in lines]
+        if bad:  # one line whatever the width: grep "first divergence:" finds key and file:line
+            lines.append(f"first divergence: {bad[0].describe()}")
+        if self.rounding is not None:
+            lines.append(fit_line(self.rounding.describe(), width))
+            if self.rounding.first_beyond:  # one line, as the first divergence
+                lines.append(f"first beyond rounding: {self.rounding.first_beyond}")
         lines.append("")
-        lines.append(fit_table(self._rows(), ["key", "op", "status", "max abs", "max rel",
-                                              "shape", "file:line"],
+        headers = self._headers()
+        lines.append(fit_table(self._rows(), headers,
                                width=width, drop=("file:line", "shape", "op"),
                                truncate=("key", "file:line"),
-                               colalign=("left",) * 3 + ("right",) * 2 + ("left",) * 2))
+                               colalign=("left",) * 3 + ("right",) * (len(headers) - 5)
+                               + ("left",) * 2))
         summary = ", ".join(f"{counts[s]} {t}" for s, t in STATUS_TEXT.items() if s in counts)
         lines.append(f"keys: {summary or 'none'}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         first = self.first_divergence
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in
-                       ("key", "op", "status", "max abs", "max rel", "shape", "file:line"))
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in self._headers())
         body = []
         entries = self.entries + self.grad_entries
         for entry, row in zip(entries, self._rows()):
@@ -183,7 +216,7 @@ class RunComparison(Report):
                     ("outline:2px solid #c00;" if entry is first else "")
             cells = "".join(f"<td>{html.escape(cell)}</td>" for cell in row)
             body.append(f"<tr style=\"{style}\">{cells}</tr>")
-        verdict = html.escape("\n".join(self.table(wide=True).splitlines()[:5]))
+        verdict = html.escape("\n".join(self.table(wide=True).split("\n\n")[0].splitlines()))
         return (f"<div><pre>{verdict}</pre><table><thead><tr>{head}</tr></thead>"
                 f"<tbody>{''.join(body)}</tbody></table></div>")
 
@@ -211,12 +244,48 @@ def compare_runs(a, b, rtol: float | None = None, atol: float | None = None) -> 
     """
     label_a, records_a = _open(a, "a")
     label_b, records_b = _open(b, "b")
-    entries = _compare_all(records_a, records_b, "forward", rtol, atol)
+    run_rounding = rounding_dtype(_run_dtype(records_a), _run_dtype(records_b))
+    entries = _compare_all(records_a, records_b, "forward", rtol, atol, None, run_rounding)
     grads_a = records_a._grads if records_a._grads is not None else Records()
     grads_b = records_b._grads if records_b._grads is not None else Records()
     grad_entries = _compare_all(grads_a, grads_b, "grad", rtol, atol,
-                                 getattr(records_a, "locations", {}))
-    return RunComparison(label_a, label_b, entries, grad_entries, rtol, atol)
+                                 getattr(records_a, "locations", {}), run_rounding)
+    return RunComparison(label_a, label_b, entries, grad_entries, rtol, atol,
+                         _rounding_check(entries + grad_entries))
+
+
+def _run_dtype(records: Records) -> torch.dtype | None:
+    """The run's dtype: as saved in its context, else its first floating capture's."""
+    saved = (getattr(records, "context", None) or {}).get("dtype")
+    if isinstance(saved, str) and isinstance(getattr(torch, saved, None), torch.dtype):
+        return getattr(torch, saved)
+    return next((r.dtype for r in records.records() if r.dtype.is_floating_point), None)
+
+
+def _rounding_check(entries: list[RunEntry]) -> RoundingCheck | None:
+    """What the rounding of the less precise dtype explains, over the keys compared across dtypes."""
+    checked = [e for e in entries if e.rounding is not None]
+    if not checked:
+        return None
+    dtype = max((e.rounding_dtype for e in checked),
+                key=lambda name: (torch.finfo(getattr(torch, name)).eps, name))
+    beyond = [e for e in checked if e.beyond_rounding]
+    within = [e for e in checked if not e.beyond_rounding and e.rounding]
+    largest = max(within, key=lambda e: e.rounding or 0.0, default=None)
+    return RoundingCheck(
+        dtype, torch.finfo(getattr(torch, dtype)).eps,
+        [("grad " if e.section == "grad" else "") + e.key for e in beyond], len(checked),
+        None if largest is None or largest.rounding is None else (largest.rounding, largest.key),
+        _beyond_text(beyond[0]) if beyond else "")
+
+
+def _beyond_text(entry: RunEntry) -> str:
+    """``layer2.0.bn1 (BatchNorm2d, resnet.py:93): error norm 64 eps of bfloat16 (0.5 x norm)``."""
+    where = ", ".join(part for part in (entry.op, entry.location) if part)
+    ratio = entry.rounding or 0.0
+    eps = torch.finfo(getattr(torch, entry.rounding_dtype)).eps
+    return (f"{'gradient of ' if entry.section == 'grad' else ''}{entry.key} ({where}): error "
+            f"norm {ratio:.3g} eps of {entry.rounding_dtype} ({ratio * eps:.3g} x norm)")
 
 
 def _open(run, name: str) -> tuple[str, Records]:
@@ -231,7 +300,8 @@ def _open(run, name: str) -> tuple[str, Records]:
 
 
 def _compare_all(a: Records, b: Records, section: str, rtol, atol,
-                 locations: dict | None = None) -> list[RunEntry]:
+                 locations: dict | None = None,
+                 run_rounding: torch.dtype | None = None) -> list[RunEntry]:
     locations = getattr(a, "locations", {}) if locations is None else locations
     found = []
     for key in a.keys():
@@ -242,7 +312,8 @@ def _compare_all(a: Records, b: Records, section: str, rtol, atol,
                                   shape=shape_text(record.shape), dtype=dtype_text(record.dtype),
                                   detail="only in run a"))
             continue
-        found.append(_compare_key(record, b.record(key), location, section, rtol, atol))
+        found.append(_compare_key(record, b.record(key), location, section, rtol, atol,
+                                  run_rounding))
     for key in b.keys():
         if key not in a:
             record = b.record(key)
@@ -254,7 +325,7 @@ def _compare_all(a: Records, b: Records, section: str, rtol, atol,
 
 
 def _compare_key(ra: Record, rb: Record, location: str, section: str, rtol,
-                 atol) -> RunEntry:
+                 atol, run_rounding: torch.dtype | None = None) -> RunEntry:
     common: dict[str, Any] = dict(key=ra.key, op=ra.op, location=location, section=section,
                                   shape=shape_text(ra.shape), dtype=dtype_text(ra.dtype))
     if ra.stale or rb.stale:
@@ -270,7 +341,13 @@ def _compare_key(ra: Record, rb: Record, location: str, section: str, rtol,
     atol = atol_d if atol is None else float(atol)
     detail = ("" if ra.dtype == rb.dtype
               else f"dtype {dtype_text(ra.dtype)} vs {dtype_text(rb.dtype)}")
+    rounds = rounding_dtype(ra.dtype, rb.dtype) or (
+        run_rounding if ra.dtype.is_floating_point and rb.dtype.is_floating_point else None)
+    if rounds is not None:
+        common["rounding_dtype"] = str(rounds).replace("torch.", "")
     if ra.value is None or rb.value is None:  # statistics only
+        if rounds is not None:
+            common["rounding"] = stats_rounding_ratio(ra.stats, rb.stats, rounds)
         return _compare_stats(ra, rb, rtol, atol, common, detail)
     va, vb = ra.value, rb.value
     if va.dtype != vb.dtype:
@@ -281,6 +358,8 @@ def _compare_key(ra: Record, rb: Record, location: str, section: str, rtol,
         va, vb = va.to(wider), vb.to(wider)
     if va.device != vb.device:
         vb = vb.to(va.device)
+    if rounds is not None and _floating(va) and not va.is_complex():
+        common["rounding"] = rounding_ratio(va, vb, rounds)
     result = compare_tensors(va, vb, ra.key, rtol, atol, equal_nan=True)
     if result.ok:  # equal: the same dtype and values (NaN where the other has NaN)
         status = "equal" if result.max_abs == 0 and ra.dtype == rb.dtype else "close"

@@ -16,10 +16,12 @@
       └─ compare.py     compare_runs on two saved runs -> the first divergent key
     _common.py holds the options and messages the subcommands share.
 
-Errors print one paragraph and exit with status 1 (2 for bad arguments); an
-error raised in the user's code (a model factory, a forward) adds where it was
-raised and the traceback of the user's own frames; ``--traceback`` prints
-every frame.
+Exit status, as ``diff`` and ``cmp``: 0 when everything agrees (or nothing was
+found), 1 when a command finds what it looks for (runs or stages that differ,
+a non-finite value, an in-place hazard), 2 for trouble: bad arguments, a
+missing run, any error. Errors print one paragraph; an error raised in the
+user's code (a model factory, a forward) adds where it was raised and the
+traceback of the user's own frames; ``--traceback`` prints every frame.
 
 >>> from fxdebug.cli import main
 >>> main(["summary", "torchvision.models:resnet18", "--input", "1,3,32,32", "--depth", "1"])
@@ -44,13 +46,16 @@ from .model_spec import command_search_path
 __all__ = ["main"]
 
 # Subcommands, in the order ``fxdebug --help`` lists them.
+TROUBLE = 2  # the exit status of an error, as diff and cmp: 1 means "found a difference"
 COMMANDS = ("summary", "report", "passes", "check", "nonfinite", "lint", "dump", "debug",
             "compare")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="fxdebug", description="Debug PyTorch models through torch.fx graph transformations.")
+        prog="fxdebug", description="Debug PyTorch models through torch.fx graph transformations.",
+        epilog="exit status: 0 same / nothing found, 1 different / found, 2 trouble (bad "
+               "arguments, a missing run, an error)")
     parser.add_argument("--traceback", action="store_true",
                         help="on an error, print the full traceback (default: the user's frames)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -74,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             return args.run(args)
     except FxdebugError as exc:
         print(f"fxdebug: error: {_one_paragraph(exc)}", file=sys.stderr)
-        return 1
+        return TROUBLE
     except KeyboardInterrupt:
         print("fxdebug: interrupted", file=sys.stderr)
         return 130
@@ -93,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exception(exc, file=sys.stderr)
         else:
             _print_user_frames(exc)
-        return 1
+        return TROUBLE
 
 
 def _print_user_frames(exc: BaseException) -> None:

@@ -8,7 +8,7 @@ Stage 0 is the model itself; stage N is pass N applied to a copy of stage
 N-1 (parameters shared), checked against stage N-1 with
 :func:`fxdebug.check_equivalence`. Each check prints its verdict table (the
 first divergent node and its source line when it differs). Exit status 0 when
-every pass kept the outputs, 1 when one did not (or on an error).
+every pass kept the outputs, 1 when one did not, 2 for trouble (an error).
 
 With ``--compiled`` it checks ``torch.compile(model, backend=NAME)`` against the
 eager model instead (:func:`fxdebug.check_compiled`): graph breaks with their

@@ -5,8 +5,11 @@
 A and B are folders written by ``fxdebug.save_records`` or
 ``fxdebug.instrument(model, save_to=...)`` (the latest run there, or run N).
 Prints the verdict, the first divergent key with its op and file:line, and every
-key with its error (:func:`fxdebug.compare_runs`). Exit status 0 when the runs
-agree, 1 when they differ (or on an error).
+key with its error (:func:`fxdebug.compare_runs`). The ``first divergence:``
+line stays one line whatever the terminal's width (the table is fitted), so
+``grep "first divergence:"`` finds the key and its file:line. Exit status, as
+``diff``: 0 when the runs agree, 1 when they differ, 2 for trouble (a missing
+run, bad arguments, an error).
 """
 
 from __future__ import annotations

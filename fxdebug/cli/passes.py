@@ -1,4 +1,8 @@
-"""``fxdebug passes``: run built-in passes and print what each one changed."""
+"""``fxdebug passes``: run built-in passes and print what each one changed.
+
+With ``--check`` each stage is also checked against the one before: exit status
+1 when one differs (0 when all agree, 2 for trouble).
+"""
 
 from __future__ import annotations
 
@@ -21,11 +25,16 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from ..errors import PassEquivalenceError
     from ..pass_manager import PassManager
     passes = built_in_passes(args.passes)
     model, inputs = model_and_inputs(args)
     manager = PassManager(passes, check_inputs=inputs if args.check else None)
-    _, report = manager.run(model)
+    differs = None
+    try:
+        _, report = manager.run(model)
+    except PassEquivalenceError as exc:  # what --check looks for: a difference (1), no trouble
+        report, differs = exc.report, exc
     print(f"{args.model}: {type(model).__name__}, input {describe_inputs(inputs)}, "
           f"passes: {', '.join(p.name for p in passes)}")
     for stage in report.stages[1:]:
@@ -36,4 +45,11 @@ def run(args) -> int:
         print(change.code_diff() if args.code else change.table(wide=args.wide))
     print()
     print(report.table())
-    return 0
+    if differs is not None:
+        print(f"\npass {differs.pass_name!r} changed what the module computes; the passes after "
+              f"it did not run")
+        equivalence = report.stages[-1].equivalence
+        if equivalence is not None:
+            print(equivalence.table(wide=args.wide))
+        return 1
+    return 1 if report.ok is False else 0

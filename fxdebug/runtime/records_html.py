@@ -24,6 +24,8 @@ __all__ = ["records_table_html", "records_rows"]
 HEADERS = ("key", "op", "shape", "dtype", "mean", "std", "min", "max", "norm", "zeros %",
            "non-finite")
 GRAD_HEADERS = ("grad norm", "grad non-finite")
+HEADER_TITLES = {"std": "Bessel-corrected (n - 1), as tensor.std(), over the finite values",
+                 "norm": "Frobenius norm of the finite values"}
 
 
 def records_rows(records, floatfmt: str = ".4g") -> tuple[list[str], list[tuple[list[str], bool]]]:
@@ -52,7 +54,8 @@ def records_rows(records, floatfmt: str = ".4g") -> tuple[list[str], list[tuple[
 def records_table_html(records, table_id: str = "records") -> str:
     """One HTML table of every capture (numbers right-aligned, non-finite rows marked)."""
     headers, rows = records_rows(records)
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    head = "".join(f'<th title="{html.escape(HEADER_TITLES[h])}">{html.escape(h)}</th>'
+                   if h in HEADER_TITLES else f"<th>{html.escape(h)}</th>" for h in headers)
     body = []
     for cells, bad in rows:
         tds = "".join(f"<td>{html.escape(c)}</td>" if i < 4 else

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import re
 from typing import Any
@@ -42,7 +43,9 @@ __all__ = ["save_records", "load_records", "SavedRecords", "RunFile", "record_en
            "FORMAT", "FORMAT_VERSION", "BEFORE_READING"]
 
 FORMAT = "fxdebug-run"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: ``std`` is Bessel-corrected (n - 1, as ``tensor.std()``). Runs of format 1 saved the
+population std (divide by n); :func:`load_records` converts it, so every run reads the same."""
 MANIFEST = "manifest.json"
 
 BEFORE_READING: list = []
@@ -281,17 +284,18 @@ def load_records(path: str | os.PathLike, run: int | None = None) -> SavedRecord
     folder = _run_folder(os.fspath(path), run)
     manifest_path = os.path.join(folder, MANIFEST)
     manifest = _read_manifest(manifest_path)
+    version = manifest["version"]
     storage = _map_data(folder, manifest)
     records = SavedRecords(folder, manifest.get("context") or {}, manifest.get("grads_recorded"))
     try:
         for entry in manifest["records"]:
-            records._records[entry["key"]] = _record(entry, storage)
+            records._records[entry["key"]] = _record(entry, storage, version)
         if manifest.get("grads"):
             grads = records.grads
             for entry in manifest["grads"]:
-                grads._records[entry["key"]] = _record(entry, storage)
+                grads._records[entry["key"]] = _record(entry, storage, version)
         records._parameter_stats_saved = [
-            (name, tuple(shape), None if stats is None else Stats(*stats))
+            (name, tuple(shape), None if stats is None else _saved_stats(stats, version))
             for name, shape, stats in manifest.get("parameters", [])]
         records.locations = {e["key"]: e["location"] for e in manifest["records"]
                              if e.get("location")}
@@ -354,7 +358,21 @@ def _dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def _record(entry: dict, data: torch.Tensor | None) -> Record:
+def _saved_stats(values: list, version: int) -> Stats:
+    """Statistics as saved; format 1's population std made the n - 1 std every table shows.
+
+    >>> _saved_stats([0.0, 1.0, -1.0, 1.0, 0.0, 0, 2], 1).std   # [-1, 1]: population std 1
+    1.4142135623730951
+    """
+    stats = Stats(*values)
+    if version < 2:
+        count = stats.numel - stats.nonfinite
+        std = stats.std * math.sqrt(count / (count - 1)) if count > 1 else float("nan")
+        stats = stats._replace(std=std)
+    return stats
+
+
+def _record(entry: dict, data: torch.Tensor | None, format_version: int = FORMAT_VERSION) -> Record:
     dtype, shape = _dtype(entry["dtype"]), tuple(int(size) for size in entry["shape"])
     value, version = None, None
     where = entry.get("data")
@@ -371,6 +389,7 @@ def _record(entry: dict, data: torch.Tensor | None) -> Record:
     summary = entry.get("summary")
     stats = entry.get("stats")
     return Record(entry["key"], entry["op"], shape, dtype, value, bool(entry.get("copied")),
-                  _stats=None if stats is None else Stats(*stats), via=entry.get("via", "graph"),
+                  _stats=None if stats is None else _saved_stats(stats, format_version),
+                  via=entry.get("via", "graph"),
                   summary=None if summary is None else torch.tensor(summary, dtype=torch.float64),
                   version=version)

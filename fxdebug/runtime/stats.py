@@ -6,6 +6,11 @@ numel)``, where ``M2`` is the sum of squared deviations from the mean over the
 finite values. Summaries of several runs merge exactly (:func:`combine`, Chan's
 parallel formula), and :func:`stats_from_summary` reads one into :class:`Stats`.
 
+``std`` is what ``tensor.std()`` gives by default: the sample standard
+deviation, Bessel-corrected (``sqrt(M2 / (n - 1))`` over the ``n`` finite
+values; NaN for a single value, as torch). Tables, saved runs and reports all
+show this one.
+
 A float tensor of at least ``MIN_NUMEL`` values takes one pass: a compiled
 kernel returns its count, mean, M2, min, max and zero count together
 (:mod:`.stats_kernel`). No path takes the spread as ``sum(x**2) - n *
@@ -24,7 +29,9 @@ to launch), other devices the compiled kernel in float64.
 
 >>> s = stats_from_summary(summarize(torch.tensor([1.0, 3.0, float("inf"), 0.0])))
 >>> round(s.mean, 4), round(s.std, 4), s.min, s.max, s.zeros_pct, s.nonfinite
-(1.3333, 1.2472, 0.0, 3.0, 25.0, 1)
+(1.3333, 1.5275, 0.0, 3.0, 25.0, 1)
+>>> round(torch.tensor([1.0, 3.0, 0.0]).std().item(), 4)
+1.5275
 """
 
 from __future__ import annotations
@@ -38,11 +45,15 @@ from .stats_kernel import BOUND_RATIO, MIN_NUMEL, one_pass_sums
 from .stats_triton import GPU_DTYPES, gpu_summary
 
 __all__ = ["Stats", "tensor_stats", "summarize", "combine", "stats_from_summary",
-           "stats_from_summaries"]
+           "stats_from_summaries", "sample_std"]
 
 
 class Stats(NamedTuple):
-    """Summary of one tensor: statistics over its finite values, plus counts."""
+    """Summary of one tensor: statistics over its finite values, plus counts.
+
+    ``std`` is Bessel-corrected (n - 1), as ``tensor.std()``; ``norm`` is the
+    Frobenius norm of the finite values.
+    """
 
     mean: float
     std: float
@@ -227,8 +238,17 @@ def _stats(values: list[float]) -> Stats:
     if count == 0:
         return Stats(_NAN, _NAN, _NAN, _NAN, zeros_pct, int(nonfinite), int(numel))
     m2 = max(m2, 0.0)
-    return Stats(mean, math.sqrt(m2 / count), low, high, zeros_pct, int(nonfinite), int(numel),
+    return Stats(mean, sample_std(m2, count), low, high, zeros_pct, int(nonfinite), int(numel),
                  math.sqrt(max(m2 + count * mean * mean, 0.0)))
+
+
+def sample_std(m2: float, count: float) -> float:
+    """The Bessel-corrected std from ``M2`` over ``count`` values, as ``tensor.std()`` (NaN for one).
+
+    >>> round(sample_std(2.0, 2), 4), sample_std(0.0, 1)
+    (1.4142, nan)
+    """
+    return math.sqrt(m2 / (count - 1)) if count > 1 else _NAN
 
 
 def stats_from_summary(summary: torch.Tensor) -> Stats:
@@ -254,13 +274,14 @@ def stats_from_summaries(summaries: list[torch.Tensor]) -> list[Stats]:
 
 
 def tensor_stats(tensor: torch.Tensor) -> Stats:
-    """Mean, std (population), min, max over the finite values; % zeros; non-finite count.
+    """Mean, std (n - 1, as ``tensor.std()``), min, max over the finite values; % zeros;
+    non-finite count.
 
     For one tensor at a time (a table of kept values, a report): torch's own
     reductions, no compiled kernel (stats mode's runs use that, see :func:`summarize`).
 
     >>> s = tensor_stats(torch.tensor([1.0, 3.0, float("inf"), 0.0]))
     >>> round(s.mean, 4), round(s.std, 4), s.min, s.max, s.zeros_pct, s.nonfinite
-    (1.3333, 1.2472, 0.0, 3.0, 25.0, 1)
+    (1.3333, 1.5275, 0.0, 3.0, 25.0, 1)
     """
     return stats_from_summary(summarize(tensor, one_pass=False))

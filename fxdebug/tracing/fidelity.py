@@ -28,6 +28,11 @@ changes that for the cases where freezing changes what the model computes::
     after the trace: take_leftover_proxies(root)   self.history.append(x) left a Proxy in
                                                    module state: removed, and UnfaithfulTrace
 
+Nothing patched outlives the trace, not even in torch's caches: before the
+patches go in, ``torch.overrides``' caches are filled with torch's own
+functions, and after they are out every torch cache filled meanwhile that kept
+a patch is emptied (:mod:`.torch_caches`).
+
 torch.fx itself patches ``nn.Module.__call__`` and ``__getattr__`` for the whole
 process while it traces, so traces run one at a time (:data:`TRACE_LOCK`); the
 tracer hands other threads' module calls straight to their ``forward``. The
@@ -61,6 +66,7 @@ from torch.overrides import TorchFunctionMode
 from ..runtime import torch_compat
 from ..runtime.inplace_ops import writes_in_place
 from ..runtime.torch_compat import tree_leaves
+from .torch_caches import CacheWatch, warm_overrides
 
 __all__ = ["TracePatches", "UnfaithfulTrace", "traced_torch_functions", "traced_tensor_methods",
            "static_forward", "take_leftover_proxies", "constant_value", "NOT_CONSTANT",
@@ -264,10 +270,13 @@ class TracePatches:
 
 _installed = [0]
 _undo: list[tuple[object, str, object]] = []
+_patched: dict[int, tuple[object, object]] = {}  # id(patch) -> (patch, torch's original)
+_watch: list[CacheWatch] = []
 
 
 def _set(owner, name: str, value) -> None:
     _undo.append((owner, name, vars(owner).get(name, _ABSENT)))
+    _patched[id(value)] = (value, getattr(owner, name))
     setattr(owner, name, value)
 
 
@@ -276,6 +285,8 @@ def _install_patches() -> None:
     if _installed[0] > 1:
         return
     try:
+        warm_overrides()  # torch's caches hold torch's functions, never the patches below
+        _watch[:] = [CacheWatch()]
         _patch_grad_modes()
         _patch_autocast()
         original_is_grad_enabled = torch.is_grad_enabled
@@ -322,6 +333,9 @@ def _uninstall_patches() -> None:
             delattr(owner, name)  # inherited: the base class's attribute shows again
         else:
             setattr(owner, name, original)
+    if _watch:  # a cache torch filled meanwhile with a patch: emptied, torch refills it
+        _watch.pop().repair(_patched)
+    _patched.clear()
 
 
 def _patch_grad_modes() -> None:
