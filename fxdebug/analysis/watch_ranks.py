@@ -56,9 +56,10 @@ class RankFinding:
 
     ``made_here``: its own replay found non-finite values (``where`` is ``"forward"``,
     ``"backward"`` or ``"parameter gradient"``; ``key``, ``op``, ``location`` name the
-    node); False: its replay was finite, the values came from another rank (``where`` is
-    ``"received"``), or the replay failed (``where`` is ``"replay failed"``, ``detail``
-    the error).
+    node); False: its replay was finite, and only its gradients were flagged: they came
+    from another rank (``where`` is ``"received"``), or its own outputs were
+    (``"not reproduced"``, ``detail`` what its report says), or the replay failed
+    (``where`` is ``"replay failed"``, ``detail`` the error).
     """
 
     rank: int
@@ -92,6 +93,9 @@ def _finding(rank: int, nonfinite_in: str, report: NonfiniteReport) -> RankFindi
         name, count, numel = report.parameter_grads[0]
         return RankFinding(rank, nonfinite_in, True, "parameter gradient", name, "parameter",
                            "-", f"{count} non-finite of {numel}")
+    if "outputs" in nonfinite_in:  # its own outputs: no other rank's values reach them
+        return RankFinding(rank, nonfinite_in, False, "not reproduced",
+                           detail=" ".join(report._finding().split()))
     return RankFinding(rank, nonfinite_in, False, "received",
                        detail="its own step replayed is finite: the values came from another "
                               "rank (a collective, such as DDP's gradient all-reduce)")
