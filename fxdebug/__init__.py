@@ -26,6 +26,7 @@ _LAZY = {
                      "NonfiniteReport", "check_equivalence",
                      "find_nonfinite", "jacobian_norms", "lint_inplace", "vjp",
                      "compare_ranks", "RankReport", "RankNonfiniteReport", "NonfiniteWatch",
+                     "WatchReport",
                      "compare_runs", "RunComparison"),
                     "fxdebug.analysis"),
     "dump": "fxdebug.dumping",
@@ -54,8 +55,8 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs (tests/
     from .compiled import CompiledReport, backend, check_compiled, watch_nonfinite
     from .analysis import (EquivalenceReport, Hazard, Hazards, JacobianNorms, NonfiniteReport,
                            NonfiniteWatch, RankNonfiniteReport, RankReport, RunComparison,
-                           check_equivalence, compare_ranks, find_nonfinite, jacobian_norms,
-                           lint_inplace)
+                           WatchReport, check_equivalence, compare_ranks, find_nonfinite,
+                           jacobian_norms, lint_inplace)
     from .analysis.compare_runs import compare_runs
     from .analysis.vjp import vjp
     from .dumping.dump import dump
@@ -142,6 +143,7 @@ __all__ = [
     "NonfiniteReport",
     "watch_nonfinite",
     "NonfiniteWatch",
+    "WatchReport",
     "RankNonfiniteReport",
     "compare_ranks",
     "RankReport",

@@ -266,10 +266,10 @@ class NonfiniteWatch:
         module runs eagerly. When the replay is finite while the step was not, the
         report says NOT REPRODUCED, and for a compiled model holds ``check_compiled``'s
         report on the step's inputs (``report.compiled``)."""
-        flagged, detail = self._flagged()
         if self._rng is None:
             raise FxdebugError("NonfiniteWatch.replay() before any step: call watch(inputs) "
                                "(instead of model(inputs)) first.")
+        flagged, detail = self._flagged()
         cpu_state, cuda_states = self._rng
         now_buffers = [b.detach().clone() for b in self.module.buffers()]
         devices = list(range(len(cuda_states)))
