@@ -20,11 +20,13 @@ _LAZY = {
     "compiled": "fxdebug.compiled",
     "keys": "fxdebug.tracing.keys", "partial": "fxdebug.partial",
     "plots": "fxdebug.reporting.plots",
-    **dict.fromkeys(("CompiledReport", "backend", "check_compiled"), "fxdebug.compiled"),
+    **dict.fromkeys(("CompiledReport", "backend", "check_compiled", "watch_nonfinite"),
+                    "fxdebug.compiled"),
     **dict.fromkeys(("EquivalenceReport", "Hazard", "Hazards", "JacobianNorms",
                      "NonfiniteReport", "check_equivalence",
-                     "find_nonfinite", "jacobian_norms", "lint_inplace", "vjp", "watch_nonfinite",
+                     "find_nonfinite", "jacobian_norms", "lint_inplace", "vjp",
                      "compare_ranks", "RankReport", "RankNonfiniteReport", "NonfiniteWatch",
+                     "WatchReport",
                      "compare_runs", "RunComparison"),
                     "fxdebug.analysis"),
     "dump": "fxdebug.dumping",
@@ -50,11 +52,11 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs (tests/
     from . import analysis, passes, reporting, runtime, testing, tracing
     # (a function named like its module is imported from that module: mypy would take
     # `from .analysis import vjp` for the submodule fxdebug.analysis.vjp as well)
-    from .compiled import CompiledReport, backend, check_compiled
+    from .compiled import CompiledReport, backend, check_compiled, watch_nonfinite
     from .analysis import (EquivalenceReport, Hazard, Hazards, JacobianNorms, NonfiniteReport,
                            NonfiniteWatch, RankNonfiniteReport, RankReport, RunComparison,
-                           check_equivalence, compare_ranks, find_nonfinite, jacobian_norms,
-                           lint_inplace, watch_nonfinite)
+                           WatchReport, check_equivalence, compare_ranks, find_nonfinite,
+                           jacobian_norms, lint_inplace)
     from .analysis.compare_runs import compare_runs
     from .analysis.vjp import vjp
     from .dumping.dump import dump
@@ -141,6 +143,7 @@ __all__ = [
     "NonfiniteReport",
     "watch_nonfinite",
     "NonfiniteWatch",
+    "WatchReport",
     "RankNonfiniteReport",
     "compare_ranks",
     "RankReport",

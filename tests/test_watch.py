@@ -211,3 +211,103 @@ def test_hugging_face_keywords_watched_and_replayed():
     assert report.forward.key == "bert.encoder.layer.1.output.dense"
     assert [v.name for v in report.forward.parameters if not v.finite] == [
         "bert.encoder.layer.1.output.dense.bias"]
+
+
+class NaiveNorm(torch.nn.Module):
+    """Rows normalised with the one-pass variance E[x^2] - E[x]^2, then a linear layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 4)
+
+    def forward(self, x):
+        mean = x.mean(-1, keepdim=True)
+        var = (x * x).mean(-1, keepdim=True) - mean * mean  # cancels: rounding decides the sign
+        return self.fc((x - mean) / torch.sqrt(var))
+
+
+def _rows_only_compiled_makes_nan(model, compiled, batch: int):
+    """Rows (mean 100, spread 1e-3) where eager is finite, and rows where the compiled
+    model alone gives NaN: each row is its own reduction, so rows keep their results in
+    any batch of the same shape. Ground truth: eager and compiled outputs, row by row."""
+    gen = torch.Generator().manual_seed(0)
+    finite, nan = [], []
+    for _ in range(20):
+        x = 100.0 + 1e-3 * torch.randn(batch, 64, generator=gen)
+        eager_ok = torch.isfinite(model(x)).all(-1)
+        compiled_nan = torch.isnan(compiled(x)).any(-1)  # grad mode on: the training graph
+        finite += [row for row, ok, bad in zip(x, eager_ok, compiled_nan) if ok and not bad]
+        nan += [row for row, ok, bad in zip(x, eager_ok, compiled_nan) if ok and bad]
+        if nan and len(finite) >= batch:
+            return torch.stack(finite[:batch]), torch.stack(finite[:batch - 1] + nan[:1])
+    pytest.skip("on this CPU the compiled one-pass variance gave no NaN where eager gives none")
+
+
+def test_compiled_only_nan_is_not_reproduced_eagerly_and_the_compiled_node_is_named():
+    torch.manual_seed(0)
+    model = NaiveNorm()
+    compiled = torch.compile(model)  # inductor
+    clean, flagged = _rows_only_compiled_makes_nan(model, compiled, batch=16)
+    # ground truth on the whole batches: eager finite; compiled NaN only on the flagged one
+    assert torch.isfinite(model(flagged)).all() and torch.isfinite(model(clean)).all()
+    assert torch.isfinite(compiled(clean)).all() and torch.isnan(compiled(flagged)).any()
+    watch = fxdebug.watch_nonfinite(compiled)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    reports = []
+    for x in (clean, clean, flagged):
+        optimizer.zero_grad()
+        watch(x).square().mean().backward()
+        reports.append(watch.check())
+        optimizer.step()
+    assert reports[:2] == [None, None]
+    report = reports[2]
+    assert isinstance(report, fxdebug.NonfiniteReport)
+    assert not report.ok and not report.reproduced and report.step == 3
+    assert report.forward is None and report.backward is None  # the eager replay: finite
+    text, table = repr(report), report.table()
+    print(text, table, repr(watch), sep="\n")
+    assert text.startswith("<WatchReport NaiveNorm, NOT REPRODUCED: step 3 flagged (outputs "
+                           "NaN), eager replay finite; compiled code first differs at sub ("), text
+    assert table.startswith("NOT REPRODUCED: step 3 was flagged (outputs NaN, gradients NaN) but "
+                            "the eager replay is finite")
+    assert "all finite" not in text and "all finite" not in repr(watch)
+    verdict = [line for line in table.splitlines() if line.startswith("verdict:")]
+    assert len(verdict) == 1 and verdict[0].startswith("verdict: NOT REPRODUCED")
+    assert report.to_dict()["ok"] is False
+    # the node in the compiled code: the cancelling subtraction, at its line in this file
+    divergence = report.compiled.first_divergence
+    assert report.compiled_backend == "inductor" and not report.compiled.ok
+    assert divergence.key == "sub"
+    assert divergence.source == (__file__, line_of(NaiveNorm, "- mean * mean"))
+    assert f"the compiled code differs from eager first at sub (operator.sub, " \
+           f"{divergence.location})" in table
+    assert f"sub at {divergence.location}" in table and "torch.compiler.disable" in table
+
+
+class Rescaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 1)
+        self.scale = 1.0  # a Python attribute: no parameter, buffer or input holds it
+
+    def forward(self, x):
+        return self.fc(x) / self.scale
+
+
+def test_a_replay_that_does_not_reproduce_says_so_and_what_to_do():
+    torch.manual_seed(0)
+    model, x = Rescaled(), torch.randn(4, 3)
+    watch = fxdebug.watch_nonfinite(model)
+    model.scale = 0.0
+    out = watch(x)
+    model.scale = 1.0  # changed after the step: the replay runs with 1.0
+    assert not torch.isfinite(out).all() and torch.isfinite(model(x)).all()  # ground truth
+    out.sum().backward()
+    report = watch.check()
+    assert not report.ok and not report.reproduced and report.compiled is None
+    text, table = repr(report), report.table()
+    assert "NOT REPRODUCED: step 1 flagged (outputs" in text and "all finite" not in text
+    assert table.startswith("NOT REPRODUCED: step 1 was flagged (outputs")
+    assert "state outside the parameters, buffers, RNG state and inputs" in table
+    assert "verdict: all finite" not in table and "verdict: NOT REPRODUCED" in table
+    assert "NOT REPRODUCED" in repr(watch) and watch.check() is report

@@ -12,6 +12,7 @@ names nodes by key and the user's ``file:line``::
            (grads=True: activation_grads, in backward order)  activation_grads.py
     find_nonfinite(model, *inputs)                      nonfinite.py
     watch_nonfinite(model): a flag per step, find_nonfinite on the first bad one  watch.py
+      (its report, NOT REPRODUCED when the replay is finite: watch_report.py)
       (torch.distributed: the flag all-reduced, every rank's finding gathered)   watch_ranks.py
     compare_ranks(records_or_module): fingerprints gathered, majority per key   ranks.py
       (the group, DDP unwrapped, DTensor shards: rank_group.py; the report: ranks_report.py)
@@ -36,10 +37,12 @@ from .ranks_report import RankEntry, RankReport
 from .vjp import vjp
 from .watch import NonfiniteWatch, watch_nonfinite
 from .watch_ranks import RankFinding, RankNonfiniteReport
+from .watch_report import WatchReport
 
 __all__ = ["check_equivalence", "EquivalenceReport", "NodeComparison", "find_nonfinite",
            "NonfiniteReport", "lint_inplace", "Hazard", "Hazards", "vjp", "jacobian_norms",
            "JacobianNorms",
-           "watch_nonfinite", "NonfiniteWatch", "RankFinding", "RankNonfiniteReport",
+           "watch_nonfinite", "NonfiniteWatch", "WatchReport", "RankFinding",
+           "RankNonfiniteReport",
            "compare_ranks", "RankReport", "RankEntry", "compare_runs", "RunComparison",
            "RunEntry"]

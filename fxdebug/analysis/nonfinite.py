@@ -159,6 +159,12 @@ class NonfiniteReport(Report):
 
     def table(self, wide: bool | None = None, floatfmt: str = ".4g") -> str:
         """The first forward and backward hits, what the forward hit received, what followed."""
+        verdict = "verdict: all finite" if self.ok else "verdict: NON-FINITE values found"
+        return "\n".join(self._lines(wide, floatfmt) + [verdict]
+                         + [f"note: {note}" for note in self.notes])
+
+    def _lines(self, wide: bool | None, floatfmt: str) -> list[str]:
+        """The table's lines above its verdict."""
         what = f"forward + backward of {self.loss}" if self.backward_ran else "forward only"
         lines = [f"find_nonfinite: {self.model_name}, inputs {self.inputs}, {self.mode} mode, "
                  f"{what}"]
@@ -212,9 +218,7 @@ class NonfiniteReport(Report):
                                      for name, count, numel in self.parameter_grads]))
             else:
                 lines.append("parameter gradients: all finite")
-        lines.append("verdict: all finite" if self.ok else "verdict: NON-FINITE values found")
-        lines.extend(f"note: {note}" for note in self.notes)
-        return "\n".join(lines)
+        return lines
 
 
 

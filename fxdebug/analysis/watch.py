@@ -18,9 +18,12 @@ Call tree::
            find_nonfinite(module, *args)      same inputs, RNG state, buffers; keyword and
                                               non-tensor arguments traced as constants
            (a model torch.fx cannot trace: watch_modules.replay_by_modules, forward hooks)
-           -> NonfiniteReport: the node that created the NaN/Inf, forward or backward, with
-              the user's file:line; distributed: watch_ranks.RankNonfiniteReport (every
-              rank's finding, gathered, on every rank)
+           -> WatchReport (a NonfiniteReport): the node that created the NaN/Inf, forward
+              or backward, with the user's file:line; distributed:
+              watch_ranks.RankNonfiniteReport (every rank's finding, gathered, on every rank)
+           a replay that is finite: NOT REPRODUCED (watch_report.py), and for a
+              torch.compile'd model (replayed eagerly) the check_compiled it was given,
+              on the step's inputs: the first node where the compiled code differs
 
 Call ``check`` after ``backward()`` and before ``optimizer.step()``: the replay
 needs the parameters the step used. Only the step's outputs and parameter
@@ -30,6 +33,7 @@ gradients are checked each step; a non-finite value that reaches neither
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from typing import Any, Callable
@@ -39,12 +43,13 @@ import torch
 from ..errors import FxdebugError, TraceFailure
 from ..runtime import clone_inputs, flatten_tensors
 from ..runtime.report import REPR_LIMIT
-from ..runtime.torch_compat import foreach_copy_, foreach_norm
+from ..runtime.torch_compat import compiled_backend, compiled_inner, foreach_copy_, foreach_norm
 from ..frontend import trace
 from .nonfinite import NonfiniteReport, find_nonfinite
 from .rank_group import RankGroup, distributed_ready, unwrap
 from .watch_modules import replay_by_modules
 from .watch_ranks import RankFlags, RankNonfiniteReport
+from .watch_report import WatchReport
 
 __all__ = ["watch_nonfinite", "NonfiniteWatch"]
 
@@ -71,9 +76,13 @@ class NonfiniteWatch:
     :class:`~fxdebug.analysis.watch_ranks.RankNonfiniteReport`; ``steps`` counts the forwards.
     """
 
-    def __init__(self, model: torch.nn.Module, ignore=None, group=None) -> None:
+    def __init__(self, model: torch.nn.Module, ignore=None, group=None,
+                 check_compiled: Callable | None = None) -> None:
         self.model = model
         self.module, self.wrapper = unwrap(model)
+        # torch.compile(model): the replay runs the module inside, eagerly
+        self.eager_module = compiled_inner(self.module) or self.module
+        self.check_compiled = check_compiled
         self.ignore = ignore
         self.group = group
         self.report: NonfiniteReport | RankNonfiniteReport | None = None
@@ -94,9 +103,12 @@ class NonfiniteWatch:
         >>> watch_nonfinite(torch.nn.Linear(2, 2))
         <NonfiniteWatch Linear, 0 step(s), all finite so far>
         """
-        state = "all finite so far" if self.report is None else \
-            f"NON-FINITE: {' '.join(self.report._finding().split())}"
-        text = f"<NonfiniteWatch {type(self.module).__name__}, {self.steps} step(s), {state}"
+        report = self.report
+        state = "all finite so far" if report is None else \
+            f"{report.verdict_words[1]}: {' '.join(report._finding().split())}"
+        name = type(self.eager_module).__name__ + (
+            " (compiled)" if self.eager_module is not self.module else "")
+        text = f"<NonfiniteWatch {name}, {self.steps} step(s), {state}"
         return (text[:REPR_LIMIT - 2] + "…>") if len(text) > REPR_LIMIT - 1 else text + ">"
 
     def __call__(self, *args, **kwargs):
@@ -185,6 +197,38 @@ class NonfiniteWatch:
         return any(not bool(torch.isfinite(t.detach()).all())
                    for t in self._outputs + self._grads())
 
+    def _flagged(self) -> tuple[str, str]:
+        """What is non-finite in the step: ``("outputs NaN, gradients NaN", the same with
+        counts and parameter names)``; ``("", "")`` when nothing is."""
+        short, long = [], []
+        outputs = [t.detach() for t in self._outputs]
+        nan = sum(int(torch.isnan(t).sum()) for t in outputs)
+        inf = sum(int(torch.isinf(t).sum()) for t in outputs)
+        if nan or inf:
+            short.append(f"outputs {_kinds(nan, inf)}")
+            long.append(f"outputs: {nan} NaN, {inf} Inf of {sum(t.numel() for t in outputs)}")
+        bad = [(name, p.grad) for name, p in self.eager_module.named_parameters()
+               if p.grad is not None and _is_float(p.grad)
+               and not bool(torch.isfinite(_local(p.grad)).all())]
+        if bad:
+            grad_nan = any(bool(torch.isnan(_local(g)).any()) for _, g in bad)
+            grad_inf = any(bool(torch.isinf(_local(g)).any()) for _, g in bad)
+            short.append(f"gradients {_kinds(grad_nan, grad_inf)}")
+            names = [name for name, _ in bad]
+            long.append(f"gradients of {len(names)} parameter(s): {', '.join(names[:4])}"
+                        + (", ..." if len(names) > 4 else ""))
+        return ", ".join(short), "; ".join(long)
+
+    def inputs(self) -> tuple[tuple, dict[str, Any]]:
+        """Copies of the latest step's ``(args, kwargs)``, as the model received them.
+
+        >>> watch = watch_nonfinite(torch.nn.Linear(2, 2))
+        >>> _ = watch(torch.ones(1, 2))
+        >>> watch.inputs()
+        ((tensor([[1., 1.]]),), {})
+        """
+        return clone_inputs(self._args), clone_inputs(self._kwargs)
+
     def check(self, loss: Callable[[Any], torch.Tensor] | None = None
               ) -> NonfiniteReport | RankNonfiniteReport | None:
         """None while the step's outputs and parameter gradients are finite; on the first step
@@ -215,13 +259,17 @@ class NonfiniteWatch:
         self.report = self.replay(loss)
         return self.report
 
-    def replay(self, loss=None) -> NonfiniteReport:
+    def replay(self, loss=None) -> WatchReport:
         """find_nonfinite on the last step's inputs, from its RNG state and buffers; the
         model's current buffers and RNG state are put back afterwards. A data-parallel
-        wrapper's module is replayed (no collective runs)."""
+        wrapper's module is replayed (no collective runs), a torch.compile'd model's
+        module runs eagerly. When the replay is finite while the step was not, the
+        report says NOT REPRODUCED, and for a compiled model holds ``check_compiled``'s
+        report on the step's inputs (``report.compiled``)."""
         if self._rng is None:
             raise FxdebugError("NonfiniteWatch.replay() before any step: call watch(inputs) "
                                "(instead of model(inputs)) first.")
+        flagged, detail = self._flagged()
         cpu_state, cuda_states = self._rng
         now_buffers = [b.detach().clone() for b in self.module.buffers()]
         devices = list(range(len(cuda_states)))
@@ -234,13 +282,21 @@ class NonfiniteWatch:
                     buffer.copy_(saved)
             try:
                 try:
-                    target, positional = _replay_call(self.module, self._args, self._kwargs)
+                    target, positional = _replay_call(self.eager_module, self._args,
+                                                      self._kwargs)
                     report = find_nonfinite(target, *positional, loss=loss, ignore=self.ignore)
                 except TraceFailure as failure:  # untraceable: module by module instead
-                    report = replay_by_modules(self.module, clone_inputs(self._args),
+                    target, positional = self.eager_module, ()
+                    report = replay_by_modules(self.eager_module, clone_inputs(self._args),
                                                clone_inputs(self._kwargs), loss,
-                                               f"torch.fx cannot trace {type(self.module).__name__}"
-                                               f" ({failure.kind})")
+                                               f"torch.fx cannot trace "
+                                               f"{type(self.eager_module).__name__} "
+                                               f"({failure.kind})")
+                report = WatchReport(**{field.name: getattr(report, field.name)
+                                        for field in dataclasses.fields(report)},
+                                     step=self.steps, flagged=flagged, flagged_detail=detail)
+                if flagged and not report.reproduced and self.eager_module is not self.module:
+                    self._check_compiled(report, target, positional, flagged)
             except Exception as exc:
                 exc.add_note(f"fxdebug: watch_nonfinite found non-finite values at step "
                              f"{self.steps} and replayed it node by node with find_nonfinite, "
@@ -253,8 +309,41 @@ class NonfiniteWatch:
                         buffer.copy_(saved)
         report.notes.append(f"replayed step {self.steps} of the watch"
                             + (f" (the module inside {self.wrapper}, keys without 'module.')"
-                               if self.wrapper else ""))
+                               if self.wrapper else "")
+                            + (" (the module torch.compile wrapped, run eagerly)"
+                               if self.eager_module is not self.module else ""))
         return report
+
+    def _check_compiled(self, report: WatchReport, target: torch.nn.Module, positional: tuple,
+                        flagged: str) -> None:
+        """``report.compiled``: check_compiled on the step's inputs with the model's backend
+        (under the step's RNG state and buffers, which the caller has put back)."""
+        found = compiled_backend(self.module)
+        backend, report.compiled_backend = found if found is not None else (
+            "inductor", "inductor (torch.compile's default; the model's own was not found)")
+        if self.check_compiled is None:
+            return
+        if not positional:
+            report.compiled_error = (f"{type(self.eager_module).__name__} was replayed module "
+                                     f"by module (torch.fx cannot trace it); check_compiled "
+                                     f"needs positional inputs")
+            return
+        try:
+            report.compiled = self.check_compiled(
+                target, *positional, backend=backend,
+                grads="outputs" not in flagged)  # only gradients flagged: compare them
+        except Exception as exc:  # reported, with its type: the watch's finding stands
+            report.compiled_error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def _kinds(nan, inf) -> str:
+    return "NaN and Inf" if nan and inf else "NaN" if nan else "Inf"
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient's local values (a DTensor's shard)."""
+    return grad.to_local() if type(grad) is not torch.Tensor and hasattr(grad, "to_local") \
+        else grad
 
 
 def _read(outputs: torch.Tensor | None, grads) -> list[float]:
@@ -310,7 +399,8 @@ def _signature(module: torch.nn.Module) -> str:
         return "(...)"
 
 
-def watch_nonfinite(model: torch.nn.Module, ignore=None, group=None) -> NonfiniteWatch:
+def watch_nonfinite(model: torch.nn.Module, ignore=None, group=None,
+                    check_compiled: Callable | None = None) -> NonfiniteWatch:
     """Watch a training loop for NaN/Inf; name the node that made it on the first bad step.
 
     Each step costs one finiteness flag (a sum of the outputs, a fused norm of
@@ -329,10 +419,21 @@ def watch_nonfinite(model: torch.nn.Module, ignore=None, group=None) -> Nonfinit
     replays, the node, with ``file:line`` (a ``DistributedDataParallel``
     model's module is replayed, without collectives).
 
+    A replay that is finite while the step was not says ``NOT REPRODUCED``
+    (``report.reproduced`` is False, ``ok`` too) and what to do. A
+    ``torch.compile``'d model is replayed eagerly, so its compiled code's NaN
+    does not come back there: ``fxdebug.watch_nonfinite`` then runs
+    :func:`fxdebug.check_compiled` on the step's inputs with the model's
+    backend, which names the node where the compiled code first differs.
+
     Args:
-        model: the ``nn.Module`` the loop trains (``DistributedDataParallel`` too).
+        model: the ``nn.Module`` the loop trains (``DistributedDataParallel``,
+            ``torch.compile(model)`` too).
         ignore: keys or globs whose outputs may be non-finite on purpose.
         group: the process group whose ranks watch together (default: every rank).
+        check_compiled: ``(module, *inputs, backend=, grads=) -> report``, run on a
+            compiled model's step that the eager replay does not reproduce
+            (``fxdebug.watch_nonfinite`` passes :func:`fxdebug.check_compiled`).
 
     Example::
 
@@ -355,4 +456,4 @@ def watch_nonfinite(model: torch.nn.Module, ignore=None, group=None) -> Nonfinit
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"watch_nonfinite expects an nn.Module, got {type(model).__name__}.")
-    return NonfiniteWatch(model, ignore=ignore, group=group)
+    return NonfiniteWatch(model, ignore=ignore, group=group, check_compiled=check_compiled)

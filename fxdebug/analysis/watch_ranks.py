@@ -46,6 +46,7 @@ from ..runtime.fit_to_width import fit_table, table_width
 from ..runtime.report import Report
 from .nonfinite import NonfiniteReport
 from .rank_group import RankGroup, on_ranks
+from .watch_report import WatchReport
 
 __all__ = ["RankFlags", "RankFinding", "RankNonfiniteReport"]
 
@@ -56,9 +57,10 @@ class RankFinding:
 
     ``made_here``: its own replay found non-finite values (``where`` is ``"forward"``,
     ``"backward"`` or ``"parameter gradient"``; ``key``, ``op``, ``location`` name the
-    node); False: its replay was finite, the values came from another rank (``where`` is
-    ``"received"``), or the replay failed (``where`` is ``"replay failed"``, ``detail``
-    the error).
+    node); False: its replay was finite, and only its gradients were flagged: they came
+    from another rank (``where`` is ``"received"``), or its own outputs were
+    (``"not reproduced"``, ``detail`` what its report says), or the replay failed
+    (``where`` is ``"replay failed"``, ``detail`` the error).
     """
 
     rank: int
@@ -76,7 +78,8 @@ class RankFinding:
         return f"{self.where}{': ' + self.detail if self.detail else ''}"
 
 
-def _finding(rank: int, nonfinite_in: str, report: NonfiniteReport) -> RankFinding:
+def _finding(rank: int, nonfinite_in: str, report: NonfiniteReport,
+             shared: bool) -> RankFinding:
     if report.forward is not None:
         hit = report.forward
         made = "created" if hit.created else "received from a parameter or input"
@@ -92,6 +95,9 @@ def _finding(rank: int, nonfinite_in: str, report: NonfiniteReport) -> RankFindi
         name, count, numel = report.parameter_grads[0]
         return RankFinding(rank, nonfinite_in, True, "parameter gradient", name, "parameter",
                            "-", f"{count} non-finite of {numel}")
+    if not shared or "outputs" in nonfinite_in:  # its own values: no other rank's reach them
+        return RankFinding(rank, nonfinite_in, False, "not reproduced",
+                           detail=" ".join(report._finding().split()))
     return RankFinding(rank, nonfinite_in, False, "received",
                        detail="its own step replayed is finite: the values came from another "
                               "rank (a collective, such as DDP's gradient all-reduce)")
@@ -110,6 +116,7 @@ class RankFlags:
     def __init__(self, ranks: RankGroup) -> None:
         self.ranks = ranks
         self._pending: tuple | None = None  # (work, vector) of the outputs' all-reduce
+        self.shared_grads = False  # the latest step's gradients were DDP's averages
 
     def after_forward(self, outputs: torch.Tensor | None, synced: bool) -> None:
         """Start the all-reduce of the outputs' sums when DDP will average the gradients."""
@@ -139,6 +146,7 @@ class RankFlags:
             values = [g.item() for g in grads]
             grads = max(values) if all(math.isfinite(v) for v in values) else math.nan
         reduced = self._wait()
+        self.shared_grads = reduced is not None
         names = ("outputs", "parameter gradients")
         if reduced is not None:  # the outputs reduced; DDP's gradients are the same everywhere
             read = [reduced] + ([grads.reshape(1).to(reduced)] if isinstance(grads, torch.Tensor)
@@ -172,7 +180,7 @@ class RankFlags:
         me = self.ranks.rank
         mine = dict(flagged).get(me)
         finding: RankFinding | None = None
-        local: NonfiniteReport | None = None
+        local: WatchReport | None = None
         error: BaseException | None = None
         sharded = watch.sharded_parameter()
         if mine is not None and watch._confirmed() and sharded:
@@ -182,7 +190,11 @@ class RankFlags:
         elif mine is not None and watch._confirmed():
             try:
                 local = watch.replay(loss)
-                finding = _finding(me, mine, local)
+                if self.shared_grads and "outputs" not in mine and not local.reproduced:
+                    local.flagged = ""  # averaged gradients, its own step finite: received
+                    local.notes.append("only this rank's parameter gradients were flagged, "
+                                       "after DDP averaged them over the ranks")
+                finding = _finding(me, mine, local, self.shared_grads)
             except Exception as exc:  # the other ranks wait in the gather below: never hang
                 error = exc
                 finding = RankFinding(me, mine, False, "replay failed",

@@ -8,6 +8,8 @@
       └─ localize: dynamo graphs keyed (dynamo_graphs.py), compiled piece by
            piece against fxdebug's eager captures                   localize.py
     backend(inner="inductor"): an instrumenting dynamo backend      instrumenting_backend.py
+    watch_nonfinite(model): the NaN watch, with check_compiled for a compiled model's
+      step that the eager replay does not reproduce                 watch.py
 
 >>> import torch, fxdebug
 >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
@@ -17,6 +19,7 @@ True
 
 from .instrumenting_backend import InstrumentingBackend, backend
 from .check import CompiledDivergence, CompiledReport, GraphBreak, check_compiled
+from .watch import watch_nonfinite
 
 __all__ = ["check_compiled", "CompiledReport", "CompiledDivergence", "GraphBreak", "backend",
-           "InstrumentingBackend"]
+           "InstrumentingBackend", "watch_nonfinite"]

@@ -206,8 +206,10 @@ def _model_name(model) -> str:
 
 
 def _backend_name(backend) -> str:
-    return backend if isinstance(backend, str) else getattr(backend, "__name__",
-                                                            type(backend).__name__)
+    if isinstance(backend, str):
+        return backend
+    return str(getattr(backend, "compiler_name", None) or getattr(backend, "__name__", None)
+               or type(backend).__name__)  # torch.compile's own wrappers carry compiler_name
 
 
 def _param_grads(model: torch.nn.Module, output: Any) -> dict:

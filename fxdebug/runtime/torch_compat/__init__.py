@@ -35,8 +35,8 @@ require_torch(MINIMUM_TORCH, "fxdebug")  # before any private name below can fai
 
 from .autograd import (saved_tensor_has_unpack_hooks, saved_tensor_names,  # noqa: E402
                        tensor_version)
-from .dynamo import (compiled_inner, dynamo_frame_id, graph_break_reason,  # noqa: E402
-                     inductor_backend, load_inductor, lookup_backend)
+from .dynamo import (compiled_backend, compiled_inner, dynamo_frame_id,  # noqa: E402
+                     graph_break_reason, inductor_backend, load_inductor, lookup_backend)
 from .export_nodes import (AUTOCAST_NODE_FUNCTIONS, ENTER_AUTOCAST, EXIT_AUTOCAST,  # noqa: E402
                            SET_GRAD_ENABLED, autocast_arguments, is_autocast_function,
                            is_export_guard_call)
@@ -61,7 +61,7 @@ __all__ = [
     # autograd
     "saved_tensor_has_unpack_hooks", "saved_tensor_names", "tensor_version",
     # dynamo
-    "compiled_inner", "dynamo_frame_id", "graph_break_reason", "inductor_backend",
+    "compiled_backend", "compiled_inner", "dynamo_frame_id", "graph_break_reason", "inductor_backend",
     "load_inductor", "lookup_backend",
     # export_nodes
     "AUTOCAST_NODE_FUNCTIONS", "ENTER_AUTOCAST", "EXIT_AUTOCAST", "SET_GRAD_ENABLED",

@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-__all__ = ["compiled_inner", "dynamo_frame_id", "graph_break_reason", "inductor_backend",
+__all__ = ["compiled_backend", "compiled_inner", "dynamo_frame_id", "graph_break_reason", "inductor_backend",
            "load_inductor", "lookup_backend"]
 
 _inductor_lock = threading.Lock()
@@ -41,6 +41,42 @@ def compiled_inner(module) -> torch.nn.Module | None:
         return None
     inner = module.__dict__.get("_modules", {}).get("_orig_mod")
     return inner if isinstance(inner, torch.nn.Module) else None
+
+
+def compiled_backend(module) -> tuple[object, str] | None:
+    """``(backend, name)`` that ``torch.compile`` gave the module it returned, else None.
+
+    ``backend`` is the callable dynamo hands each graph (for inductor, one that
+    carries the mode and options the user passed), ``name`` its name
+    (``"inductor"``, ``"aot_eager"``, or a function's ``__name__``).
+
+    Private: ``OptimizedModule.dynamo_ctx.callback`` and the chain of
+    ``_torchdynamo_orig_backend`` down to the backend (what
+    ``torch._dynamo.eval_frame.innermost_backend`` walks; older releases name
+    the link ``_torchdynamo_orig_callable``), ``compiler_name`` on torch's
+    own backend wrappers. Checked on torch 2.14.1; not run on 2.9.1, whose
+    release may name a link differently (then a wrapper of dynamo's own comes
+    back, which compiles as the backend it wraps does). Fallback:
+    None (the caller uses ``torch.compile``'s default, ``"inductor"``, and says so).
+
+    >>> compiled_backend(torch.nn.ReLU()) is None
+    True
+    """
+    if compiled_inner(module) is None:
+        return None
+    backend = getattr(getattr(module, "dynamo_ctx", None), "callback", None)
+    name = None
+    for _ in range(32):  # a chain of wrappers, never a cycle; bounded all the same
+        name = name or getattr(backend, "compiler_name", None)
+        inner = getattr(backend, "_torchdynamo_orig_backend", None) or getattr(
+            backend, "_torchdynamo_orig_callable", None)
+        if inner is None:
+            break
+        backend = inner
+    if not callable(backend):
+        return None
+    name = name or getattr(backend, "compiler_name", None) or getattr(backend, "__name__", None)
+    return backend, str(name or type(backend).__name__)
 
 
 def load_inductor() -> None:
