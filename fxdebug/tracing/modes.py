@@ -20,16 +20,15 @@ every module of the model. Call tree::
                    code equals a cached one is that one
 
 The records keep module paths as keys; a graph of another mode may have other keys
-(GoogLeNet's ``aux1`` runs only in train mode). A module switched on both sides
-to different modes since the last call cannot be followed: the call raises,
-naming it. Part-by-part models use :class:`ModeLink` alone: their copies of the
+(GoogLeNet's ``aux1`` runs only in train mode). A mode whose graph cannot be
+made (the model does not trace in it) raises on the call, naming the module and
+the user's file:line (:class:`~fxdebug.TraceFailure`). Part-by-part models use :class:`ModeLink` alone: their copies of the
 user's modules take the flags it resolves, and each part is specialised to them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import operator
 import pickle
 import weakref
@@ -51,27 +50,19 @@ def _flags(modules) -> tuple[bool, ...]:
     return tuple(map(_TRAINING, modules))
 
 
-def _defined_at(module: torch.nn.Module) -> str:
-    """``file:line`` of the module's class."""
-    cls = type(module)
-    try:
-        return f"{inspect.getsourcefile(cls)}:{inspect.getsourcelines(cls)[1]}"
-    except (OSError, TypeError):
-        return f"{cls.__module__}.{cls.__qualname__}"
-
-
 class ModeLink:
     """The training flags of the user's modules (*sources*) and of fxdebug's copies of some of
     them (*mirrors*), reconciled on each call: whichever side was switched since the last call
-    gives the flag, and the mirrors take it.
+    gives the flag (a copy's ``train()`` also for the modules below it that it does not
+    hold), and both sides take it, as one model would.
 
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     >>> copy = torch.nn.Module()
     >>> link = ModeLink(list(model.named_modules()), [(0, copy)])
     >>> _ = model.eval(); link.current(), copy.training
     ((False, False), False)
-    >>> _ = copy.train(); link.current()
-    (True, False)
+    >>> _ = copy.train(); link.current(), model.training
+    ((True, True), True)
     """
 
     def __init__(self, sources: list[tuple[str, torch.nn.Module]],
@@ -86,6 +77,12 @@ class ModeLink:
         """Mirror these modules (they take the resolved flags now)."""
         self.mirror_of = [index for index, _ in mirrors]
         self.mirrors = [module for _, module in mirrors]
+        # a copy's train(mode) recurses into its children; those the copy does not hold
+        # (modules traced through, with nothing to call) take its flag from the model's side
+        mirrored = set(self.mirror_of)
+        self.covers = [[i for i, path in enumerate(self.paths) if i not in mirrored
+                        and (not self.paths[index] or path.startswith(self.paths[index] + "."))]
+                       for index in self.mirror_of]
         for index, module in mirrors:
             module.training = self.flags[index]
         self.seen_mirrors = _flags(self.mirrors)
@@ -101,22 +98,19 @@ class ModeLink:
             flag = mirrored[position]
             if flag == self.seen_mirrors[position]:
                 continue  # this copy was not switched
-            if now[index] != self.seen[index] and now[index] != flag:
-                module = self.sources[index]
-                path = self.paths[index] or "(root)"
-                raise FxdebugError(
-                    f"fxdebug cannot tell which mode module {path!r} ({type(module).__name__}, "
-                    f"{_defined_at(module)}) should run in: since the last call the model's "
-                    f"module was switched to {'train' if now[index] else 'eval'} and the "
-                    f"instrumented module's copy of it to {'train' if flag else 'eval'}. "
-                    f"Call train() or eval() on one of the two (the model, or the module "
-                    f"fxdebug returned) before calling it.")
             flags[index] = flag
+            for inner in self.covers[position]:
+                if now[inner] == self.seen[inner]:
+                    flags[inner] = flag
         resolved = tuple(flags)
+        # both sides hold the resolved flags: the next switch of either is seen as one
+        for module, flag in zip(self.sources, resolved):
+            if module.training != flag:
+                module.training = flag
         for position, index in enumerate(self.mirror_of):
             if self.mirrors[position].training != resolved[index]:
                 self.mirrors[position].training = resolved[index]
-        self.seen, self.flags = now, resolved
+        self.seen = self.flags = resolved
         self.seen_mirrors = _flags(self.mirrors)
         return resolved
 
@@ -124,7 +118,7 @@ class ModeLink:
         """A copy without mirrors (they are bound again to the module that holds it)."""
         copied = object.__new__(ModeLink)
         copied.__dict__.update(self.__dict__)
-        copied.mirror_of, copied.mirrors, copied.seen_mirrors = [], [], ()
+        copied.mirror_of, copied.mirrors, copied.seen_mirrors, copied.covers = [], [], (), []
         return copied
 
     @contextlib.contextmanager
