@@ -147,9 +147,12 @@ class DebugGraphModule(fx.GraphModule):
     def use_graph(self, graph: fx.Graph) -> None:
         """Run ``graph`` from now on (code generated on first use), as ``gm.graph = graph``
         does without compiling now."""
-        self.__dict__["_graph"] = graph
-        graph.owning_module = self
-        self.defer_recompile()
+        cls = type(self)  # this module's own class: its recompile defers
+        cls._defer_recompile = True
+        try:
+            self.graph = graph
+        finally:
+            del cls._defer_recompile
 
     def __call__(self, *args, **kwargs):
         self._follow_mode()
