@@ -41,7 +41,9 @@ from .runtime.torch_compat import compiled_inner
 from .partial import instrument_parts, is_partial
 from .tracing import keyed_copy
 from .frontend import trace, unwrap_compiled
+from .tracing.fx_tracer import trace_fx
 from .tracing.graph_module import DebugGraphModule
+from .tracing.modes import follow_modes
 from .tracing.keys import META_SOURCE
 from .runtime.formatting import format_location
 from .tracing.selection import candidates
@@ -135,6 +137,9 @@ def _instrument(model, capture, depth, include, exclude, grads, mode, passes,
             _no_save_to(save_to)
             return instrument_parts(model, instrument_part, **arguments, failure=failure)
     gm = run_pipeline(gm, build_pipeline(**arguments) + user_passes)
+    if not isinstance(model, fx.GraphModule):  # its graph follows model.train() / eval()
+        follow_modes(gm, model, functools.partial(_instrument_mode, arguments=arguments,
+                                                  user_passes=user_passes), _after_mode_switch)
     recorder = getattr(gm, RECORDER_ATTR, None)
     if not isinstance(recorder, Recorder):
         # nothing selected: remember the call, so records(gm) can say why it has nothing
@@ -162,6 +167,27 @@ def capture_locations(gm: fx.GraphModule) -> dict[str, str]:
         if source is not None:
             found[str(node.args[2])] = format_location(source)
     return found
+
+
+def _instrument_mode(model: torch.nn.Module, gm: fx.GraphModule, arguments: dict,
+                     user_passes) -> fx.GraphModule:
+    """``model`` traced and instrumented as ``gm`` was, in the modes it is in now; its captures
+    go to ``gm``'s recorder."""
+    traced = trace_fx(model, warn=False)
+    recorder = getattr(gm, RECORDER_ATTR, None)
+    if isinstance(recorder, Recorder):
+        traced.add_submodule(RECORDER_ATTR, recorder)
+    return run_pipeline(traced, build_pipeline(**arguments) + user_passes, recompile=False)
+
+
+def _after_mode_switch(gm: fx.GraphModule) -> None:
+    """The captures of the graph of another mode are at their own source lines."""
+    recorder = getattr(gm, RECORDER_ATTR, None)
+    if isinstance(recorder, Recorder):
+        recorder.locations = capture_locations(gm)  # type: ignore[assignment]
+        writer = getattr(recorder, "run_writer", None)
+        if writer is not None:
+            writer.locations = recorder.locations
 
 
 def _no_save_to(save_to) -> None:

@@ -53,6 +53,7 @@ from ..runtime import clone_inputs, flatten_tensors, torch_compat
 from ..runtime.formatting import value_text
 from ..frontend import trace
 from ..tracing.keys import META_PASS, node_key
+from ..tracing.modes import follow_mode
 from .expected import expected_results
 from .folder_runtime import NONDETERMINISTIC_RUNS, SPREAD_SCALE, first_line, run_py_source
 from .forward import (PICKLED_FILE, class_name, forward_code, module_py, template, weights)
@@ -290,6 +291,7 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
     prepare_destination(folder, overwrite, KNOWN, hashes=False)  # before the work; again when writing
     if not isinstance(gm, fx.GraphModule):
         gm = trace(gm)
+    follow_mode(gm)  # the graph of the modes the model is in now; module.py sets them again
     if standalone:
         gm = standalone_copy(gm)
     pytree_inputs = torch_compat.pytree_specs(gm.graph) is not None  # placeholders are the leaves

@@ -27,6 +27,7 @@ import torch.fx as fx
 from ..errors import FxdebugError
 from .. import runtime
 from ..runtime import PROXY_IN_TEXT
+from ..tracing.graph_module import MODES_META
 from ..tracing.keys import META_PASS, META_SOURCE, inherit_key, node_key
 from ..runtime.formatting import format_location
 
@@ -123,7 +124,8 @@ def standalone_copy(gm: fx.GraphModule) -> fx.GraphModule:
             graph.erase_node(node)
     copied = fx.GraphModule(gm, graph, class_name=type(gm).__name__)
     copied.training = gm.training
-    copied.meta.update(getattr(gm, "meta", {}))
+    copied.meta.update({key: value for key, value in getattr(gm, "meta", {}).items()
+                        if key != MODES_META})  # a copy in one mode: it follows none
     for attr in ("_in_spec", "_out_spec"):  # pytree inputs and outputs
         if getattr(gm, attr, None) is not None:
             setattr(copied, attr, getattr(gm, attr))

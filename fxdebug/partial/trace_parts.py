@@ -74,6 +74,7 @@ from ..tracing.fx_tracer import trace_fx
 from ..tracing.keys import META_KEY, join_path, prefix_keys
 from ..tracing.locations import caller_stacklevel
 from ..tracing.module_copy import shallow_module_copy
+from ..tracing.modes import ModeLink
 from .part_selection import Selection, key_plan
 from .report import REPORT_ATTR, EagerModule, PartialReport, TracedPart, is_partial
 from ..tracing.selection import candidates
@@ -102,6 +103,7 @@ class _Dispatch:
         shared = context.shared
         outermost = shared.depth == 0
         if outermost:
+            context.modes.current()  # the copies take the flags of model.train()/eval()
             runtime.begin_run(shared, ())
         shared.depth += 1
         try:
@@ -220,6 +222,7 @@ class _Context:
         self.leaf_paths = [leaf for leaf in leaf_modules if isinstance(leaf, str)]
         self.leaf_types = tuple(leaf for leaf in leaf_modules if isinstance(leaf, type))
         self.parts: dict[str, fx.GraphModule] = {}
+        self.modes = ModeLink([], [])  # the model's modules and their copies (build)
         self.seen_keys: dict[str, None] = {}
         self._eager_seen: dict[tuple[str, str, str], None] = {}
         self.recording: dict[str, tuple] | None = None
@@ -266,6 +269,9 @@ class _Context:
             return new
 
         root = copy_tree(model, "")
+        sources = list(model.named_modules())
+        self.modes = ModeLink(sources, [(index, memo[id(module)])
+                                        for index, (_, module) in enumerate(sources)])
         root.__dict__[REPORT_ATTR] = self.report
         if self.selection is not None:
             torch_compat.set_child(root, RECORDER_ATTR, self.shared)

@@ -35,7 +35,11 @@ from ..runtime import torch_compat
 from .keys import META_KEY, META_SOURCE, assign_missing_keys, op_name
 from ..runtime.formatting import format_location, value_text
 
-__all__ = ["DebugGraphModule", "keyed_copy", "lazy_graph_module"]
+__all__ = ["DebugGraphModule", "keyed_copy", "lazy_graph_module", "MODES_META"]
+
+# gm.meta key of the ModeFollower that makes gm follow train()/eval() (modes.py); a copy
+# made by keyed_copy is a graph of its own and does not take it
+MODES_META = "fxdebug_modes"
 
 _NOTE_MARK = "fxdebug: "
 _REALIZE_LOCK = threading.RLock()
@@ -129,7 +133,29 @@ class DebugGraphModule(fx.GraphModule):
     def _code(self, value: str) -> None:
         self.__dict__[torch_compat.CODE_ATTR] = value
 
+    def _follow_mode(self) -> None:
+        follower = self.__dict__.get("meta", {}).get(MODES_META)
+        if follower is not None:  # the graph of the modes the model is in now (modes.py)
+            follower.follow(self)
+
+    def train(self, mode: bool = True):
+        self._follow_mode()  # flags as they were, then the switch, then its graph
+        super().train(mode)
+        self._follow_mode()
+        return self
+
+    def use_graph(self, graph: fx.Graph) -> None:
+        """Run ``graph`` from now on (code generated on first use), as ``gm.graph = graph``
+        does without compiling now."""
+        cls = type(self)  # this module's own class: its recompile defers
+        cls._defer_recompile = True
+        try:
+            self.graph = graph
+        finally:
+            del cls._defer_recompile
+
     def __call__(self, *args, **kwargs):
+        self._follow_mode()
         self._realize()
         filename = type(self).forward.__code__.co_filename
         if filename not in linecache.cache:  # linecache.clearcache() was called
@@ -303,6 +329,7 @@ def keyed_copy(gm: fx.GraphModule, recompile: bool = True) -> DebugGraphModule:
     graph = copy.deepcopy(gm.graph)
     new = lazy_graph_module(gm, graph, type(gm).__name__.replace("GraphModuleImpl", "")
                             or "GraphModule", lazy=not recompile)
-    new.meta.update(getattr(gm, "meta", {}))
+    new.meta.update({key: value for key, value in getattr(gm, "meta", {}).items()
+                     if key != MODES_META})
     assign_missing_keys(new.graph)
     return new
