@@ -128,3 +128,32 @@ def test_a_sequential_root_with_hooks_runs_them_once_and_its_children_only():
     assert calls == ["pre", "post"]
     assert torch.equal(out, net(x)) and calls == ["pre", "post"] * 2
     assert fxdebug.records(gm).keys() == ["0.fc", "0", "1"]
+
+
+def test_hooks_registered_after_instrument_on_a_module_that_had_none_run_like_eager():
+    """The graph was made for no hooks on ``a``: a forward hook, a global forward hook and a
+    backward hook registered later all run, as eager runs them (the graph is made again)."""
+    torch.manual_seed(0)
+    eager = Net()
+    net = copy.deepcopy(eager)
+    gm = fxdebug.instrument(net)
+    x = torch.randn(3, 4)
+    assert torch.equal(gm(x), eager(x))
+    for model in (net, eager):
+        model.a.register_forward_hook(lambda m, a, out: out * 3)
+    assert torch.equal(gm(x), eager(x))
+    handles = [torch.nn.modules.module.register_module_forward_hook(
+        lambda m, a, out: out + 1 if isinstance(m, torch.nn.Linear) else None) for _ in range(1)]
+    try:
+        assert torch.equal(gm(x), eager(x))
+    finally:
+        for handle in handles:
+            handle.remove()
+    seen: dict[str, list] = {"eager": [], "gm": []}
+    eager.b.register_full_backward_hook(lambda m, gi, go: seen["eager"].append(go[0].clone()))
+    net.b.register_full_backward_hook(lambda m, gi, go: seen["gm"].append(go[0].clone()))
+    gm(x).sum().backward()
+    eager(x).sum().backward()
+    assert len(seen["gm"]) == len(seen["eager"]) == 1 and torch.equal(seen["gm"][0], seen["eager"][0])
+    assert torch.equal(net.a.fc.weight.grad, eager.a.fc.weight.grad)
+    assert "a" in fxdebug.records(gm).keys()  # still captured

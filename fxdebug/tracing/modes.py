@@ -38,6 +38,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import FxdebugError
+from ..runtime import torch_compat
 from .graph_module import MODES_META, DebugGraphModule
 
 __all__ = ["ModeLink", "ModeFollower", "follow_mode", "follow_modes"]
@@ -48,6 +49,38 @@ _MISSING = object()
 
 def _flags(modules) -> tuple[bool, ...]:
     return tuple(map(_TRAINING, modules))
+
+
+class HookWatch:
+    """Which of the model's hook registries hold a hook, looked at again only after torch
+    handed out a new hook handle somewhere (one integer read a call otherwise).
+
+    The graph is made for the hooks there were: a traced-through module with
+    forward hooks runs them from hook nodes, one with backward hooks runs whole
+    (tracing/module_hooks.py); a hook registered later on a module that had
+    none would not run. So hooks are part of the signature a graph is made for.
+
+    >>> lin = torch.nn.Linear(1, 1)
+    >>> watch = HookWatch([lin])
+    >>> before = watch.current()
+    >>> _ = lin.register_forward_hook(lambda *a: None)
+    >>> before == watch.current()
+    False
+    """
+
+    def __init__(self, modules) -> None:
+        self.registries = [registry for module in modules
+                           for registry in torch_compat.hook_registries(module)]
+        self.registries += torch_compat.hook_registries(None)
+        self.count = torch_compat.hook_registrations()
+        self.state = tuple(map(bool, self.registries))
+
+    def current(self) -> tuple[bool, ...]:
+        count = torch_compat.hook_registrations()
+        if count is None or count != self.count:  # a hook was registered somewhere
+            self.count = count
+            self.state = tuple(map(bool, self.registries))
+        return self.state
 
 
 class ModeLink:
@@ -163,8 +196,10 @@ class ModeFollower:
         self.why_not_rebuilt = ""
         self.link = ModeLink(list(model.named_modules()), [])
         self.signature = self.link.flags
+        self.hooks = HookWatch(self.link.sources)
+        self.hook_state = self.hooks.state
         self._bound: weakref.ref | None = None
-        self._variants: dict[tuple[bool, ...], _Variant] = {}
+        self._variants: dict[tuple, _Variant] = {}
         self._bind(gm)
 
     # -- binding to the module it belongs to (again after a copy or pickle) --------------
@@ -179,7 +214,8 @@ class ModeFollower:
         self.link.flags = self.signature  # the graph gm runs: its copies hold its flags
         self.link.set_mirrors(mirrors)
         self.link.flags = flags
-        self._variants.setdefault(self.signature, _Variant(gm.graph, self._meta_of(gm)))
+        self._variants.setdefault((self.signature, self.hook_state),
+                                  _Variant(gm.graph, self._meta_of(gm)))
         self._bound = weakref.ref(gm)
 
     @staticmethod
@@ -190,6 +226,7 @@ class ModeFollower:
         state = dict(self.__dict__)
         state["_bound"], state["_variants"] = None, {}  # graphs of other modes: rebuilt
         state["link"] = self.link.detached()  # gm's own modules: bound again on first use
+        del state["hooks"]  # the copy's own modules' registries: watched again
         try:
             pickle.dumps(self.rebuild)
         except Exception as exc:  # noqa: BLE001 - a user pass that cannot be pickled
@@ -200,25 +237,28 @@ class ModeFollower:
 
     def __setstate__(self, state) -> None:
         self.__dict__.update(state)
+        self.hooks = HookWatch(self.link.sources)
 
     # -- following ------------------------------------------------------------------------
     def follow(self, gm: fx.GraphModule) -> None:
         """Swap in the graph of the modes the model's modules are in now (traced if new)."""
         if self._bound is None or self._bound() is not gm:
             self._bind(gm)
-        signature = self.link.current()
-        if signature == self.signature:
+        signature, hook_state = self.link.current(), self.hooks.current()
+        if signature == self.signature and hook_state == self.hook_state:
             return
-        variant = self._variants.get(signature)
+        variant = self._variants.get((signature, hook_state))
         if variant is None:
-            variant = self._build(gm, signature)
-        self._use(gm, signature, variant)
+            variant = self._build(gm, signature, hook_state)
+        self._use(gm, signature, hook_state, variant)
 
-    def _build(self, gm: fx.GraphModule, signature: tuple[bool, ...]) -> _Variant:
+    def _build(self, gm: fx.GraphModule, signature: tuple[bool, ...],
+               hook_state: tuple[bool, ...]) -> _Variant:
         if self.rebuild is None:
             raise FxdebugError(
                 f"fxdebug cannot follow {type(self.model).__name__} into "
-                f"{_describe(self.link, signature, self.signature)}: this instrumented module "
+                f"{_describe(self.link, signature, self.signature) or 'its hooks as they are now'}"
+                f": this instrumented module "
                 f"was copied or unpickled, and {self.why_not_rebuilt}. Instrument the model "
                 f"again in the mode it should run in.")
         with self.link.applied(signature):
@@ -227,14 +267,16 @@ class ModeFollower:
         for known in dict.fromkeys(self._variants.values()):  # same code: that graph
             if known.graph.python_code(root_module="self").src == code and \
                     _same_targets(gm, known.graph, built):
-                self._variants[signature] = known
+                self._variants[signature, hook_state] = known
                 return known
         _adopt(gm, built)
-        variant = self._variants[signature] = _Variant(built.graph, self._meta_of(built))
+        variant = self._variants[signature, hook_state] = _Variant(built.graph,
+                                                                   self._meta_of(built))
         return variant
 
-    def _use(self, gm: fx.GraphModule, signature: tuple[bool, ...], variant: _Variant) -> None:
-        old = self._variants[self.signature]
+    def _use(self, gm: fx.GraphModule, signature: tuple[bool, ...], hook_state: tuple[bool, ...],
+             variant: _Variant) -> None:
+        old = self._variants[self.signature, self.hook_state]
         for key in old.meta:
             gm.meta.pop(key, None)
         gm.meta.update(variant.meta)
@@ -242,7 +284,7 @@ class ModeFollower:
             gm.graph = variant.graph
         else:
             gm.use_graph(variant.graph)
-        self.signature = signature
+        self.signature, self.hook_state = signature, hook_state
         self._bind(gm)  # containers the new graph added to gm are copies to keep in step
         if self.after_switch is not None:
             self.after_switch(gm)

@@ -47,7 +47,7 @@ from .fx_internals import (ASSERT_IS_NONE, CODE_ATTR, CODE_ONLY_MODULE,  # noqa:
 from .module_internals import (BUFFERS_ATTR, CHILDREN_ATTR, DROPOUT_TYPES,  # noqa: E402
                                PARAMETERS_ATTR, forward_hooks_readable, global_module_hook_names,
                                global_module_hooks_owner, has_module_hooks, is_persistent_buffer,
-                               run_forward_hooks, run_forward_pre_hooks,
+                               hook_registrations, hook_registries, run_forward_hooks, run_forward_pre_hooks,
                                own_buffers, own_children, own_parameters, set_child,
                                set_own_buffer)
 from .ops import (TorchDispatchMode, assert_close_tolerances, foreach_copy_,  # noqa: E402
@@ -73,7 +73,8 @@ __all__ = [
     # module_internals
     "BUFFERS_ATTR", "CHILDREN_ATTR", "DROPOUT_TYPES", "PARAMETERS_ATTR",
     "global_module_hook_names", "global_module_hooks_owner", "has_module_hooks",
-    "forward_hooks_readable", "run_forward_pre_hooks", "run_forward_hooks",
+    "forward_hooks_readable", "hook_registrations", "hook_registries",
+    "run_forward_pre_hooks", "run_forward_hooks",
     "is_persistent_buffer", "own_buffers", "own_children", "own_parameters", "set_child",
     "set_own_buffer",
     # ops

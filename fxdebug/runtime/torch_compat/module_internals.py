@@ -8,7 +8,7 @@ import torch
 
 __all__ = ["BUFFERS_ATTR", "CHILDREN_ATTR", "DROPOUT_TYPES", "PARAMETERS_ATTR",
            "global_module_hook_names", "global_module_hooks_owner", "has_module_hooks",
-           "forward_hooks_readable", "run_forward_pre_hooks", "run_forward_hooks",
+           "forward_hooks_readable", "hook_registrations", "hook_registries", "run_forward_pre_hooks", "run_forward_hooks",
            "is_persistent_buffer", "own_buffers", "own_children", "own_parameters", "set_child",
            "set_own_buffer"]
 
@@ -124,6 +124,39 @@ def has_module_hooks(module: torch.nn.Module, backward: bool = True, forward: bo
     registries = [getattr(module, "_" + kind, missing) for kind in kinds]
     registries += [getattr(torch.nn.modules.module, "_global_" + kind, missing) for kind in kinds]
     return any(registry is missing or bool(registry) for registry in registries)
+
+
+def hook_registrations() -> int | None:
+    """How many hooks torch has handed out a handle for so far, process-wide (modules' and
+    tensors' alike): ``torch.utils.hooks.RemovableHandle.next_id`` (2.9.1, 2.14.1). Registering
+    a hook raises it; removing one does not. ``None`` where torch has no such counter: the
+    caller then looks at the hooks themselves on every call.
+
+    >>> before = hook_registrations()
+    >>> _ = torch.nn.Linear(1, 1).register_forward_hook(lambda *a: None)
+    >>> hook_registrations() > before
+    True
+    """
+    count = getattr(torch.utils.hooks.RemovableHandle, "next_id", None)
+    return count if isinstance(count, int) else None
+
+
+_HOOK_KINDS = ("forward_pre_hooks", "forward_hooks", "backward_hooks", "backward_pre_hooks")
+
+
+def hook_registries(module: torch.nn.Module | None) -> list:
+    """The dicts that hold ``module``'s forward and backward (pre-)hooks, or with ``None`` the
+    process-wide ones (``torch.nn.modules.module._global_*``), 2.9.1 and 2.14.1; a registry
+    this torch does not have is left out.
+
+    >>> lin = torch.nn.Linear(1, 1)
+    >>> _ = lin.register_forward_hook(lambda *a: None)
+    >>> [bool(registry) for registry in hook_registries(lin)]
+    [False, True, False, False]
+    """
+    owner, prefix = (torch.nn.modules.module, "_global_") if module is None else (module, "_")
+    found = [getattr(owner, prefix + kind, None) for kind in _HOOK_KINDS]
+    return [registry for registry in found if isinstance(registry, dict)]
 
 
 def global_module_hooks_owner():
