@@ -480,7 +480,7 @@ def test_cli_check_names_the_pass_and_node(tmp_path):
     assert summary[1].split()[:3] == ["scale_bn1", "yes", "DIFFERS"]
     assert summary[1].split()[-2] == "layer2.0.bn1"
     bad = _fxdebug("check", "--pass", "nope", cwd=tmp_path)
-    assert bad.returncode == 1 and "not a built-in pass" in bad.stderr
+    assert bad.returncode == 2 and "not a built-in pass" in bad.stderr
     assert "Traceback" not in bad.stderr
 
 

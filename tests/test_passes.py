@@ -203,4 +203,4 @@ def test_cli_passes_prints_each_diff_and_code_diffs():
     code = _cli("passes", "--input", "1,3,64,64", "--pass", "capture", "--code")
     assert code.returncode == 0 and "+++ after" in code.stdout
     bad = _cli("passes", "--pass", "nope")
-    assert bad.returncode == 1 and "choose from capture, grads" in bad.stderr
+    assert bad.returncode == 2 and "choose from capture, grads" in bad.stderr

@@ -268,12 +268,12 @@ _FACTORIES = textwrap.dedent("""\
 def test_cli_factory_error_names_the_users_frames(tmp_path, monkeypatch, capsys):
     (tmp_path / "models.py").write_text(_FACTORIES)
     monkeypatch.chdir(tmp_path)
-    assert main(["summary", "models.py:broken", "--input", "1,4"]) == 1
+    assert main(["summary", "models.py:broken", "--input", "1,4"]) == 2
     err = capsys.readouterr().err
     assert "ValueError: no such width: 7" in err and "(raised at models.py:4)" in err
     assert 'models.py", line 7, in broken' in err and 'line 4, in _settings' in err
     assert "fxdebug/cli" not in err.replace("\\", "/")
-    assert main(["--traceback", "summary", "models.py:broken", "--input", "1,4"]) == 1
+    assert main(["--traceback", "summary", "models.py:broken", "--input", "1,4"]) == 2
     assert "fxdebug/cli/model_spec.py" in capsys.readouterr().err.replace("\\", "/")
 
 

@@ -65,6 +65,13 @@ def _register_source(filename: str, code: str) -> None:
     linecache.cache[filename] = (len(code), None, lines, filename)
 
 
+@torch.compiler.disable
+def _follow_eagerly(follower, gm: fx.GraphModule) -> None:
+    """A mode switch seen while torch.compile traces ``gm``: the graph is swapped outside the
+    compiled code (one graph break, on the call after a switch only)."""
+    follower.follow(gm)
+
+
 class DebugGraphModule(fx.GraphModule):
     """A GraphModule returned by fxdebug; use it exactly like one.
 
@@ -135,8 +142,15 @@ class DebugGraphModule(fx.GraphModule):
 
     def _follow_mode(self) -> None:
         follower = self.__dict__.get("meta", {}).get(MODES_META)
-        if follower is not None:  # the graph of the modes the model is in now (modes.py)
-            follower.follow(self)
+        if follower is None:
+            return
+        if torch.compiler.is_compiling():
+            # torch.compile(gm) traces this call: reading the flags is all it sees (it guards
+            # on them); only a switch since the last call leaves the graph, to swap it eagerly
+            if not follower.in_step():
+                _follow_eagerly(follower, self)
+            return
+        follower.follow(self)  # the graph of the modes the model is in now (modes.py)
 
     def train(self, mode: bool = True):
         self._follow_mode()  # flags as they were, then the switch, then its graph

@@ -240,6 +240,14 @@ class ModeFollower:
         self.hooks = HookWatch(self.link.sources)
 
     # -- following ------------------------------------------------------------------------
+    def in_step(self) -> bool:
+        """Whether no module was switched since the last call and gm runs that mode's graph:
+        plain reads of the flags, which ``torch.compile`` traces (and guards on)."""
+        link = self.link
+        return (tuple(module.training for module in link.sources) == link.seen
+                and tuple(module.training for module in link.mirrors) == link.seen_mirrors
+                and link.flags == self.signature)
+
     def follow(self, gm: fx.GraphModule) -> None:
         """Swap in the graph of the modes the model's modules are in now (traced if new)."""
         if self._bound is None or self._bound() is not gm:
