@@ -62,9 +62,11 @@ class WithOffsets(torch.nn.Module):
 
 
 def _dump_under_other_settings(folder) -> str:
-    """Dump WithOffsets with every global it changes restored afterwards."""
+    """Dump WithOffsets with every global it changes restored afterwards (one thread: with more,
+    MKL's products are reproducible only under MKL_CBWR; the children run with one too)."""
     torch.manual_seed(0)
     model, x = WithOffsets(), torch.randn(2, 3, 64, 64)
+    threads = torch.get_num_threads()
     before = (torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled(),
               torch.is_deterministic_algorithms_warn_only_enabled(), torch.backends.mkldnn.enabled,
               torch.get_default_dtype(), torch.backends.cuda.matmul.fp32_precision,
@@ -74,8 +76,10 @@ def _dump_under_other_settings(folder) -> str:
         torch.use_deterministic_algorithms(True)
         torch.backends.mkldnn.enabled = False
         torch.set_default_dtype(torch.float64)
+        torch.set_num_threads(1)
         return fxdebug.dump(fxdebug.instrument(model), folder, x)
     finally:
+        torch.set_num_threads(threads)
         torch.set_float32_matmul_precision(before[0])
         torch.use_deterministic_algorithms(before[1], warn_only=before[2])
         torch.backends.mkldnn.enabled = before[3]
@@ -118,7 +122,7 @@ def test_run_py_reproduces_a_dump_made_under_other_settings_and_load_sets_none(t
                                      claim_cuda=True),
                "claimed_cuda": _copy(folder, tmp_path / "claimed_cuda", claim_cuda=True),
                "older": _copy(folder, tmp_path / "older", drop_settings=True)}
-    env = child_env()
+    env = child_env(OMP_NUM_THREADS="1")  # the dump's count: nothing to set but the above
     waits = {name: start_python(["-c", RUN_PY, path], str(tmp_path), env, None)
              for name, path in folders.items()}
     waits["load"] = start_python(["-c", LOAD, str(tmp_path)], str(tmp_path), env, None)
@@ -201,6 +205,7 @@ def test_every_way_of_setting_them_is_applied_again_in_a_fresh_process():
         "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False; "
         "torch.backends.cuda.enable_flash_sdp(False); torch.backends.cuda.enable_math_sdp(False)",
         "os.environ['CUBLAS_WORKSPACE_CONFIG'] = ':4096:8'",
+        "os.environ['MKL_CBWR'] = 'AUTO'",
     ]
     proc = run_python(FORKS, json.dumps(ways))
     assert proc.returncode == 0, proc.stderr

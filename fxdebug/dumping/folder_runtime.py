@@ -236,6 +236,7 @@ def run_py_source():
     setters = "".join(f"\n    {name!r}: {setter!r}," for name, setter in numeric_settings.SETTERS.items())
     parts += [f"DETERMINISTIC = {numeric_settings.DETERMINISTIC!r}\n"
               f"ENVIRONMENT = {numeric_settings.ENVIRONMENT!r}\n"
+              f"MKL_REPRODUCIBILITY = {numeric_settings.MKL_REPRODUCIBILITY!r}\n"
               f"CPU_CAPABILITY = {numeric_settings.CPU_CAPABILITY!r}\n"
               f"SETTERS = {{{setters}\n}}  # the function that sets each setting read by a call"]
     parts += [inspect.getsource(function).rstrip() for function in SETTINGS_FUNCTIONS]

@@ -22,6 +22,11 @@ public torch API:
   ``torch.backends.mkldnn.{enabled,deterministic}``, the scaled-dot-product
   attention backends (``torch.backends.cuda.flash_sdp_enabled()``...)
 * the environment variable ``CUBLAS_WORKSPACE_CONFIG`` (deterministic cuBLAS needs it)
+* the environment variable ``MKL_CBWR`` (where torch has MKL): without it, MKL's threaded
+  matrix products are not reproducible bit for bit, even at one thread count in one process
+  (resnet18's convolution gradients at 1x3x32x32 with 2 threads on a busy 2-core machine:
+  3 different results in 40 runs; with ``MKL_CBWR=AUTO``, or one thread, one). MKL reads it
+  at its first computation: run.py sets it before it loads anything.
 * on the CPU: ``torch.get_num_threads()`` (a CPU convolution or reduction splits its sum
   by thread: efficientnet_b0's output at 1x3x64x64 differs in its last bits between 1 and
   2 threads) and ``torch.backends.cpu.get_cpu_capability()`` (the vector instructions
@@ -43,7 +48,8 @@ import os
 
 import torch
 
-__all__ = ["SETTINGS", "DETERMINISTIC", "SETTERS", "ENVIRONMENT", "CPU_CAPABILITY", "resolve_torch_path",
+__all__ = ["SETTINGS", "DETERMINISTIC", "SETTERS", "ENVIRONMENT", "MKL_REPRODUCIBILITY", "CPU_CAPABILITY",
+           "resolve_torch_path",
            "read_setting", "write_setting", "read_settings", "setting_text", "apply_settings", "nondeterminism"]
 
 DETERMINISTIC = "torch.are_deterministic_algorithms_enabled()"
@@ -77,6 +83,7 @@ SETTINGS = (
     "torch.backends.cuda.cudnn_sdp_enabled()",
     "torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()",
     "os.environ['CUBLAS_WORKSPACE_CONFIG']",
+    "os.environ['MKL_CBWR']",
     "torch.get_num_threads()",
     "torch.backends.cpu.get_cpu_capability()",
 )
@@ -97,6 +104,9 @@ SETTERS = {
 """The function that sets each setting read by a call (the others are attributes, set by assignment)."""
 
 ENVIRONMENT = "os.environ['CUBLAS_WORKSPACE_CONFIG']"
+
+MKL_REPRODUCIBILITY = "os.environ['MKL_CBWR']"
+"""MKL's conditional numerical reproducibility (``AUTO``, ``AVX512``...): recorded only where torch has MKL."""
 
 CPU_CAPABILITY = "torch.backends.cpu.get_cpu_capability()"
 """Read only: ATen picks it when torch starts, from the CPU or ``ATEN_CPU_CAPABILITY``."""
@@ -127,6 +137,10 @@ def read_setting(name):
     """
     if name == ENVIRONMENT:
         return os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if name == MKL_REPRODUCIBILITY:
+        if not torch.backends.mkl.is_available():
+            raise AttributeError("this torch has no MKL")
+        return os.environ.get("MKL_CBWR")
     if name == DETERMINISTIC:
         if not torch.are_deterministic_algorithms_enabled():
             return False
@@ -158,6 +172,13 @@ def write_setting(name, value):
             os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
         else:
             os.environ["CUBLAS_WORKSPACE_CONFIG"] = value
+    elif name == MKL_REPRODUCIBILITY:
+        if not torch.backends.mkl.is_available():
+            raise AttributeError("this torch has no MKL")
+        if value is None:
+            os.environ.pop("MKL_CBWR", None)
+        else:
+            os.environ["MKL_CBWR"] = value
     elif name == CPU_CAPABILITY:
         raise RuntimeError(f"this process runs {read_setting(name)}: torch picks it when it starts, "
                            f"set the variable before python starts")
@@ -197,9 +218,13 @@ def setting_text(name, value):
     'torch.use_deterministic_algorithms(True, warn_only=True)'
     >>> setting_text("torch.get_num_threads()", 2), setting_text(CPU_CAPABILITY, "AVX2")
     ('torch.set_num_threads(2)', 'ATEN_CPU_CAPABILITY=avx2')
+    >>> setting_text(MKL_REPRODUCIBILITY, "AUTO"), setting_text(MKL_REPRODUCIBILITY, None)
+    ('MKL_CBWR=AUTO', 'no MKL_CBWR')
     """
     if name == ENVIRONMENT:
         return f"CUBLAS_WORKSPACE_CONFIG={value}" if value is not None else "no CUBLAS_WORKSPACE_CONFIG"
+    if name == MKL_REPRODUCIBILITY:
+        return f"MKL_CBWR={value}" if value is not None else "no MKL_CBWR"
     if name == CPU_CAPABILITY:
         return f"ATEN_CPU_CAPABILITY={str(value).lower()}"
     if name == DETERMINISTIC:
@@ -253,21 +278,33 @@ def apply_settings(recorded):
 def nondeterminism(settings, devices):
     """Why torch does not promise the same bits twice for a run on ``devices`` under ``settings``.
 
-    ``""`` off CUDA, or with ``torch.use_deterministic_algorithms(True)`` (not
-    warn-only) and ``torch.backends.cudnn.benchmark`` off: what torch's
-    reproducibility notes ask for.
+    On CUDA: without ``torch.use_deterministic_algorithms(True)`` (or only
+    warn-only), or with ``torch.backends.cudnn.benchmark``: what torch's
+    reproducibility notes ask for. On the CPU, where torch has MKL (``MKL_CBWR``
+    recorded): more than one thread without ``MKL_CBWR``. ``""`` otherwise.
 
     >>> nondeterminism({DETERMINISTIC: False, "torch.backends.cudnn.benchmark": False}, ["cuda"])
     'the dump ran on CUDA without torch.use_deterministic_algorithms(True)'
-    >>> nondeterminism({DETERMINISTIC: False}, ["cpu"])
+    >>> nondeterminism({DETERMINISTIC: False, "torch.get_num_threads()": 1, MKL_REPRODUCIBILITY: None}, ["cpu"])
     ''
+    >>> nondeterminism({"torch.get_num_threads()": 2, MKL_REPRODUCIBILITY: "AUTO"}, ["cpu"])
+    ''
+    >>> print(nondeterminism({"torch.get_num_threads()": 2, MKL_REPRODUCIBILITY: None}, ["cpu"]))
+    the dump ran on the CPU with 2 threads without MKL_CBWR (MKL's threaded matrix products, convolutions' too, give other last bits from run to run; MKL_CBWR=AUTO or one thread gives the same bits)
     """
-    if "cuda" not in devices:
-        return ""
-    reasons = []
-    if settings.get(DETERMINISTIC) is not True:
-        reasons.append("without torch.use_deterministic_algorithms(True)" if settings.get(DETERMINISTIC) is False
-                       else "with torch.use_deterministic_algorithms(True, warn_only=True)")
-    if settings.get("torch.backends.cudnn.benchmark"):
-        reasons.append("with torch.backends.cudnn.benchmark = True (kernels picked by timing)")
-    return "the dump ran on CUDA " + " and ".join(reasons) if reasons else ""
+    found = []
+    if "cuda" in devices:
+        reasons = []
+        if settings.get(DETERMINISTIC) is not True:
+            reasons.append("without torch.use_deterministic_algorithms(True)" if settings.get(DETERMINISTIC) is False
+                           else "with torch.use_deterministic_algorithms(True, warn_only=True)")
+        if settings.get("torch.backends.cudnn.benchmark"):
+            reasons.append("with torch.backends.cudnn.benchmark = True (kernels picked by timing)")
+        if reasons:
+            found.append("the dump ran on CUDA " + " and ".join(reasons))
+    threads = settings.get("torch.get_num_threads()") or 1
+    if "cpu" in devices and threads > 1 and MKL_REPRODUCIBILITY in settings and settings[MKL_REPRODUCIBILITY] is None:
+        found.append(f"the dump ran on the CPU with {threads} threads without MKL_CBWR (MKL's threaded "
+                     f"matrix products, convolutions' too, give other last bits from run to run; "
+                     f"MKL_CBWR=AUTO or one thread gives the same bits)")
+    return "; ".join(found)
