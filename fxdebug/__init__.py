@@ -17,18 +17,22 @@ from typing import TYPE_CHECKING, Any
 _LAZY = {
     "analysis": "fxdebug.analysis", "passes": "fxdebug.passes", "reporting": "fxdebug.reporting",
     "runtime": "fxdebug.runtime", "testing": "fxdebug.testing", "tracing": "fxdebug.tracing",
-    "compiled": "fxdebug.compiled",
+    "compiled": "fxdebug.compiled", "equivalence": "fxdebug.equivalence",
+    "nonfinite": "fxdebug.nonfinite", "runs": "fxdebug.runs", "distributed": "fxdebug.distributed",
+    "hazards": "fxdebug.hazards", "tables": "fxdebug.tables",
     "keys": "fxdebug.tracing.keys", "partial": "fxdebug.partial",
     "plots": "fxdebug.reporting.plots",
     **dict.fromkeys(("CompiledReport", "backend", "check_compiled", "watch_nonfinite"),
                     "fxdebug.compiled"),
-    **dict.fromkeys(("EquivalenceReport", "Hazard", "Hazards", "JacobianNorms",
-                     "NonfiniteReport", "check_equivalence",
-                     "find_nonfinite", "jacobian_norms", "lint_inplace", "vjp",
-                     "compare_ranks", "RankReport", "RankNonfiniteReport", "NonfiniteWatch",
-                     "WatchReport",
-                     "compare_runs", "RunComparison"),
-                    "fxdebug.analysis"),
+    **dict.fromkeys(("EquivalenceReport", "JacobianNorms", "check_equivalence",
+                     "jacobian_norms"), "fxdebug.equivalence"),
+    "vjp": "fxdebug.equivalence.vjp",
+    **dict.fromkeys(("Hazard", "Hazards", "lint_inplace"), "fxdebug.hazards"),
+    **dict.fromkeys(("NonfiniteReport", "find_nonfinite", "RankNonfiniteReport", "NonfiniteWatch",
+                     "WatchReport"), "fxdebug.nonfinite"),
+    **dict.fromkeys(("compare_ranks", "RankReport"), "fxdebug.distributed"),
+    **dict.fromkeys(("RunComparison",), "fxdebug.runs"),
+    "compare_runs": "fxdebug.runs.compare_runs",
     "dump": "fxdebug.dumping",
     **dict.fromkeys(("FxdebugError", "PassEquivalenceError", "SelectionError", "TraceFailure",
                      "StaleCaptureError", "SavedRunError", "FxdebugWarning", "EagerFallbackWarning",
@@ -36,7 +40,7 @@ _LAZY = {
     "instrument": "fxdebug.instrument", "records": "fxdebug.instrument",
     "accumulate_stats": "fxdebug.instrument", "set_step": "fxdebug.instrument",
     "flush": "fxdebug.instrument",
-    **dict.fromkeys(("save_records", "load_records", "SavedRecords"), "fxdebug.runtime.saved_runs"),
+    **dict.fromkeys(("save_records", "load_records", "SavedRecords"), "fxdebug.runs.saved_runs"),
     "PassManager": "fxdebug.pass_manager", "PassReport": "fxdebug.pass_manager",
     **dict.fromkeys(("DiffRow", "GraphChangedError", "GraphDiff", "diff", "print_tabular",
                      "tabular"),
@@ -49,16 +53,19 @@ _LAZY = {
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs (tests/test_api.py
     # checks that this block, _LAZY and __all__ name the same things)
-    from . import analysis, passes, reporting, runtime, testing, tracing
+    from . import (analysis, distributed, equivalence, hazards, nonfinite, passes, reporting, runs,
+                   runtime, tables, testing, tracing)
     # (a function named like its module is imported from that module: mypy would take
-    # `from .analysis import vjp` for the submodule fxdebug.analysis.vjp as well)
+    # `from .equivalence import vjp` for the submodule fxdebug.equivalence.vjp as well)
     from .compiled import CompiledReport, backend, check_compiled, watch_nonfinite
-    from .analysis import (EquivalenceReport, Hazard, Hazards, JacobianNorms, NonfiniteReport,
-                           NonfiniteWatch, RankNonfiniteReport, RankReport, RunComparison,
-                           WatchReport, check_equivalence, compare_ranks, find_nonfinite,
-                           jacobian_norms, lint_inplace)
-    from .analysis.compare_runs import compare_runs
-    from .analysis.vjp import vjp
+    from .equivalence import EquivalenceReport, JacobianNorms, check_equivalence, jacobian_norms
+    from .equivalence.vjp import vjp
+    from .hazards import Hazard, Hazards, lint_inplace
+    from .nonfinite import (NonfiniteReport, NonfiniteWatch, RankNonfiniteReport, WatchReport,
+                            find_nonfinite)
+    from .distributed import RankReport, compare_ranks
+    from .runs import RunComparison
+    from .runs.compare_runs import compare_runs
     from .dumping.dump import dump
     from .errors import (EagerFallbackWarning, FidelityWarning, FxdebugError, FxdebugWarning,
                          PassEquivalenceError, PerformanceWarning, SavedRunError,
@@ -70,7 +77,7 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs (tests/
     from .reporting.tabular import tabular
     from .reporting.html import report
     from .runtime import Record, Records, Stats
-    from .runtime.saved_runs import SavedRecords, load_records, save_records
+    from .runs.saved_runs import SavedRecords, load_records, save_records
     from . import compiled, partial
     from .frontend import trace
     from .partial import PartialReport, part_inputs, traced_parts
@@ -82,7 +89,10 @@ def __getattr__(name: str) -> Any:
     if module_name is None:
         raise AttributeError(f"module 'fxdebug' has no attribute {name!r}")
     module = importlib.import_module(module_name)
-    value = module if module_name.rpartition(".")[2] == name and name not in vars(module) \
+    # a subpackage (fxdebug.equivalence, which holds a module equivalence.py) is the package;
+    # a module named like a function it defines (fxdebug.equivalence.vjp) gives the function
+    value = module if (module_name == f"{__name__}.{name}" and hasattr(module, "__path__")) or (
+        module_name.rpartition(".")[2] == name and name not in vars(module)) \
         else getattr(module, name)
     globals()[name] = value
     return value
@@ -174,6 +184,12 @@ __all__ = [
     "keys",
     "plots",
     "analysis",
+    "equivalence",
+    "nonfinite",
+    "runs",
+    "distributed",
+    "hazards",
+    "tables",
     "reporting",
     "runtime",
     "tracing",

@@ -35,8 +35,8 @@ import torch.fx as fx
 from .errors import FxdebugError, TraceFailure
 from .passes import Capture, EagerRegions, GradHooks, Pass, as_pass
 from .runtime import RECORDER_ATTR, Recorder, Records, capture, capture_stats, tensor_stats
-from .runtime.run_writer import RunWriter
-from .runtime.saved_runs import load_records
+from .runs.run_writer import RunWriter
+from .runs.saved_runs import load_records
 from .runtime.torch_compat import compiled_inner
 from .partial import instrument_parts, is_partial
 from .tracing import keyed_copy
@@ -75,7 +75,7 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
             ``gm -> gm``) run after the capture pass.
         save_to: a folder: every forward is written there as a numbered run
             (``run-000001``, ...) while it runs, and its captures leave memory
-            once written (see :mod:`fxdebug.runtime.run_writer`);
+            once written (see :mod:`fxdebug.runs.run_writer`);
             ``records(gm)`` reads the latest run back, :func:`load_records`
             any run, :func:`set_step` tags runs, :func:`flush` finishes writing.
 

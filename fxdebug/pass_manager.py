@@ -37,12 +37,12 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
-from .analysis.equivalence import EquivalenceReport, check_equivalence
+from .equivalence.equivalence import EquivalenceReport, check_equivalence
 from .errors import FidelityWarning, PassEquivalenceError
 from .passes.base import as_pass, unchanged_message
 from .reporting.diff import GraphDiff, GraphSnapshot, diff, snapshot
 from .reporting.tabular import render_table
-from .runtime.report import Report
+from .tables.report import Report
 from .tracing import keyed_copy
 from .frontend import trace
 from .tracing.keys import node_key

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .analysis.equivalence import EquivalenceReport, check_equivalence
+from .equivalence.equivalence import EquivalenceReport, check_equivalence
 
 __all__ = ["assert_equivalent"]
 

@@ -37,7 +37,7 @@ def test_lazy_table_all_and_type_checking_imports_agree():
     assert len(set(fxdebug.__all__)) == len(fxdebug.__all__)
     for name, package in imported.items():
         lazy = fxdebug._LAZY[name]
-        # `from .analysis import vjp` (lazy: fxdebug.analysis) or `from . import analysis`
+        # `from .equivalence import vjp` (lazy: fxdebug.equivalence) or `from . import analysis`
         assert lazy in (package, f"{package}.{name}") or (
             getattr(importlib.import_module(package), name) is getattr(fxdebug, name)), name
 
@@ -48,17 +48,17 @@ def test_every_public_name_resolves_to_what_type_checkers_see():
 
 
 def test_every_public_exception_and_report_is_exported():
-    import fxdebug.analysis as analysis
     from fxdebug import errors
-    from fxdebug.runtime.report import Report
+    from fxdebug.tables.report import Report
     public = {name for name in fxdebug.__all__}
     exceptions = {name for name, value in vars(errors).items()
                   if isinstance(value, type) and issubclass(value, (Exception, Warning))
                   and value.__module__ == "fxdebug.errors"}
     assert exceptions <= public, exceptions - public
-    reports = {name for name in analysis.__all__
-               if isinstance(getattr(analysis, name), type)
-               and issubclass(getattr(analysis, name), Report)}
+    rooms = [importlib.import_module(f"fxdebug.{room}") for room in
+             ("equivalence", "nonfinite", "distributed", "runs", "hazards", "analysis")]
+    reports = {name for room in rooms for name in room.__all__
+               if isinstance(getattr(room, name), type) and issubclass(getattr(room, name), Report)}
     assert reports <= public, reports - public
     assert {"NonfiniteWatch", "PartialReport", "Hazards", "StaleCaptureError", "PassReport",
             "GraphChangedError"} <= public

@@ -191,7 +191,7 @@ def test_compare_tensor_agrees_with_allclose_on_the_finite_values(scaled):
 def test_default_tolerances_give_assert_close_verdicts(dtype, factor):
     # the folder's compare_tensor and fxdebug's compare_tensors share one tolerance table:
     # half of it must pass torch.testing.assert_close and twice it must fail, in every dtype
-    from fxdebug.analysis.compare import compare_tensors
+    from fxdebug.equivalence.compare import compare_tensors
     from fxdebug.runtime.formatting import TOLERANCES
     rtol, atol = TOLERANCES[dtype]
     want = torch.tensor([1.0, 3.0, -2.0], dtype=torch.float64)

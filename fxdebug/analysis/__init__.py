@@ -1,25 +1,14 @@
-"""Verdicts on a model: is it equivalent, where is the NaN, which write breaks autograd.
+"""The analyses under one name, as before they had rooms of their own (each name works here
+as it did; new code imports from the room):
 
-(Compiled models have their own subpackage, :mod:`fxdebug.compiled`.)
+    check_equivalence, vjp, jacobian_norms        fxdebug.equivalence
+    find_nonfinite, watch_nonfinite               fxdebug.nonfinite
+    compare_ranks                                 fxdebug.distributed
+    compare_runs                                  fxdebug.runs
+    lint_inplace                                  fxdebug.hazards
 
-Each analysis runs the model (or a keyed copy) under controlled conditions and
-names nodes by key and the user's ``file:line``::
-
-    check_equivalence(reference, candidate, *inputs)     equivalence.py
-      ├─ ControlledRuns                                 controlled_run.py
-      ├─ compare_values(outputs)                        compare.py
-      └─ localize: Capture("all") on both, match_nodes  node_matching.py
-           (grads=True: activation_grads, in backward order)  activation_grads.py
-    find_nonfinite(model, *inputs)                      nonfinite.py
-    watch_nonfinite(model): a flag per step, find_nonfinite on the first bad one  watch.py
-      (its report, NOT REPRODUCED when the replay is finite: watch_report.py)
-      (torch.distributed: the flag all-reduced, every rank's finding gathered)   watch_ranks.py
-    compare_ranks(records_or_module): fingerprints gathered, majority per key   ranks.py
-      (the group, DDP unwrapped, DTensor shards: rank_group.py; the report: ranks_report.py)
-    compare_runs(a, b): two runs (Records or saved folders) key by key   compare_runs.py
-    lint_inplace(model, *inputs)                        lint.py (passes/aliasing.py)
-    vjp(model, *inputs, of=, wrt=)                      vjp.py    } node_by_node.py: values with
-    jacobian_norms(model, *inputs)                      jacobian.py } their autograd graph
+(``fxdebug.analysis.watch_nonfinite`` is the eager watch; ``fxdebug.watch_nonfinite`` also
+finds the node a ``torch.compile``'d model's compiled code makes a NaN at.)
 
 >>> import torch, fxdebug
 >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
@@ -27,17 +16,17 @@ names nodes by key and the user's ``file:line``::
 True
 """
 
-from .compare_runs import RunComparison, RunEntry, compare_runs
-from .equivalence import EquivalenceReport, NodeComparison, check_equivalence
-from .jacobian import JacobianNorms, jacobian_norms
-from .lint import Hazard, Hazards, lint_inplace
-from .nonfinite import NonfiniteReport, find_nonfinite
-from .ranks import compare_ranks
-from .ranks_report import RankEntry, RankReport
-from .vjp import vjp
-from .watch import NonfiniteWatch, watch_nonfinite
-from .watch_ranks import RankFinding, RankNonfiniteReport
-from .watch_report import WatchReport
+from ..runs.compare_runs import RunComparison, RunEntry, compare_runs
+from ..equivalence.equivalence import EquivalenceReport, NodeComparison, check_equivalence
+from ..equivalence.jacobian import JacobianNorms, jacobian_norms
+from ..hazards.lint import Hazard, Hazards, lint_inplace
+from ..nonfinite.nonfinite import NonfiniteReport, find_nonfinite
+from ..distributed.ranks import compare_ranks
+from ..distributed.ranks_report import RankEntry, RankReport
+from ..equivalence.vjp import vjp
+from ..nonfinite.watch import NonfiniteWatch, watch_nonfinite
+from ..nonfinite.watch_ranks import RankFinding, RankNonfiniteReport
+from ..nonfinite.watch_report import WatchReport
 
 __all__ = ["check_equivalence", "EquivalenceReport", "NodeComparison", "find_nonfinite",
            "NonfiniteReport", "lint_inplace", "Hazard", "Hazards", "vjp", "jacobian_norms",

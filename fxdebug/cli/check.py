@@ -98,7 +98,7 @@ def run_compiled(args) -> int:
 def run(args) -> int:
     if args.compiled:
         return run_compiled(args)
-    from ..analysis import check_equivalence
+    from ..equivalence import check_equivalence
     from ..passes.base import graph_source, unchanged_message
     from ..tracing import keyed_copy
     from ..frontend import trace
@@ -135,7 +135,7 @@ def run(args) -> int:
                         "-" if first is None else f"{first.key} ({first.location})"])
         previous = gm = result.graph_module
     print()
-    from ..runtime.fit_to_width import fit_table, table_width
+    from ..tables.fit_to_width import fit_table, table_width
     print(fit_table(summary, ["pass", "modified", "equivalent", "max abs error",
                               "first divergence"], width=table_width(getattr(args, "wide", None)),
                     truncate=("pass", "first divergence")))

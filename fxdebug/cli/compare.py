@@ -36,8 +36,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..analysis.compare_runs import compare_runs
-    from ..runtime.saved_runs import load_records
+    from ..runs.compare_runs import compare_runs
+    from ..runs.saved_runs import load_records
     report = compare_runs(load_records(args.a, run=args.run_a), load_records(args.b, run=args.run_b),
                           rtol=args.rtol, atol=args.atol)
     print(report.table(wide=args.wide or None))

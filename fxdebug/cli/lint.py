@@ -18,7 +18,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..analysis import lint_inplace
+    from ..hazards import lint_inplace
     model, inputs = model_and_inputs(args)
     model.train(not args.eval)
     hazards = lint_inplace(model, *inputs)

@@ -100,7 +100,7 @@ def _print(args, model, inputs, gm, rec) -> int:
         raise FxdebugError(f"nothing in {type(model).__name__} could be traced, so nothing was "
                            f"captured. {reasons}")
     grads_text = f", grads of {args.loss}" if args.grads else ""
-    from ..runtime.fit_to_width import fit_line, table_width
+    from ..tables.fit_to_width import fit_line, table_width
     print(fit_line(f"{args.model}: {type(model).__name__}, input {describe_inputs(inputs)}, "
                    f"capture={args.capture}, mode={args.mode}{grads_text}",
                    table_width(args.wide)))

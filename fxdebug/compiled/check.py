@@ -27,16 +27,16 @@ from ..dumping import dump as dump_folder
 from ..dumping.folder_runtime import flatten_outputs
 from ..errors import FxdebugError
 from ..runtime.values import outputs_loss
-from ..runtime.fit_to_width import fit_table, table_width
+from ..tables.fit_to_width import fit_table, table_width
 from ..runtime.formatting import format_error, format_location
-from ..runtime.report import Report
+from ..tables.report import Report
 from ..tracing.keys import node_key, op_name
 from ..tracing.locations import is_user_file
-from ..analysis.compare import Comparison, compare_values
+from ..equivalence.compare import Comparison, compare_values
 from .instrumenting_backend import resolve_backend
 from .localize import Localized, capture_graphs, localize
 from .watched_runs import GraphRun, watched_run, watching
-from ..analysis.controlled_run import ControlledRuns
+from ..equivalence.controlled_run import ControlledRuns
 
 __all__ = ["check_compiled", "CompiledReport", "CompiledDivergence", "GraphBreak"]
 
@@ -93,14 +93,14 @@ class CompiledDivergence:
 class CompiledReport(Report):
     """What :func:`check_compiled` found.
 
-    A :class:`~fxdebug.runtime.report.Report`: ``str`` is :meth:`table`, ``repr``
+    A :class:`~fxdebug.tables.report.Report`: ``str`` is :meth:`table`, ``repr``
     one line (``<CompiledReport 1 output(s), 1 graph(s), DIFFERENT: first divergence ...>``),
     ``to_dict()`` plain data.
 
     Attributes:
         ok: compiled outputs (and, with ``grads=True``, parameter gradients)
             agree with eager within tolerance.
-        outputs / grads: one :class:`~fxdebug.analysis.compare.Comparison` each.
+        outputs / grads: one :class:`~fxdebug.equivalence.compare.Comparison` each.
         first_divergence: a :class:`CompiledDivergence`, or None.
         graph_breaks: :class:`GraphBreak` entries, in the order dynamo met them.
         graphs: how many graphs dynamo captured.
@@ -137,7 +137,7 @@ class CompiledReport(Report):
     def table(self, wide: bool | None = None) -> str:
         """Verdict, outputs, graph breaks, the first divergent node and its smallest piece.
 
-        Fitted to the terminal unless ``wide=True`` (see :mod:`fxdebug.runtime.fit_to_width`).
+        Fitted to the terminal unless ``wide=True`` (see :mod:`fxdebug.tables.fit_to_width`).
         """
         failed = [c for c in self.outputs if not c.ok]
         counts = f"{len(self.outputs) - len(failed)}/{len(self.outputs)} outputs agree"

@@ -35,9 +35,9 @@ from ..passes.aliasing import AliasAnalysis
 from ..runtime import RECORDER_ATTR, clone_inputs
 from ..tracing import keyed_copy
 from ..tracing.keys import META_KEY, META_SOURCE, node_key, op_name
-from ..analysis.compare import Comparison, compare_tensors
+from ..equivalence.compare import Comparison, compare_tensors
 from .watched_runs import keeping, watched_run
-from ..analysis.controlled_run import ControlledRuns
+from ..equivalence.controlled_run import ControlledRuns
 
 __all__ = ["CapturedGraph", "Piece", "PieceResult", "capture_graphs", "localize", "build_piece"]
 

@@ -1,6 +1,6 @@
 """``fxdebug.watch_nonfinite``: the NaN watch, able to look inside a ``torch.compile``'d model.
 
-The watch itself lives in :mod:`fxdebug.analysis.watch`; it replays a flagged step
+The watch itself lives in :mod:`fxdebug.nonfinite.watch`; it replays a flagged step
 eagerly. A compiled model's NaN can be made by the compiled code alone (a
 reduction ordered differently, a fusion), and then the eager replay is finite. The
 watch made here is given :func:`~fxdebug.compiled.check_compiled` for that case: it
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ..analysis.watch import NonfiniteWatch
-from ..analysis.watch import watch_nonfinite as watch_eagerly
+from ..nonfinite.watch import NonfiniteWatch
+from ..nonfinite.watch import watch_nonfinite as watch_eagerly
 from .check import check_compiled
 
 __all__ = ["watch_nonfinite"]
@@ -27,7 +27,7 @@ __all__ = ["watch_nonfinite"]
 def watch_nonfinite(model: torch.nn.Module, ignore=None, group=None) -> NonfiniteWatch:
     """Watch a training loop for NaN/Inf; name the node that made it on the first bad step.
 
-    :func:`fxdebug.analysis.watch_nonfinite` (see there: the flag per step, the
+    :func:`fxdebug.nonfinite.watch_nonfinite` (see there: the flag per step, the
     replay, ``torch.distributed``), given :func:`fxdebug.check_compiled` for a
     ``torch.compile``'d model whose flagged step the eager replay does not
     reproduce: ``report.compiled`` is then its report on the step's inputs, and

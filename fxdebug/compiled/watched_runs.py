@@ -47,7 +47,7 @@ import torch.fx as fx
 
 from ..runtime import clone_inputs
 from ..runtime.torch_compat import graph_break_reason
-from ..analysis.controlled_run import ControlledRuns
+from ..equivalence.controlled_run import ControlledRuns
 from .dynamo_graphs import key_dynamo_graph
 
 __all__ = ["GraphRun", "WatchingBackend", "watching", "keeping", "entry_point", "watched_run"]
@@ -165,7 +165,7 @@ def watched_run(model: torch.nn.Module, runs: ControlledRuns, backend: WatchingB
     """``torch.compile(model, backend=backend)`` run once by ``runs``: its outputs and the graphs
     it ran, in the order they first ran (with ``keep_inputs``, the inputs of that first call).
 
-    >>> from fxdebug.analysis.controlled_run import ControlledRuns
+    >>> from fxdebug.equivalence.controlled_run import ControlledRuns
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
     >>> with ControlledRuns([model], (torch.ones(1, 2),), train=None) as runs:
     ...     out, graphs = watched_run(model, runs, keeping(), keep_inputs=True)

@@ -33,8 +33,8 @@ import torch.fx as fx
 
 from ..errors import FxdebugError
 from ..passes.base import graph_source
-from ..runtime.fit_to_width import fit_table, table_width
-from ..runtime.report import Report
+from ..tables.fit_to_width import fit_table, table_width
+from ..tables.report import Report
 from ..tracing.keys import META_PROVENANCE
 from .html import diff_html
 from .tabular import COLUMNS, NodeRef, NodeView, node_views, render_table
@@ -141,7 +141,7 @@ class DiffRow:
 class GraphDiff(Report):
     """Rows in graph order (removed nodes where they stood) and both graphs' snapshots.
 
-    A :class:`~fxdebug.runtime.report.Report` without a verdict: ``repr`` is one
+    A :class:`~fxdebug.tables.report.Report` without a verdict: ``repr`` is one
     line (``<GraphDiff 12 nodes: +4 -0 ~1>``), ``to_dict()`` lists the keys added,
     removed and changed.
     """
@@ -190,7 +190,7 @@ class GraphDiff(Report):
     def table(self, wide: bool | None = None, unchanged: bool = False) -> str:
         """The rows in the tabular format; ``~`` rows say what changed.
 
-        Fitted to the terminal unless ``wide=True`` (see :mod:`fxdebug.runtime.fit_to_width`).
+        Fitted to the terminal unless ``wide=True`` (see :mod:`fxdebug.tables.fit_to_width`).
         """
         rows = [[row.mark, row.view.key, row.view.opcode, row.view.name, row.view.target,
                  row.view.args, row.view.kwargs, row.view.pass_name, "; ".join(row.changes)]

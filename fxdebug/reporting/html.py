@@ -32,8 +32,7 @@ import torch
 
 from ..runtime import RECORDER_ATTR, Records
 from ..runtime.records_html import records_rows, records_table_html
-from ..runtime.report import Report
-from ..runtime.saved_runs import load_records
+from ..tables.report import Report
 
 __all__ = ["report", "report_html", "diff_html", "equivalence_html"]
 
@@ -77,8 +76,7 @@ def _records_of(obj) -> Records | None:
     recorder = getattr(obj, RECORDER_ATTR, None)
     writer = getattr(recorder, "run_writer", None)
     if writer is not None and writer.folder is not None:  # save_to: the latest run, from disk
-        writer.flush()
-        return load_records(writer.folder)
+        return writer.latest_records()
     latest = getattr(recorder, "latest", None)
     return latest if isinstance(latest, Records) else None
 

@@ -23,7 +23,7 @@ import torch.fx as fx
 from tabulate import tabulate
 
 from .. import runtime
-from ..runtime.fit_to_width import fit_table, table_width
+from ..tables.fit_to_width import fit_table, table_width
 from ..tracing.keys import META_PASS, META_SOURCE, module_path, node_key, target_name
 from ..runtime.formatting import dtype_text, format_location, shape_text
 
@@ -253,7 +253,7 @@ def render_table(rows: list[list[str]], headers) -> str:
 def tabular(gm: fx.GraphModule, *inputs, wide: bool | None = None) -> str:
     """The node table of ``gm`` as a string (see the module docstring for the columns).
 
-    Fitted to the terminal unless ``wide=True`` (see :mod:`fxdebug.runtime.fit_to_width`).
+    Fitted to the terminal unless ``wide=True`` (see :mod:`fxdebug.tables.fit_to_width`).
 
     Example::
 

@@ -20,11 +20,11 @@ from typing import Any, Iterator
 import torch
 
 from ..errors import FxdebugError, StaleCaptureError
-from .fit_to_width import fit_table, table_width
+from ..tables.fit_to_width import fit_table, table_width
 from .formatting import dtype_text, shape_text
 from .records_html import records_table_html
 from . import torch_compat
-from .report import Report
+from ..tables.report import Report
 from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
 from .values import flatten_tensors
 
@@ -119,7 +119,7 @@ class Records(Report):
     (stats mode). Nested outputs are flattened with ``/``: a module returning
     ``(a, {"b": c})`` under key ``blk`` gives ``blk/0`` and ``blk/1/b``.
 
-    Also a :class:`~fxdebug.runtime.report.Report` without a verdict: ``str`` is
+    Also a :class:`~fxdebug.tables.report.Report` without a verdict: ``str`` is
     :meth:`table`, ``repr`` one line (``<Records 75 tensors, 2.7 MiB>``),
     ``to_dict()`` every record's key, op, shape, dtype and statistics.
     """
@@ -296,7 +296,7 @@ class Records(Report):
 
         In a terminal (or with ``COLUMNS`` set) the table fits its width: the
         least important columns are dropped and long keys end in ``…``;
-        ``wide=True`` always gives every column (see :mod:`fxdebug.runtime.fit_to_width`).
+        ``wide=True`` always gives every column (see :mod:`fxdebug.tables.fit_to_width`).
 
         With recorded gradients it adds ``grad norm`` and ``grad non-finite``
         columns and a table of parameter gradients (name, shape, grad norm).

@@ -40,9 +40,9 @@ import weakref
 import torch
 
 from ..errors import SavedRunError
-from .records import Record, Records
-from .saved_runs import (BEFORE_READING, RunFile, location_of, manifest_of, record_entry,
-                         run_context, run_folders, write_manifest)
+from ..runtime.records import Record, Records
+from .saved_runs import (BEFORE_READING, RunFile, load_records, location_of, manifest_of,
+                         record_entry, run_context, run_folders, write_manifest)
 
 __all__ = ["RunWriter", "StreamingRecords", "DEFAULT_LIMIT_BYTES", "flush_writers_of"]
 
@@ -56,7 +56,7 @@ class StreamingRecords(Records):
     """The Records of a forward whose captures go to disk: they keep keys, not values.
 
     ``fxdebug.records(gm)`` flushes the writer and returns the run as read
-    back from disk (:class:`~fxdebug.runtime.saved_runs.SavedRecords`).
+    back from disk (:class:`~fxdebug.runs.saved_runs.SavedRecords`).
     """
 
     def __init__(self, writer: "RunWriter", run: int, grads_recorded: bool | None,
@@ -187,6 +187,15 @@ class RunWriter:
     def set_parameters(self, parameters: list) -> None:
         """Parameter-gradient statistics for the current run's manifest (see ``records(gm)``)."""
         self._enqueue(("parameters", self.run, parameters))
+
+    def latest_records(self) -> Records:
+        """Everything queued written, then the latest run read back from disk (what
+        ``records(gm)`` gives for a module instrumented with ``save_to``)."""
+        self.flush()
+        if self.folder is None:
+            raise SavedRunError("this run writer has no folder: nothing was written to read back. "
+                                "Instrument with save_to=path to stream runs to disk.")
+        return load_records(self.folder)
 
     def flush(self, stop: bool = True) -> None:
         """Write everything queued and the current run's manifest; raise a writer error."""

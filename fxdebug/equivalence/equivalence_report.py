@@ -1,4 +1,4 @@
-"""What :func:`~fxdebug.analysis.equivalence.check_equivalence` returns: the report and its tables.
+"""What :func:`~fxdebug.equivalence.equivalence.check_equivalence` returns: the report and its tables.
 
     EquivalenceReport          verdict, output and gradient comparisons, localized nodes
       ├─ NodeComparison        one matched node: errors, and how it was matched
@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..reporting.html import equivalence_html
-from ..runtime.fit_to_width import fit_table, table_width
-from ..runtime.report import Report
+from ..tables.fit_to_width import fit_table, table_width
+from ..tables.report import Report
 from ..runtime.formatting import format_error, format_location
 from .compare import Comparison
 
@@ -96,7 +96,7 @@ class EquivalenceReport(Report):
     Attributes:
         ok: outputs (and, with ``grads=True``, parameter gradients) agree
             within tolerance.
-        outputs: one :class:`~fxdebug.analysis.compare.Comparison` per output tensor,
+        outputs: one :class:`~fxdebug.equivalence.compare.Comparison` per output tensor,
             number or structure mismatch (``path`` like ``out/1/logits``).
         grads: the same for parameter gradients (``grad/<name>``).
         nodes: every node value compared while localizing, in the
@@ -170,7 +170,7 @@ class EquivalenceReport(Report):
     def table(self, wide: bool | None = None) -> str:
         """The verdict, the output table, the first divergence and the node error table.
 
-        The node tables fit the terminal unless ``wide=True`` (see :mod:`fxdebug.runtime.fit_to_width`).
+        The node tables fit the terminal unless ``wide=True`` (see :mod:`fxdebug.tables.fit_to_width`).
         """
         lines = [f"check_equivalence: {self.reference_name} (reference) vs {self.candidate_name} "
                  f"(candidate), {self.mode} mode, cloned inputs {self.inputs}; training flags "

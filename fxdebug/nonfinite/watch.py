@@ -42,11 +42,11 @@ import torch
 
 from ..errors import FxdebugError, TraceFailure
 from ..runtime import clone_inputs, flatten_tensors
-from ..runtime.report import REPR_LIMIT
+from ..tables.report import REPR_LIMIT
 from ..runtime.torch_compat import compiled_backend, compiled_inner, foreach_copy_, foreach_norm
 from ..frontend import trace
 from .nonfinite import NonfiniteReport, find_nonfinite
-from .rank_group import RankGroup, distributed_ready, unwrap
+from ..distributed.rank_group import RankGroup, distributed_ready, unwrap
 from .watch_modules import replay_by_modules
 from .watch_ranks import RankFlags, RankNonfiniteReport
 from .watch_report import WatchReport
@@ -73,7 +73,7 @@ class NonfiniteWatch:
 
     ``report`` is the report of the first non-finite step (None until then): a
     :class:`~fxdebug.NonfiniteReport`, or under ``torch.distributed`` a
-    :class:`~fxdebug.analysis.watch_ranks.RankNonfiniteReport`; ``steps`` counts the forwards.
+    :class:`~fxdebug.nonfinite.watch_ranks.RankNonfiniteReport`; ``steps`` counts the forwards.
     """
 
     def __init__(self, model: torch.nn.Module, ignore=None, group=None,
@@ -237,7 +237,7 @@ class NonfiniteWatch:
 
         Under ``torch.distributed`` this is a collective (every rank calls it every step):
         the flags of all ranks are all-reduced, every rank returns a
-        :class:`~fxdebug.analysis.watch_ranks.RankNonfiniteReport` on the same step, naming
+        :class:`~fxdebug.nonfinite.watch_ranks.RankNonfiniteReport` on the same step, naming
         the ranks; the ranks that went non-finite replay their own step.
 
         ``loss`` maps the model's output to the scalar the step differentiated

@@ -1,7 +1,7 @@
 """The one shape every fxdebug report has: a verdict, a table, a one-line repr, HTML, a dict.
 
 A report subclasses :class:`Report` and writes three things: :meth:`Report.table`
-(the text a person reads, drawn with :func:`fxdebug.runtime.fit_to_width.fit_table` so it
+(the text a person reads, drawn with :func:`fxdebug.tables.fit_to_width.fit_table` so it
 fits 80 columns), :meth:`Report._size` and :meth:`Report._finding`. Everything
 else comes from here::
 

@@ -1,6 +1,6 @@
 """``RankReport``: what :func:`fxdebug.compare_ranks` found, identical on every rank.
 
-Built from the fingerprints every rank sent (see :mod:`fxdebug.analysis.ranks`)::
+Built from the fingerprints every rank sent (see :mod:`fxdebug.distributed.ranks`)::
 
     RankReport
       ├─ entries           one RankEntry per key, in execution order: status, the ranks
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..runtime.fit_to_width import fit_table, table_width
-from ..runtime.report import Report
+from ..tables.fit_to_width import fit_table, table_width
+from ..tables.report import Report
 from .rank_group import on_ranks, ranks_text
 
 __all__ = ["RankReport", "RankEntry", "DIVERGENT", "STATUS_TEXT"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..runtime.report import Report
+from ..tables.report import Report
 from .nonfinite import NonfiniteReport
 
 __all__ = ["WatchReport"]

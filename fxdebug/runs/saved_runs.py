@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from ..errors import SavedRunError
-from .records import Record, Records
-from .stats import Stats
+from ..runtime.records import Record, Records
+from ..runtime.stats import Stats
 
 __all__ = ["save_records", "load_records", "SavedRecords", "RunFile", "record_entry",
            "run_context", "write_manifest", "manifest_of", "location_of", "run_folders",

@@ -42,10 +42,10 @@ import math
 
 import torch
 
-from ..runtime.fit_to_width import fit_table, table_width
-from ..runtime.report import Report
+from ..tables.fit_to_width import fit_table, table_width
+from ..tables.report import Report
 from .nonfinite import NonfiniteReport
-from .rank_group import RankGroup, on_ranks
+from ..distributed.rank_group import RankGroup, on_ranks
 from .watch_report import WatchReport
 
 __all__ = ["RankFlags", "RankFinding", "RankNonfiniteReport"]

@@ -48,7 +48,7 @@ class Fingerprint:
     ``digest`` is a blake2b hash of the tensor's bytes (of its statistics for a
     stats-mode capture; empty where the value cannot be compared, ``state`` says why);
     ``replica`` names the ranks that must hold equal data (see
-    :func:`fxdebug.analysis.rank_group.local_view`).
+    :func:`fxdebug.distributed.rank_group.local_view`).
     """
 
     key: str
@@ -194,7 +194,7 @@ def compare_ranks(obj, group=None, *, rtol: float | None = None) -> RankReport:
 
     A collective: every rank of ``group`` calls it (with the same kind of object).
     Each rank hashes its tensors and sends the hashes and norms (never the tensors);
-    every rank returns the same :class:`~fxdebug.analysis.ranks_report.RankReport`.
+    every rank returns the same :class:`~fxdebug.distributed.ranks_report.RankReport`.
 
     Args:
         obj: a :class:`fxdebug.Records` (the activations and recorded gradients of one

@@ -43,11 +43,11 @@ from typing import Any
 
 import torch
 
-from ..runtime.fit_to_width import ELLIPSIS, fit_line, fit_table, table_width
+from ..tables.fit_to_width import ELLIPSIS, fit_line, fit_table, table_width
 from ..runtime.records import Record, Records
-from ..runtime.report import Report
-from ..runtime.saved_runs import load_records
-from .compare import compare_tensors, default_tolerances, dtype_text, format_error, shape_text
+from ..tables.report import Report
+from .saved_runs import load_records
+from ..equivalence.compare import compare_tensors, default_tolerances, dtype_text, format_error, shape_text
 from .rounding import (ROUNDING_FACTOR, RoundingCheck, rounding_dtype, rounding_ratio,
                        stats_rounding_ratio)
 

@@ -31,13 +31,13 @@ import torch.fx as fx
 
 from ..errors import FxdebugError
 from ..runtime import Stats, flatten_tensors, outputs_loss, tensor_stats, torch_compat
-from ..runtime.fit_to_width import fit_table, table_width
+from ..tables.fit_to_width import fit_table, table_width
 from ..runtime.formatting import dtype_text, format_location, shape_text
-from ..runtime.report import Report
+from ..tables.report import Report
 from ..frontend import keyed_module
 from ..tracing.keys import META_PASS, META_SOURCE, node_key, op_name
 from ..tracing.selection import matches
-from .controlled_run import ControlledRuns
+from ..equivalence.controlled_run import ControlledRuns
 
 __all__ = ["find_nonfinite", "NonfiniteReport", "ForwardHit", "BackwardHit", "ValueStats"]
 

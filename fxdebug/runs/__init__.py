@@ -1,0 +1,24 @@
+"""Runs on disk and side by side: save, stream while running, load, compare.
+
+::
+
+    save_records(records, path)            saved_runs.py   a manifest.json + one file of bytes
+    load_records(path)                     saved_runs.py   Records again (lazily read)
+    instrument(model, save_to=path)        run_writer.py   every forward written while it runs
+    compare_runs(a, b)                     compare_runs.py key by key, first divergence
+      └─ across dtypes: what rounding can explain        rounding.py
+
+>>> import os, tempfile, torch, fxdebug
+>>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()))
+>>> _ = gm(torch.ones(2))
+>>> path = fxdebug.runs.save_records(fxdebug.records(gm), os.path.join(tempfile.mkdtemp(), "a"))
+>>> fxdebug.runs.compare_runs(path, fxdebug.records(gm)).ok
+True
+"""
+
+from .compare_runs import RunComparison, RunEntry, compare_runs
+from .run_writer import RunWriter
+from .saved_runs import SavedRecords, load_records, save_records
+
+__all__ = ["save_records", "load_records", "SavedRecords", "RunWriter", "compare_runs",
+           "RunComparison", "RunEntry"]
