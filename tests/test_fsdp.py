@@ -23,6 +23,13 @@ from ranks import on_ranks
 D = 8
 
 
+class FunctionalDropout(torch.nn.Module):
+    """Reads ``self.training`` in a traced-through forward: the graph bakes the flag."""
+
+    def forward(self, x):
+        return torch.nn.functional.dropout(x, 0.5, training=self.training)
+
+
 class Block(torch.nn.Module):
     def __init__(self, extra: str = "") -> None:
         super().__init__()
@@ -30,6 +37,7 @@ class Block(torch.nn.Module):
         self.fc1 = torch.nn.Linear(D, 2 * D)
         self.fc2 = torch.nn.Linear(2 * D, D)
         self.extra = (torch.nn.Dropout(0.5) if extra == "dropout" else
+                      FunctionalDropout() if extra == "functional" else
                       torch.nn.BatchNorm1d(2 * D) if extra == "batchnorm" else torch.nn.Identity())
 
     def forward(self, x):
@@ -139,7 +147,7 @@ def test_fsdp2_captures_and_gradients_equal_unsharded_and_plain_fsdp2(world):
 
 def _modes(rank, world):
     found = {}
-    for extra in ("dropout", "batchnorm"):
+    for extra in ("dropout", "functional", "batchnorm"):
         torch.manual_seed(0)
         plain = MLP(extra)
         twin = shard(copy.deepcopy(plain), world)
@@ -163,4 +171,5 @@ def _modes(rank, world):
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_fsdp2_instrumented_in_train_mode_follows_eval(world):
-    assert all(r == {"dropout": True, "batchnorm": True} for r in on_ranks(_modes, world))
+    assert all(r == {"dropout": True, "functional": True, "batchnorm": True}
+               for r in on_ranks(_modes, world))
