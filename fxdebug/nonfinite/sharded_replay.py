@@ -70,12 +70,13 @@ def kept_parameters(module: torch.nn.Module) -> Iterator[None]:
     forward without backward can leave the all-gathered ones registered).
 
     >>> lin = torch.nn.Linear(1, 1)
+    >>> before = lin.weight.detach().clone()
     >>> with kept_parameters(lin):
     ...     with torch.no_grad():
-    ...         lin.weight.add_(1)
+    ...         _ = lin.weight.add_(1)
     ...     lin.weight.grad = torch.ones(1, 1)
-    >>> lin.weight.grad is None
-    True
+    >>> torch.equal(lin.weight, before), lin.weight.grad is None
+    (True, True)
     """
     named = list(module.named_parameters())
     saved = [(p, local(p).detach().clone(),
