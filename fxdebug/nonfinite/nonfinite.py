@@ -11,6 +11,13 @@ Call tree::
       ├─ a forward hit: replay the forward up to that node to read what it received
       └─ a backward hit: run again to count that gradient's non-finite values
 
+    find_nonfinite(model, *inputs, lockstep=True)   every rank of a sharded model at once
+      the same four runs on every rank, whatever each finds (forward + backward,
+      forward to the end past the hit, forward, forward + backward), with exact checks
+      from the start: FSDP2's all-gathers and tensor parallelism's all-reduces are
+      called in the same order everywhere. Values are read as this rank's local tensors
+      (a DTensor's shard): nothing read here runs a collective of its own.
+
 A sum is non-finite whenever a value is, and costs one read of the tensor
 (``isfinite(t).all()`` costs far more on CPU). A sum can also overflow on
 finite values; a hit is therefore always confirmed on the values themselves,
@@ -23,227 +30,24 @@ the run's own activations only, never on parameters.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable
 
 import torch
 import torch.fx as fx
 
 from ..errors import FxdebugError
-from ..runtime import Stats, flatten_tensors, outputs_loss, tensor_stats, torch_compat
-from ..tables.fit_to_width import fit_table, table_width
+from ..runtime import flatten_tensors, outputs_loss, tensor_stats, torch_compat
 from ..runtime.formatting import dtype_text, format_location, shape_text
-from ..tables.report import Report
 from ..frontend import keyed_module
 from ..tracing.keys import META_PASS, META_SOURCE, node_key, op_name
 from ..tracing.selection import matches
 from ..equivalence.controlled_run import ControlledRuns
+from .nonfinite_report import BackwardHit, ForwardHit, NonfiniteReport, ValueStats
+from .sharded_replay import local as _local, sharded_parameter
 
 __all__ = ["find_nonfinite", "NonfiniteReport", "ForwardHit", "BackwardHit", "ValueStats"]
 
 _WATCHED_OPS = ("placeholder", "get_attr", "call_function", "call_method", "call_module")
-
-
-@dataclasses.dataclass(frozen=True)
-class ValueStats:
-    """Statistics of one tensor a node received (an input node's value or a module parameter)."""
-
-    name: str
-    shape: str
-    dtype: str
-    stats: Stats
-
-    @property
-    def finite(self) -> bool:
-        return self.stats.nonfinite == 0
-
-
-@dataclasses.dataclass(frozen=True)
-class ForwardHit:
-    """The first node, in execution order, whose output holds a NaN or an Inf.
-
-    ``inputs`` are the node's inputs as it received them, ``parameters`` the
-    parameters and buffers of the module it calls (``call_module`` nodes).
-    ``created`` is True when all of them were finite: this node made the
-    non-finite values; False when it received them (from a parameter, a
-    buffer, or a value no node of the graph produced). ``kind`` is
-    ``"input"`` when the hit is an input of forward (the data already held
-    NaN/Inf), ``"parameter"``, ``"buffer"`` or ``"attribute"`` for a tensor of
-    the model read as it is, else ``"node"``: then no node created them.
-    """
-
-    key: str
-    op: str
-    source: tuple[str, int] | None
-    shape: str
-    dtype: str
-    nan: int
-    inf: int
-    numel: int
-    inputs: tuple[ValueStats, ...]
-    parameters: tuple[ValueStats, ...]
-    kind: str = "node"
-
-    @property
-    def created(self) -> bool:
-        return self.kind == "node" and all(v.finite for v in self.inputs + self.parameters)
-
-    def came_in(self) -> str:
-        """What held the values before forward ran (``"input x"``), or ``""`` for a node."""
-        return "" if self.kind == "node" else f"{self.kind} {self.key}"
-
-    @property
-    def location(self) -> str:
-        return format_location(self.source)
-
-
-@dataclasses.dataclass(frozen=True)
-class BackwardHit:
-    """The first node, in backward order, whose output's gradient holds a NaN or an Inf.
-
-    ``made_by`` lists the users of that node whose own output gradients were
-    finite: the backward of one of them turned the gradient non-finite (for
-    ``torch.sqrt(relu(x))`` the hit is the relu and ``made_by`` is the sqrt).
-    """
-
-    key: str
-    op: str
-    source: tuple[str, int] | None
-    shape: str
-    nonfinite: int
-    numel: int
-    made_by: tuple[tuple[str, str, str], ...]  # (key, op, location)
-
-    @property
-    def location(self) -> str:
-        return format_location(self.source)
-
-
-@dataclasses.dataclass(repr=False)
-class NonfiniteReport(Report):
-    """What :func:`find_nonfinite` found; ``ok`` when every value and gradient is finite."""
-
-    verdict_words = ("all finite", "NON-FINITE")
-
-    forward: ForwardHit | None
-    backward: BackwardHit | None
-    later_forward: list[str]
-    later_backward: list[str]
-    parameter_grads: list[tuple[str, int, int]]  # (name, non-finite, numel)
-    backward_ran: bool
-    model_name: str
-    inputs: str
-    mode: str
-    loss: str
-    notes: list[str] = dataclasses.field(default_factory=list)
-    creators: list[str] = dataclasses.field(default_factory=list)
-    sources: list[str] = dataclasses.field(default_factory=list)  # inputs, parameters... with NaN/Inf
-
-    @property
-    def ok(self) -> bool:
-        return self.forward is None and self.backward is None and not self.parameter_grads
-
-    def _size(self) -> str:
-        return self.model_name
-
-    def _finding(self) -> str:
-        if self.forward is not None and self.forward.came_in():
-            return f"{self.forward.came_in()} already holds NaN/Inf (no node created them)"
-        if self.forward is not None:
-            return f"first non-finite output at {self.forward.key} ({self.forward.location})"
-        if self.backward is not None:
-            return f"first non-finite gradient at {self.backward.key} ({self.backward.location})"
-        if self.parameter_grads:
-            return f"non-finite parameter gradient {self.parameter_grads[0][0]}"
-        return ""
-
-    def table(self, wide: bool | None = None, floatfmt: str = ".4g") -> str:
-        """The first forward and backward hits, what the forward hit received, what followed."""
-        verdict = "verdict: all finite" if self.ok else "verdict: NON-FINITE values found"
-        return "\n".join(self._lines(wide, floatfmt) + [verdict]
-                         + [f"note: {note}" for note in self.notes])
-
-    def _lines(self, wide: bool | None, floatfmt: str) -> list[str]:
-        """The table's lines above its verdict."""
-        what = f"forward + backward of {self.loss}" if self.backward_ran else "forward only"
-        lines = [f"find_nonfinite: {self.model_name}, inputs {self.inputs}, {self.mode} mode, "
-                 f"{what}"]
-        hit = self.forward
-        if hit is None:
-            lines.append("forward: every node output is finite")
-        elif hit.came_in():
-            lines += _came_in_lines(hit)
-        else:
-            lines.append(f"forward: first non-finite output at {hit.key} ({hit.op}, "
-                         f"{hit.location}): {hit.shape} {hit.dtype}, {hit.nan} NaN and {hit.inf} "
-                         f"Inf of {hit.numel}")
-            lines.append("  it CREATED them: everything it received was finite" if hit.created
-                         else "  it RECEIVED them: a value it read was already non-finite")
-        if hit is not None:
-            received = [("input", v) for v in hit.inputs] + [("parameter", v)
-                                                             for v in hit.parameters]
-            if received:
-                rows = [[kind, v.name, v.shape, v.dtype,
-                         *(format(x, floatfmt) for x in v.stats[:4]), str(v.stats.nonfinite)]
-                        for kind, v in received]
-                width = table_width(wide)
-                body = fit_table(rows, ["", "name", "shape", "dtype", "mean", "std", "min", "max",
-                                        "non-finite"], width=None if width is None else width - 2,
-                                 drop=("std", "mean"), truncate=("name",),
-                                 colalign=("left",) * 4 + ("right",) * 5)
-                lines.extend("  " + line for line in body.splitlines())
-            lines.append(_later("  later nodes with non-finite outputs", self.later_forward))
-            lines.append(_later("  every node that CREATED non-finite values (all it received "
-                                "was finite)", self.creators))
-            if self.sources:
-                lines.append(_later("  non-finite before forward ran (inputs, parameters, "
-                                    "buffers)", self.sources))
-        if self.backward_ran:
-            grad = self.backward
-            if grad is None:
-                lines.append("backward: every activation gradient is finite")
-            else:
-                lines.append(f"backward: first non-finite gradient (backward order) is that of "
-                             f"{grad.key} ({grad.op}, {grad.location}): {grad.shape}, "
-                             f"{grad.nonfinite} non-finite of {grad.numel}")
-                if grad.made_by:
-                    made = ", ".join(f"{key} ({op}, {where})" for key, op, where in grad.made_by)
-                    lines.append(f"  made by the backward of: {made} (their output gradients "
-                                 f"were finite)")
-                lines.append(_later("  later gradients (backward order) non-finite",
-                                    self.later_backward))
-            if self.parameter_grads:
-                lines.append(_later("parameter gradients with non-finite values",
-                                    [f"{name} ({count}/{numel})"
-                                     for name, count, numel in self.parameter_grads]))
-            else:
-                lines.append("parameter gradients: all finite")
-        return lines
-
-
-
-def _came_in_lines(hit: ForwardHit) -> list[str]:
-    """A hit on an input, parameter or buffer: the values were non-finite before forward ran."""
-    counts = f"{hit.nan} NaN and {hit.inf} Inf of {hit.numel} ({hit.shape} {hit.dtype})"
-    if hit.kind == "input":
-        return [f"forward: the input {hit.key} of forward already holds non-finite values: "
-                f"{counts}",
-                f"  no node created them: they came in with the data. Check the batch "
-                f"(torch.isfinite({hit.key}).all()) and the code or data loader that made it; "
-                f"ignore=[{hit.key!r}] if they are there on purpose"]
-    return [f"forward: {hit.kind} {hit.key} of the model already holds non-finite values: "
-            f"{counts}",
-            "  no node created them: it was non-finite before this forward (an optimizer step, "
-            f"a checkpoint load, a write into it); fxdebug.watch_nonfinite(model) names the "
-            f"step that made it so"]
-
-
-def _later(title: str, keys: list[str]) -> str:
-    if not keys:
-        return f"{title}: none"
-    if len(keys) <= 6:
-        return f"{title}: {len(keys)} ({', '.join(keys)})"
-    return f"{title}: {len(keys)} ({', '.join(keys[:3])}, ..., {', '.join(keys[-2:])})"
 
 
 class _Stop(BaseException):
@@ -255,8 +59,9 @@ class _Watch(fx.Interpreter):
 
     def __init__(self, gm: fx.GraphModule, hooks: bool, ignore: list[str],
                  stop_at: fx.Node | None = None, count_grad_of: fx.Node | None = None,
-                 exact: bool = False):
+                 exact: bool = False, finish: bool = False):
         super().__init__(gm)
+        self.finish = finish  # run on past stop_at: a sharded model's collectives must all run
         self.hooks = hooks
         self.check = _all_finite if exact else _sum_finite
         self.ignore = ignore
@@ -264,6 +69,7 @@ class _Watch(fx.Interpreter):
         self.count_grad_of = count_grad_of
         self.finite: list[tuple[fx.Node, torch.Tensor]] = []
         self.grads: list[tuple[fx.Node, torch.Tensor]] = []
+        self.hooked: list[torch.Tensor] = []  # the activations whose gradients are watched
         self.grad_count: tuple[int, tuple[int, ...], int] | None = None
         self.received: tuple[ValueStats, ...] = ()
         self.stop_output: Any = None
@@ -276,25 +82,28 @@ class _Watch(fx.Interpreter):
         if node is self.stop_at:
             self.received = tuple(
                 ValueStats(node_key(arg) + ("" if not sub else f"/{sub}"),
-                           shape_text(t.shape), dtype_text(t.dtype), tensor_stats(t))
+                           shape_text(t.shape), dtype_text(t.dtype), tensor_stats(_local(t)))
                 for arg in node.all_input_nodes
                 for sub, t in flatten_tensors(self.env.get(arg)))
         out = super().run_node(node)
         if node is self.stop_at:
             self.stop_output = out
-            raise _Stop
+            if not self.finish:
+                raise _Stop
         if self._watched(node):
             for _, tensor in flatten_tensors(out):
                 if not (tensor.is_floating_point() or tensor.is_complex()):
                     continue
-                self.finite.append((node, self.check(tensor)))
+                self.finite.append((node, self.check(_local(tensor))))
                 if (self.hooks and tensor.requires_grad and node.op != "get_attr"
                         and (not tensor.is_leaf or node.op == "placeholder")):
                     tensor.register_hook(self._grad_hook(node))
+                    self.hooked.append(tensor)
         return out
 
     def _grad_hook(self, node: fx.Node) -> Callable:
         def hook(grad: torch.Tensor) -> None:
+            grad = _local(grad)
             self.grads.append((node, self.check(grad)))  # a tensor: no sync per gradient
             if node is self.count_grad_of and self.grad_count is None:
                 self.grad_count = (_count_nonfinite(grad), tuple(grad.shape), grad.numel())
@@ -321,21 +130,23 @@ def _describe_inputs(inputs) -> str:
                      else type(t).__name__ for t in inputs) or "none"
 
 
-def _first_bad(flags: list[tuple[fx.Node, torch.Tensor]]) -> tuple[fx.Node | None, list[str]]:
-    """The first node with a False flag, and the keys of later nodes with one (in order)."""
+def _first_bad(flags: list[tuple[fx.Node, torch.Tensor]]
+               ) -> tuple[fx.Node | None, list[str], int]:
+    """The first node with a False flag, the keys of later nodes with one (in order), and
+    the first one's place in ``flags`` (-1: none)."""
     if not flags:
-        return None, []
+        return None, [], -1
     values = torch.stack([flag.to("cpu") for _, flag in flags]).tolist()
-    first = None
+    first, position = None, -1
     later: dict[str, None] = {}
-    for (node, _), ok in zip(flags, values):
+    for index, ((node, _), ok) in enumerate(zip(flags, values)):
         if ok:
             continue
         if first is None:
-            first = node
+            first, position = node, index
         elif node is not first:
             later[node_key(node)] = None
-    return first, list(later)
+    return first, list(later), position
 
 
 def _module_stats(gm: fx.GraphModule, node: fx.Node) -> tuple[ValueStats, ...]:
@@ -343,14 +154,14 @@ def _module_stats(gm: fx.GraphModule, node: fx.Node) -> tuple[ValueStats, ...]:
         return ()
     module = gm.get_submodule(str(node.target))
     named = list(module.named_parameters()) + list(module.named_buffers())
-    return tuple(ValueStats(f"{node.target}.{name}", shape_text(t.shape), dtype_text(t.dtype),
-                            tensor_stats(t))
+    return tuple(ValueStats(f"{node.target}.{name}", shape_text(_local(t).shape),
+                            dtype_text(t.dtype), tensor_stats(_local(t)))
                  for name, t in named if t.is_floating_point() or t.is_complex())
 
 
 def find_nonfinite(model: torch.nn.Module, *inputs, backward: bool = True,
                    loss: Callable[[Any], torch.Tensor] | None = None,
-                   ignore=None) -> NonfiniteReport:
+                   ignore=None, lockstep: bool = False) -> NonfiniteReport:
     """Find the first node whose output holds a NaN or an Inf, and the first non-finite gradient.
 
     One forward and (with ``backward=True``) one backward, run node by node:
@@ -374,6 +185,10 @@ def find_nonfinite(model: torch.nn.Module, *inputs, backward: bool = True,
         loss: ``output -> scalar``; default: the sum of every floating output's sum.
         ignore: keys or globs whose outputs may be non-finite on purpose (an
             attention mask filled with ``-inf``).
+        lockstep: every rank of a sharded model (FSDP2, tensor parallel) calls it
+            at once, each on its own inputs: every rank then runs the same forwards
+            and backwards in the same order, whatever it finds, so the model's
+            collectives match; each rank reports its own (local) values.
 
     Returns:
         :class:`NonfiniteReport`: ``ok``, ``forward``, ``backward``,
@@ -406,12 +221,14 @@ def find_nonfinite(model: torch.nn.Module, *inputs, backward: bool = True,
     mode = "train" if model.training else "eval"
     parameter_grads: list[tuple[str, int, int]] = []
     with ControlledRuns([model, gm], inputs, train=None) as runs:
-        watch = _Watch(gm, hooks=backward, ignore=ignore)
+        watch = _Watch(gm, hooks=backward, ignore=ignore, exact=lockstep)
         backward_ran = runs.run(lambda *args: _run_once(gm, watch, args, backward, loss, notes,
                                                         parameter_grads), grad=backward)
-        forward_hit, later = _forward_search(gm, runs, watch, ignore)
-        creators, sources = _creators(gm, runs, ignore) if forward_hit is not None else ([], [])
-        backward_hit, later_grads = _backward_search(gm, runs, watch, ignore, loss)
+        forward_hit, later = _forward_search(gm, runs, watch, ignore, lockstep)
+        creators, sources = _creators(gm, runs, ignore) if (
+            forward_hit is not None or lockstep) else ([], [])
+        backward_hit, later_grads = _backward_search(gm, runs, watch, ignore, loss,
+                                                     lockstep and backward_ran)
     if forward_hit is not None and backward_ran:
         notes.append("the backward ran through a non-finite forward; fix the forward first")
     return NonfiniteReport(forward=forward_hit, backward=backward_hit, later_forward=later,
@@ -430,6 +247,8 @@ def _run_once(gm: fx.GraphModule, watch: _Watch, args: tuple, backward: bool, lo
         return False
     wrt_named = [(name, p) for name, p in gm.named_parameters() if p.requires_grad]
     wrt_inputs = [t for _, t in flatten_tensors(args) if t.requires_grad]
+    if sharded_parameter(gm):  # FSDP2's graph reads all-gathered copies, not the parameters:
+        wrt_inputs += [t for t in watch.hooked if not t.is_leaf]  # reach every activation
     with torch.enable_grad():
         value = _loss(out, loss)
     if value is None or not value.requires_grad or not (wrt_named or wrt_inputs):
@@ -437,7 +256,11 @@ def _run_once(gm: fx.GraphModule, watch: _Watch, args: tuple, backward: bool, lo
         return False
     found = torch.autograd.grad(value, [p for _, p in wrt_named] + wrt_inputs,
                                 allow_unused=True)
-    named_grads = [(name, grad) for (name, _), grad in zip(wrt_named, found) if grad is not None]
+    named_grads = [(name, _local(grad)) for (name, _), grad in zip(wrt_named, found)
+                   if grad is not None]
+    if wrt_named and not named_grads and sharded_parameter(gm):
+        notes.append("parameter gradients not replayed: the forward read all-gathered copies "
+                     "of the sharded parameters (FSDP2); the watch's flag read the step's own")
     if named_grads:
         screened = torch.stack([_sum_finite(grad) for _, grad in named_grads]).tolist()
         for (name, grad), finite in zip(named_grads, screened):
@@ -447,9 +270,11 @@ def _run_once(gm: fx.GraphModule, watch: _Watch, args: tuple, backward: bool, lo
     return True
 
 
-def _forward_search(gm: fx.GraphModule, runs: ControlledRuns, watch: _Watch,
-                    ignore) -> tuple[ForwardHit | None, list[str]]:
-    first, later = _first_bad(watch.finite)
+def _forward_search(gm: fx.GraphModule, runs: ControlledRuns, watch: _Watch, ignore,
+                    lockstep: bool = False) -> tuple[ForwardHit | None, list[str]]:
+    first, later, _ = _first_bad(watch.finite)
+    if lockstep:  # exact already; the replay's forward runs to the end, hit or not
+        return _replay(gm, runs, first, ignore, finish=True), later
     if first is None:
         return None, []
     hit: ForwardHit | None = _replay(gm, runs, first, ignore)
@@ -457,7 +282,7 @@ def _forward_search(gm: fx.GraphModule, runs: ControlledRuns, watch: _Watch,
         # a sum overflowed on finite values: search again, exactly
         exact = _Watch(gm, hooks=False, ignore=ignore, exact=True)
         runs.run(exact.run)
-        first, later = _first_bad(exact.finite)
+        first, later, _ = _first_bad(exact.finite)
         hit = None if first is None else _replay(gm, runs, first, ignore)
     return hit, later
 
@@ -491,24 +316,27 @@ def _creators(gm: fx.GraphModule, runs: ControlledRuns, ignore) -> tuple[list[st
 
 
 def _backward_search(gm: fx.GraphModule, runs: ControlledRuns, watch: _Watch, ignore,
-                     loss) -> tuple[BackwardHit | None, list[str]]:
-    def count_of(node: fx.Node):
+                     loss, lockstep: bool = False) -> tuple[BackwardHit | None, list[str]]:
+    def count_of(node: fx.Node | None):
         recount = _Watch(gm, hooks=True, ignore=ignore, count_grad_of=node)
         runs.run(lambda *args: _run_once(gm, recount, args, True, loss, [], []), grad=True)
         return recount.grad_count
 
-    node, later = _first_bad(watch.grads)
+    node, later, position = _first_bad(watch.grads)
+    if lockstep:  # exact already; the count's forward and backward run on every rank
+        count = count_of(node)
+        return (None if node is None else _backward_hit(gm, node, watch, count, position)), later
     if node is None:
         return None, []
     count = count_of(node)
     if count is None or count[0] == 0:  # a sum overflowed on finite values: search exactly
         watch = _Watch(gm, hooks=True, ignore=ignore, exact=True)
         runs.run(lambda *args: _run_once(gm, watch, args, True, loss, [], []), grad=True)
-        node, later = _first_bad(watch.grads)
+        node, later, position = _first_bad(watch.grads)
         if node is None:
             return None, []
         count = count_of(node)
-    return _backward_hit(gm, node, watch, count), later
+    return _backward_hit(gm, node, watch, count, position), later
 
 
 def _loss(out: Any, loss) -> torch.Tensor | None:
@@ -523,14 +351,18 @@ def _loss(out: Any, loss) -> torch.Tensor | None:
     return outputs_loss(out)
 
 
-def _replay(gm: fx.GraphModule, runs: ControlledRuns, node: fx.Node, ignore) -> ForwardHit:
-    """Run the forward again up to ``node`` to read what it received and what it made."""
-    watch = _Watch(gm, hooks=False, ignore=ignore, stop_at=node)
+def _replay(gm: fx.GraphModule, runs: ControlledRuns, node: fx.Node | None, ignore,
+            finish: bool = False) -> ForwardHit | None:
+    """Run the forward again up to ``node`` (``finish``: to the end) to read what it
+    received and what it made."""
+    watch = _Watch(gm, hooks=False, ignore=ignore, stop_at=node, finish=finish)
     try:
         runs.run(watch.run)
     except _Stop:
         pass
-    tensors = [t for _, t in flatten_tensors(watch.stop_output)
+    if node is None:
+        return None
+    tensors = [_local(t) for _, t in flatten_tensors(watch.stop_output)
                if t.is_floating_point() or t.is_complex()]
     nan = sum(int(torch.isnan(t).sum()) for t in tensors)
     inf = sum(int(torch.isinf(t).sum()) for t in tensors)
@@ -538,7 +370,8 @@ def _replay(gm: fx.GraphModule, runs: ControlledRuns, node: fx.Node, ignore) -> 
     return ForwardHit(key=node_key(node), op=op_name(node, gm), source=node.meta.get(META_SOURCE),
                       shape=shape_text(first.shape), dtype=dtype_text(first.dtype), nan=nan,
                       inf=inf, numel=sum(t.numel() for t in tensors), inputs=watch.received,
-                      parameters=_module_stats(gm, node), kind=_kind(gm, node))
+                      parameters=_module_stats(gm, node), kind=_kind(gm, node),
+                      position=list(gm.graph.nodes).index(node))
 
 
 def _kind(gm: fx.GraphModule, node: fx.Node) -> str:
@@ -557,12 +390,33 @@ def _kind(gm: fx.GraphModule, node: fx.Node) -> str:
 
 
 def _backward_hit(gm: fx.GraphModule, node: fx.Node, watch: _Watch,
-                  count: tuple[int, tuple[int, ...], int] | None) -> BackwardHit:
+                  count: tuple[int, tuple[int, ...], int] | None,
+                  position: int = -1) -> BackwardHit:
     finite_by_node: dict[fx.Node, bool] = {}
     for seen, flag in watch.grads:
         finite_by_node[seen] = finite_by_node.get(seen, True) and bool(flag)
     made_by = tuple((node_key(user), op_name(user, gm), format_location(user.meta.get(META_SOURCE)))
-                    for user in node.users if finite_by_node.get(user) is True)
+                    for user in _watched_users(node, finite_by_node)
+                    if finite_by_node.get(user) is True)
     bad, shape, numel = count if count is not None else (-1, (), 0)
     return BackwardHit(key=node_key(node), op=op_name(node, gm), source=node.meta.get(META_SOURCE),
-                       shape=shape_text(shape), nonfinite=bad, numel=numel, made_by=made_by)
+                       shape=shape_text(shape), nonfinite=bad, numel=numel, made_by=made_by,
+                       position=position)
+
+
+def _watched_users(node: fx.Node, watched: dict[fx.Node, bool]) -> list[fx.Node]:
+    """The nodes that read ``node``'s value, looking through nodes whose gradients are not
+    watched (the nodes that run a module's hooks, FSDP2's among them), in graph order."""
+    found: dict[fx.Node, None] = {}
+    seen: dict[fx.Node, None] = {}
+    todo = list(node.users)
+    while todo:
+        user = todo.pop(0)
+        if user in seen:
+            continue
+        seen[user] = None
+        if user in watched:
+            found[user] = None
+        else:
+            todo.extend(user.users)
+    return list(found)

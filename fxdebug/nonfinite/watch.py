@@ -33,6 +33,7 @@ gradients are checked each step; a non-finite value that reaches neither
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import math
@@ -48,6 +49,7 @@ from ..frontend import trace
 from .nonfinite import NonfiniteReport, find_nonfinite
 from ..distributed.rank_group import RankGroup, distributed_ready, unwrap
 from .watch_modules import replay_by_modules
+from .sharded_replay import kept_parameters, sharded_parameter
 from .watch_ranks import RankFlags, RankNonfiniteReport
 from .watch_report import WatchReport
 
@@ -173,12 +175,9 @@ class NonfiniteWatch:
         return grads
 
     def sharded_parameter(self) -> str:
-        """The name of a DTensor parameter (FSDP2 shards), or ``""``: such a model's forward
-        runs collectives, so a replay on some ranks only would wait for the others."""
-        for name, p in self.module.named_parameters():
-            if type(p) is not torch.nn.Parameter and hasattr(p, "to_local"):
-                return name
-        return ""
+        """The name of a DTensor parameter (FSDP2 shards, tensor parallel), or ``""``: such
+        a model's forward runs collectives, so every rank replays its step together."""
+        return sharded_parameter(self.module)
 
     def _grad_max(self) -> torch.Tensor | list[torch.Tensor] | None:
         """max|g| over every parameter gradient (exact: no overflow, NaN where one is NaN);
@@ -259,13 +258,17 @@ class NonfiniteWatch:
         self.report = self.replay(loss)
         return self.report
 
-    def replay(self, loss=None) -> WatchReport:
+    def replay(self, loss=None, lockstep: bool = False) -> WatchReport:
         """find_nonfinite on the last step's inputs, from its RNG state and buffers; the
         model's current buffers and RNG state are put back afterwards. A data-parallel
         wrapper's module is replayed (no collective runs), a torch.compile'd model's
         module runs eagerly. When the replay is finite while the step was not, the
         report says NOT REPRODUCED, and for a compiled model holds ``check_compiled``'s
-        report on the step's inputs (``report.compiled``)."""
+        report on the step's inputs (``report.compiled``).
+
+        ``lockstep``: every rank replays at once (a sharded model, whose step runs
+        collectives): the same runs on every rank (``find_nonfinite(lockstep=True)``),
+        each parameter's local values and gradient kept as they were."""
         if self._rng is None:
             raise FxdebugError("NonfiniteWatch.replay() before any step: call watch(inputs) "
                                "(instead of model(inputs)) first.")
@@ -273,7 +276,8 @@ class NonfiniteWatch:
         cpu_state, cuda_states = self._rng
         now_buffers = [b.detach().clone() for b in self.module.buffers()]
         devices = list(range(len(cuda_states)))
-        with torch.random.fork_rng(devices=devices):
+        kept = kept_parameters(self.module) if lockstep else contextlib.nullcontext()
+        with torch.random.fork_rng(devices=devices), kept:
             torch.set_rng_state(cpu_state)
             if cuda_states:
                 torch.cuda.set_rng_state_all(cuda_states)
@@ -284,8 +288,11 @@ class NonfiniteWatch:
                 try:
                     target, positional = _replay_call(self.eager_module, self._args,
                                                       self._kwargs)
-                    report = find_nonfinite(target, *positional, loss=loss, ignore=self.ignore)
+                    report = find_nonfinite(target, *positional, loss=loss, ignore=self.ignore,
+                                            lockstep=lockstep)
                 except TraceFailure as failure:  # untraceable: module by module instead
+                    if lockstep:  # module by module, the ranks' collectives could not match
+                        raise
                     target, positional = self.eager_module, ()
                     report = replay_by_modules(self.eager_module, clone_inputs(self._args),
                                                clone_inputs(self._kwargs), loss,

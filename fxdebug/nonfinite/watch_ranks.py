@@ -21,6 +21,18 @@ Call tree::
                 ├─ RankGroup.gather(RankFinding)    one all_gather_object, that step only
                 └─ RankNonfiniteReport: flagged ranks, the ranks whose own step made the
                    values (their replays found a node), every finding; this rank's replay
+              a sharded model (DTensor parameters: FSDP2, tensor parallel), instead:
+              RankFlags.replay_together(watch, flagged)
+                ├─ OutcomeGroup (sharded_replay.py): a gloo group of the same ranks, made
+                │    once, for the replay's own agreement only
+                ├─ gather: did any flagged rank confirm on its values?  (else: None)
+                ├─ every rank, flagged or not: NonfiniteWatch.replay(lockstep=True), the
+                │    same forwards and backwards in the same order (the model's collectives
+                │    match), or the error that stopped it
+                ├─ gather(RankFinding)
+                └─ settle(findings): the earliest hit made the values (forward before
+                     backward; by place in the graph, or in backward order); a later hit on
+                     another rank received them through a collective of the model
 
 A rank can be flagged without having made the values: DistributedDataParallel
 averages gradients, so one rank's NaN gradient reaches every rank. Its own
@@ -46,6 +58,7 @@ from ..tables.fit_to_width import fit_table, table_width
 from ..tables.report import Report
 from .nonfinite import NonfiniteReport
 from ..distributed.rank_group import RankGroup, on_ranks
+from .sharded_replay import OutcomeGroup
 from .watch_report import WatchReport
 
 __all__ = ["RankFlags", "RankFinding", "RankNonfiniteReport"]
@@ -60,7 +73,11 @@ class RankFinding:
     node); False: its replay was finite, and only its gradients were flagged: they came
     from another rank (``where`` is ``"received"``), or its own outputs were
     (``"not reproduced"``, ``detail`` what its report says), or the replay failed
-    (``where`` is ``"replay failed"``, ``detail`` the error).
+    (``where`` is ``"replay failed"``, ``detail`` the error). In a sharded model's
+    replay every rank has a finding: ``"finite here"`` where its step stayed finite, and
+    ``"received"`` for a rank whose values went non-finite only after another rank's had,
+    through a collective. ``position``: the hit's place in execution order (forward: in
+    the graph; backward: among the gradients, in the order computed), -1 where none.
     """
 
     rank: int
@@ -71,6 +88,7 @@ class RankFinding:
     op: str = ""
     location: str = ""
     detail: str = ""
+    position: int = -1
 
     def describe(self) -> str:
         if self.made_here and self.key:
@@ -84,13 +102,13 @@ def _finding(rank: int, nonfinite_in: str, report: NonfiniteReport,
         hit = report.forward
         made = "created" if hit.created else "received from a parameter or input"
         return RankFinding(rank, nonfinite_in, True, "forward", hit.key, hit.op, hit.location,
-                           f"{made} {hit.nan} NaN, {hit.inf} Inf of {hit.numel}")
+                           f"{made} {hit.nan} NaN, {hit.inf} Inf of {hit.numel}", hit.position)
     if report.backward is not None:
         back = report.backward
         made = ", ".join(f"{key} ({op}, {where})" for key, op, where in back.made_by)
         return RankFinding(rank, nonfinite_in, True, "backward", back.key, back.op, back.location,
                            f"{back.nonfinite} non-finite of {back.numel} in its gradient"
-                           + (f", made by the backward of {made}" if made else ""))
+                           + (f", made by the backward of {made}" if made else ""), back.position)
     if report.parameter_grads:
         name, count, numel = report.parameter_grads[0]
         return RankFinding(rank, nonfinite_in, True, "parameter gradient", name, "parameter",
@@ -117,6 +135,7 @@ class RankFlags:
         self.ranks = ranks
         self._pending: tuple | None = None  # (work, vector) of the outputs' all-reduce
         self.shared_grads = False  # the latest step's gradients were DDP's averages
+        self._outcome: OutcomeGroup | None = None  # a sharded model's replays agree there
 
     def after_forward(self, outputs: torch.Tensor | None, synced: bool) -> None:
         """Start the all-reduce of the outputs' sums when DDP will average the gradients."""
@@ -182,12 +201,9 @@ class RankFlags:
         finding: RankFinding | None = None
         local: WatchReport | None = None
         error: BaseException | None = None
-        sharded = watch.sharded_parameter()
-        if mine is not None and watch._confirmed() and sharded:
-            finding = RankFinding(me, mine, False, "not replayed", detail=(
-                f"{sharded} is a DTensor (FSDP2): replaying the step would run its collectives "
-                f"on the flagged ranks only; find_nonfinite on an unsharded copy names the node"))
-        elif mine is not None and watch._confirmed():
+        if watch.sharded_parameter():
+            return self.replay_together(watch, flagged, loss)
+        if mine is not None and watch._confirmed():
             try:
                 local = watch.replay(loss)
                 if self.shared_grads and "outputs" not in mine and not local.reproduced:
@@ -206,6 +222,103 @@ class RankFlags:
                                    flagged=tuple(f.rank for f in found),
                                    ranks=tuple(f.rank for f in found if f.made_here),
                                    findings=found, local=local, replay_error=error)
+
+
+    def replay_together(self, watch, flagged: list[tuple[int, str]],
+                        loss) -> "RankNonfiniteReport | None":
+        """A sharded model's step: every rank replays it at once, in lockstep (its forward
+        and backward run collectives), even a rank whose own step was finite; the ranks
+        agree on the outcome in a group of their own (:class:`OutcomeGroup`) before going
+        on, so a rank whose replay fails stops none of the others for good."""
+        me = self.ranks.rank
+        mine = dict(flagged).get(me)
+        if self._outcome is None:
+            self._outcome = OutcomeGroup.of(self.ranks.members)
+        if not any(self._outcome.gather(mine is not None and watch._confirmed())):
+            return None  # a sum overflowed on finite values, on every flagged rank
+        local: WatchReport | None = None
+        error: BaseException | None = None
+        try:
+            local = watch.replay(loss, lockstep=True)
+            finding = _finding(me, mine or "", local, shared=True)
+        except Exception as exc:  # the others' collectives time out; they meet us below
+            error = exc
+            finding = RankFinding(me, mine or "", False, "replay failed",
+                                  detail=f"{type(exc).__name__}: {exc}".splitlines()[0])
+        found = settle(self._outcome.gather(finding))
+        made = tuple(f.rank for f in found if f.made_here)
+        notes = []
+        if len(made) > 1 and len({f.key for f in found if f.made_here}) == 1:
+            notes.append(f"{on_ranks(made)} went non-finite at the same node: each made the "
+                         f"values there, or a collective inside that node carried them from one "
+                         f"to the others")
+        if local is not None and next(f for f in found if f.rank == me).where == "received":
+            if not local.reproduced:  # its own step finite: the values came in, as under DDP
+                local.flagged = ""
+            source = on_ranks(made) if made else "another rank"
+            local.notes.append(f"the values were made on {source}; this rank received them "
+                               f"through a collective of the model")
+        return RankNonfiniteReport(step=watch.steps, world=self.ranks.members,
+                                   flagged=tuple(rank for rank, _ in flagged), ranks=made,
+                                   findings=found, local=local, replay_error=error, notes=notes)
+
+
+def settle(findings: list[RankFinding]) -> list[RankFinding]:
+    """Which rank made the values, from every rank's lockstep replay of one step.
+
+    Every rank ran the same graph in the same order, and values cross ranks only
+    through the model's collectives, after the node that made them: the earliest hit
+    (forward before backward, then by ``position``) is where they were made; a later
+    hit on another rank received them. A rank whose replay was finite says ``"finite
+    here"`` (not flagged) or ``"received"`` (its gradient shard was flagged).
+
+    >>> made = RankFinding(1, "outputs", True, "forward", "log", "torch.log", "n.py:3",
+    ...                    position=4)
+    >>> later = RankFinding(0, "outputs", True, "forward", "fc2", "Linear", "n.py:4",
+    ...                     position=6)
+    >>> [(f.rank, f.made_here, f.where) for f in settle([later, made])]
+    [(0, False, 'received'), (1, True, 'forward')]
+    """
+    hits: list[RankFinding] = []
+    for where in ("forward", "backward", "parameter gradient"):
+        hits = [f for f in findings if f.made_here and f.where == where]
+        if hits:
+            break
+    first = min((f.position for f in hits), default=-1)
+    makers = [f for f in hits if f.position == first]
+    by = (f"{on_ranks([f.rank for f in makers])} made them at {makers[0].where} "
+          f"{makers[0].key} ({makers[0].location})") if makers else ""
+    failed = [f for f in findings if f.where == "replay failed" and not _timed_out(f.detail)]
+    settled = []
+    for f in findings:
+        if f in makers:
+            settled.append(f)
+        elif f.made_here:
+            settled.append(dataclasses.replace(
+                f, made_here=False, where="received", detail=(
+                    f"its first non-finite value, at {f.where} {f.key} ({f.location}), came "
+                    f"after {by}: through a collective of the model")))
+        elif f.where == "replay failed":
+            settled.append(f if not failed or f in failed else dataclasses.replace(
+                f, detail=f"{f.detail} (a collective of the replay waited for "
+                          f"{on_ranks([g.rank for g in failed])}, whose replay stopped)"))
+        elif not f.nonfinite_in:
+            settled.append(dataclasses.replace(f, where="finite here",
+                                               detail="its own step replayed is finite"))
+        elif makers:
+            settled.append(dataclasses.replace(f, where="received", detail=(
+                f"its own step replayed is finite; {by}, and a collective of the model "
+                f"(FSDP2's reduce-scatter, an all-reduce) brought them here")))
+        else:
+            settled.append(f)
+    return settled
+
+
+def _timed_out(detail: str) -> bool:
+    """Whether a replay's error is a collective that waited too long (for a rank that
+    had stopped)."""
+    text = detail.lower()
+    return "timed out" in text or "timeout" in text
 
 
 @dataclasses.dataclass(repr=False)
