@@ -245,3 +245,29 @@ def test_compare_ranks_names_the_layernorm_weight_out_of_sync_on_one_tp_rank(wor
         if kind == "colrow":
             assert status["blocks.1.fc2"] == ("equal", tuple(range(world)))
             assert status["blocks.1.norm"][0] == "one copy"
+
+
+def _pipelined(rank, world):
+    from torch.distributed.pipelining import SplitPoint, pipeline
+    torch.manual_seed(0)
+    model = Net()
+    x = full_input()
+    pipe = pipeline(model, mb_args=(x,), split_spec={"blocks.1": SplitPoint.BEGINNING})
+    stage = pipe.build_stage(rank, torch.device("cpu"))
+    messages = []
+    for obj in (pipe, stage):
+        for call in (fxdebug.instrument, fxdebug.trace):
+            with pytest.raises(fxdebug.FxdebugError) as info:
+                call(obj)
+            messages.append(str(info.value))
+    # what the message says works: the stage's own module, instrumented
+    gm = fxdebug.instrument(pipe.get_stage_module(rank))
+    return messages, type(gm).__name__
+
+
+def test_pipeline_parallelism_stops_with_an_error_that_says_what_works():
+    for messages, instrumented in on_ranks(_pipelined, 2):
+        assert len(messages) == 4 and instrumented
+        for message in messages:
+            assert "pipeline parallelism" in message and "get_stage_module" in message
+        assert messages[0].startswith("fxdebug.instrument: Pipe is pipeline parallelism")

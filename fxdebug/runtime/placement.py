@@ -27,7 +27,7 @@ tensor-parallel model is "local, placement unknown", never guessed::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -197,8 +197,9 @@ def local_value(tensor: torch.Tensor) -> torch.Tensor:
     >>> local_value(torch.ones(2)).shape
     torch.Size([2])
     """
-    return tensor.to_local() if type(tensor) is not torch.Tensor and \
-        dtensor_placement(tensor) is not None else tensor
+    if type(tensor) is not torch.Tensor and dtensor_placement(tensor) is not None:
+        return cast(Any, tensor).to_local()
+    return tensor
 
 
 def _torch_placement(text: str):
@@ -215,7 +216,7 @@ def full_value(key: str, value: torch.Tensor, placement: Placement | None) -> to
     if placement is None:
         return value
     if not placement.local:
-        return value.full_tensor()
+        return cast(Any, value).full_tensor()
     if not placement.known or placement.mesh is None:
         why = placement.source if not placement.known else "its mesh was not kept (a copy?)"
         raise FxdebugError(

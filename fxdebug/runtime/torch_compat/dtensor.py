@@ -60,6 +60,9 @@ def _cells(fn) -> dict:
 
 
 def _style_partial(hook, cell: str) -> tuple[str, functools.partial, object] | None:
+    """``(style class name, the partial, the mesh)`` held by a distribute_module hook's closure
+    cell ``cell`` (``output_fn`` / ``input_fn``) and ``device_mesh``; the partial's function a
+    style's ``_prepare_*`` (torch 2.9.1 and 2.14.1); None otherwise."""
     cells = _cells(hook)
     fn, mesh = cells.get(cell), cells.get("device_mesh")
     if not isinstance(fn, functools.partial) or mesh is None:
@@ -69,6 +72,7 @@ def _style_partial(hook, cell: str) -> tuple[str, functools.partial, object] | N
 
 
 def _hooks(module: torch.nn.Module, name: str) -> list:
+    """The hooks of the registry ``name`` of ``module`` in order (torch 2.9.1 and 2.14.1)."""
     registry = getattr(module, name, None)  # module._forward_hooks: an OrderedDict (2.9-2.14)
     return list(registry.values()) if isinstance(registry, dict) else []
 
@@ -76,6 +80,7 @@ def _hooks(module: torch.nn.Module, name: str) -> list:
 def parallel_output_layout(module: torch.nn.Module) -> ParallelLayout | None:
     """The layout ColwiseParallel / RowwiseParallel / SequenceParallel gives ``module``'s output,
     or None (not such a module, another forward hook runs after it, or torch changed the hook).
+    Reads ``module._forward_hooks`` / ``_forward_pre_hooks`` (torch 2.9.1 and 2.14.1).
 
     >>> parallel_output_layout(torch.nn.Linear(2, 2)) is None
     True
