@@ -36,8 +36,8 @@ __all__ = ["Records", "Record", "Stats", "tensor_stats"]
 RECORD_DROP = ("zeros %", "dtype", "std", "op", "min", "max", "grad non-finite", "mean")
 RECORD_SHORT = {"placement": "place", "non-finite": "nonfin", "grad non-finite": "g nonfin", "grad norm": "g norm",
                 "zeros %": "0 %"}
-PLACEMENT_NOTE = ("placement: S(d)@mesh dim = sharded along dim d (shape and statistics are this "
-                  "rank's piece), R = replicated, P = a pending sum, local? = a local tensor "
+PLACEMENT_NOTE = ("placement: S(d)@mesh dim = sharded along dim d (statistics are this rank's "
+                  "piece; shape too, unless a DTensor), R = replicated, P = a pending sum, local? = a local tensor "
                   "whose placement is unknown; rec.full(key) assembles the full value (every "
                   "rank calls it)")
 
