@@ -20,6 +20,7 @@ import torch.fx as fx
 from .errors import EagerFallbackWarning, TraceFailure
 from .runtime.torch_compat import compiled_inner
 from .tracing.export import export_trace
+from .tracing.pipelining import refuse_pipelining
 from .tracing.fx_tracer import trace_fx
 from .tracing.graph_module import keyed_copy
 from .tracing.keys import META_KEY
@@ -96,6 +97,7 @@ def trace(model: torch.nn.Module, *example_inputs: object, leaf_modules: Iterabl
         >>> [n.meta["fxdebug_key"] for n in gm.graph.nodes][5:9]
         ['layer1.0.conv1', 'layer1.0.bn1', 'layer1.0.relu', 'layer1.0.conv2']
     """
+    refuse_pipelining(model, "fxdebug.trace")
     with model_transaction(model, "fxdebug.trace"):  # a failure leaves the model as it was
         return _trace(model, example_inputs, leaf_modules, concrete_args, auto_leaf, frontend)
 

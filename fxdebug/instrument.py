@@ -44,6 +44,7 @@ from .frontend import trace, unwrap_compiled
 from .tracing.fx_tracer import trace_fx
 from .tracing.graph_module import DebugGraphModule
 from .tracing.modes import follow_modes
+from .tracing.pipelining import refuse_pipelining
 from .tracing.keys import META_SOURCE
 from .runtime.formatting import format_location
 from .tracing.selection import candidates
@@ -108,6 +109,7 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
         >>> rec["layer1.0"].shape
         torch.Size([1, 64, 16, 16])
     """
+    refuse_pipelining(model, "fxdebug.instrument")
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fxdebug.instrument expects an nn.Module or a GraphModule, "
                         f"got {type(model).__name__}.")

@@ -33,6 +33,7 @@ import torch
 
 from ..errors import FxdebugError
 from ..runtime import Records
+from ..runtime.placement import UNKNOWN_PLACEMENT
 from ..runtime.formatting import dtype_text, format_location, shape_text
 from ..tracing.locations import user_location
 from .rank_group import RankGroup, local_view, on_ranks, unwrap
@@ -108,8 +109,14 @@ class _Builder:
         self.rows: list[dict[str, Any]] = []
         self.pending: list[tuple[int, torch.Tensor]] = []
 
-    def tensor(self, key: str, kind: str, tensor: torch.Tensor, state: str = "") -> None:
+    def tensor(self, key: str, kind: str, tensor: torch.Tensor, state: str = "",
+               placed=None) -> None:
         local, replica, placement = local_view(tensor)
+        if placed is not None and placed.local:  # a TP model's plain tensor: its Record knows
+            found = placed.replica_class()
+            # unknown: a class of its own on every rank, so never compared
+            replica = found if found is not None else (("rank", torch.distributed.get_rank()),)
+            placement = placed.text
         self.pending.append((len(self.rows), _numbers(local)))
         self.rows.append(dict(key=key, kind=kind, shape=tuple(tensor.shape),
                               dtype=dtype_text(tensor.dtype), digest=_digest(local),
@@ -161,7 +168,7 @@ def fingerprints(obj) -> tuple[str, tuple[Fingerprint, ...], tuple[str, ...]]:
                 elif record.value is None:
                     builder.stats(key, kind, record)
                 else:
-                    builder.tensor(key, kind, record.value)
+                    builder.tensor(key, kind, record.value, placed=record.placement)
         what = f"Records: {len(obj)} captures" + (f", {len(grads)} gradients" if len(grads) else "")
         return what, builder.finish(), tuple(notes)
     module, wrapper = unwrap(obj)
@@ -344,6 +351,9 @@ def _entry(key: str, kind: str, fps: list[Fingerprint | None], world: tuple[int,
                 found.append((status, group, best, detail, tie))
                 if status != "close":
                     differ += group
+    if not majority and first.placement == UNKNOWN_PLACEMENT and len(world) > 1:
+        return make("one copy", (), (), "a local tensor whose placement is unknown (tensor "
+                                        "parallelism): not compared")
     if not majority:
         return make("equal" if len(world) == 1 else "one copy", (), (),
                     "" if len(world) == 1 else f"sharded ({first.placement}): each element on "

@@ -98,4 +98,18 @@ class Capture(Pass):
             return runtime.capture, ({"clone": True} if clone else {})
 
         insert_per_target(gm, recorder, targets, self.name, "capture", "capture", call)
+        _note_layouts(gm, targets)
         return True
+
+
+def _note_layouts(gm: fx.GraphModule, targets) -> None:
+    """On a tensor-parallel model, tell the recorder each capture's module output layout."""
+    module_of = {}
+    for target in targets:
+        node = target.anchor if target.anchor in target.nodes else target.nodes[-1]
+        module_of[target.key] = (node.target if node.op == "call_module"
+                                 and isinstance(node.target, str) else None)
+    layouts = runtime.plan_layouts(gm, module_of)
+    if layouts is not None:
+        recorder = getattr(gm, RECORDER_ATTR)
+        recorder.layouts = {**(getattr(recorder, "layouts", None) or {}), **layouts}

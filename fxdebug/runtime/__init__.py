@@ -48,12 +48,14 @@ from .eager_ops import (EAGER_MODULE, EAGER_OP, REGIONS_ATTR, EagerKeys, EagerSc
                         RegionForwards)
 from .module_hooks import ROOT_HOOKS_ATTR, HookedRoot, forward_hooks, forward_pre_hooks
 from .parts import PartRecorder, SharedRecorder, begin_part
+from .placement import Placement, plan_layouts
 from .records import Record, Records
 from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
 from .values import (children, clone_inputs, flatten_tensors, leaves, map_leaves, map_tensors,
                      named_leaves, outputs_loss)
 
-__all__ = ["Recorder", "RECORDER_ATTR", "Records", "Record", "Stats", "tensor_stats",
+__all__ = ["Recorder", "RECORDER_ATTR", "Records", "Record", "Stats", "tensor_stats", "Placement",
+           "plan_layouts",
            "summarize", "combine", "stats_from_summary", "stats_from_summaries",
            "begin_run", "capture", "capture_stats", "record_grads", "GradEdit", "edit_grads",
            "own_value", "edited_parameter", "call_with_parameters", "PASSES_THROUGH",

@@ -101,6 +101,7 @@ def start_run(recorder) -> None:
         recorder.latest = Records(grads_recorded=getattr(recorder, "records_grads", None))
         recorder.latest.notes.extend(getattr(recorder, "notes", ()))
         recorder.latest.step = getattr(recorder, "step", None)  # fxdebug.set_step
+    recorder.latest.layouts = getattr(recorder, "layouts", None)  # tensor parallelism
 
 
 def _begin_run(token: torch.Tensor, recorder: int) -> None:

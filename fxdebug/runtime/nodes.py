@@ -58,6 +58,9 @@ class Recorder(torch.nn.Module):
         super().__init__()
         self.notes: list[str] = []  # what the passes want every run's Records to say
         self.records_grads = False  # set by the GradHooks pass: Records.grads explains its absence
+        # set by the Capture pass on a tensor-parallel model: capture key -> its module's
+        # output layout (fxdebug.runtime.placement.plan_layouts); None: no tensor parallelism
+        self.layouts: dict | None = None
         self._per_thread = threading.local()
         self._started_last = Records(grads_recorded=False)
         register_recorder(self)  # the id compiled code finds it by (fxdebug_compiled_id)
@@ -88,6 +91,7 @@ class Recorder(torch.nn.Module):
     def __setstate__(self, state) -> None:
         state = dict(state)
         state.setdefault("records_grads", False)
+        state.setdefault("layouts", None)
         if "_started_last" not in state:  # pickled by an fxdebug that kept one Records
             state["_started_last"] = Records()
         state.pop("latest", None)

@@ -22,6 +22,7 @@ import torch
 from ..errors import FxdebugError, StaleCaptureError
 from ..tables.fit_to_width import fit_table, table_width
 from .formatting import dtype_text, shape_text
+from .placement import Placement, dtensor_placement, full_value, local_value, planned_placement
 from .records_html import records_table_html
 from . import torch_compat
 from ..tables.report import Report
@@ -33,8 +34,12 @@ __all__ = ["Records", "Record", "Stats", "tensor_stats"]
 
 # Columns of Records.table a narrow terminal gives up first, and short header names.
 RECORD_DROP = ("zeros %", "dtype", "std", "op", "min", "max", "grad non-finite", "mean")
-RECORD_SHORT = {"non-finite": "nonfin", "grad non-finite": "g nonfin", "grad norm": "g norm",
+RECORD_SHORT = {"placement": "place", "non-finite": "nonfin", "grad non-finite": "g nonfin", "grad norm": "g norm",
                 "zeros %": "0 %"}
+PLACEMENT_NOTE = ("placement: S(d)@mesh dim = sharded along dim d (statistics are this rank's "
+                  "piece; shape too, unless a DTensor), R = replicated, P = a pending sum, local? = a local tensor "
+                  "whose placement is unknown; rec.full(key) assembles the full value (every "
+                  "rank calls it)")
 
 
 @dataclasses.dataclass
@@ -48,6 +53,10 @@ class Record:
     writes to it) or a view of the model's own activation. A view whose
     tensor was written in place after the capture (``stale``) is never shown
     as the captured value: ``rec[key]`` raises :class:`~fxdebug.errors.StaleCaptureError`.
+    ``placement`` (a :class:`~fxdebug.runtime.placement.Placement`) is where the value sits on
+    a device mesh under tensor or sequence parallelism (``None`` for a tensor no mesh shards):
+    a DTensor's exact placements, or for a plain local tensor the placement its
+    ParallelStyle gives it, or "local, placement unknown".
     ``via`` says how it was captured: ``"graph"`` (a capture node), ``"eager module"`` (the output
     of a module call that ran eagerly) or ``"eager op"`` (a torch function or
     tensor method inside code that ran eagerly).
@@ -63,6 +72,7 @@ class Record:
     via: str = "graph"
     summary: torch.Tensor | None = None
     version: int | None = None
+    placement: Placement | None = None
 
     @property
     def stale(self) -> bool:
@@ -90,6 +100,8 @@ class Record:
         shape = shape_text(self.shape)
         dtype = dtype_text(self.dtype)
         copied = ", copied" if self.copied else ""
+        if self.placement is not None:
+            copied += f", {self.placement.describe()}"
         return (f"Record({self.key!r}, {self.op}, {shape} {dtype}{copied}, mean={stats.mean:.4g} "
                 f"std={stats.std:.4g} min={stats.min:.4g} max={stats.max:.4g} "
                 f"non-finite={stats.nonfinite})")
@@ -99,17 +111,23 @@ class Record:
         if self._stats is None:
             if self.summary is not None:
                 self._stats = stats_from_summary(self.summary)
-            elif self.value is not None:
-                self._stats = tensor_stats(self.value)
+            elif self.value is not None:  # of this rank's piece where the value is sharded
+                self._stats = tensor_stats(self._local(self.value))
             else:
                 raise FxdebugError(f"the capture of {self.key!r} holds neither its tensor nor its "
                                    f"statistics (a Record built by hand?): pass value= or "
                                    f"summary=.")
         return self._stats
 
+    def _local(self, value: torch.Tensor) -> torch.Tensor:
+        return value if self.placement is None else local_value(value)
+
     @property
     def nbytes(self) -> int:
-        return 0 if self.value is None else self.value.numel() * self.value.element_size()
+        if self.value is None:
+            return 0
+        local = self._local(self.value)
+        return local.numel() * local.element_size()
 
 
 class Records(Report):
@@ -140,6 +158,9 @@ class Records(Report):
         # file:line of each key's code (set by fxdebug.records(gm), kept by saved runs)
         self.locations: dict[str, str] = {}
         self.step = None  # what fxdebug.set_step tagged the run with
+        # tensor parallelism: key -> its module's output layout, or why none is known (see
+        # fxdebug.runtime.placement.plan_layouts); None for a model without it
+        self.layouts: dict[str, Any] | None = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -184,18 +205,26 @@ class Records(Report):
         version counter.
         """
         tensors = flatten_tensors(value, key, self.notes)
+        layouts = self.layouts
         for name, tensor in tensors:
+            placement = None
+            if type(tensor) is not torch.Tensor:  # a subclass: a DTensor knows its placement
+                placement = dtensor_placement(tensor)
+            if placement is None and layouts is not None:  # a plain tensor of a TP model
+                placement = planned_placement(layouts.get(key) if name == key else None, tensor)
             if stats_only:
-                summary = self._summary(tensor) if reuse else summarize(tensor)
+                local = tensor if placement is None else local_value(tensor)
+                summary = self._summary(local) if reuse else summarize(local)
                 old = self._records.get(name) if self.accumulating else None
                 if old is not None and old.summary is not None:
                     summary = combine(old.summary, summary)
                 record = Record(name, op, tuple(tensor.shape), tensor.dtype, None, False,
-                                summary=summary, via=via)
+                                summary=summary, via=via, placement=placement)
             else:
                 kept = tensor.detach().clone() if clone else tensor.detach()
                 record = Record(name, op, tuple(tensor.shape), tensor.dtype, kept, clone,
-                                version=None if clone else _version_of(tensor), via=via)
+                                version=None if clone else _version_of(tensor), via=via,
+                                placement=placement)
             self._records.pop(name, None)
             self._records[name] = record
 
@@ -236,6 +265,25 @@ class Records(Report):
                 f"writes a leaf module (fxdebug.trace(model, leaf_modules=[...])): captures of "
                 f"what a leaf module receives are copies.", key=key)
         return record.stats if record.value is None else record.value
+
+    def full(self, key: str) -> torch.Tensor:
+        """The full value of the capture under ``key``, however it is sharded: a collective
+        every rank of its mesh calls (a shard is gathered, a pending sum ``Partial`` reduced).
+        A capture no mesh shards is returned as it is; a local tensor whose placement is
+        unknown raises, saying why.
+
+        >>> import torch, fxdebug
+        >>> gm = fxdebug.instrument(torch.nn.Linear(2, 1))
+        >>> _ = gm(torch.ones(1, 2))
+        >>> torch.equal(fxdebug.records(gm).full("output"), fxdebug.records(gm)["output"])
+        True
+        """
+        record = self.record(key)
+        value = self[key]
+        if not isinstance(value, torch.Tensor):
+            raise FxdebugError(f"records.full({key!r}): the capture holds statistics only "
+                               f"(mode='stats'); instrument with mode='tensor' to assemble it.")
+        return full_value(key, value, record.placement)
 
     def record(self, key: str) -> Record:
         """The :class:`Record` (value, shape, dtype, stats) stored under ``key``."""
@@ -308,6 +356,7 @@ class Records(Report):
             grads._read_stats()
         rows = []
         stale = []
+        placed = any(r.placement is not None for r in self._records.values())
         for record in self._records.values():
             if record.stale:
                 stale.append(record.key)
@@ -319,6 +368,8 @@ class Records(Report):
                        dtype_text(record.dtype),
                        *(format(value, floatfmt) for value in stats[:4]),
                        format(stats.zeros_pct, ".1f"), str(stats.nonfinite)]
+            if placed:  # after dtype: "S(1)@tp", "R", "P@tp", "local?" (see runtime.placement)
+                row.insert(4, "" if record.placement is None else record.placement.text)
             if grads is not None:
                 grad = grads._records.get(record.key)
                 row += (["-", "-"] if grad is None else
@@ -326,11 +377,13 @@ class Records(Report):
             rows.append(row)
         headers = ["key", "op", "shape", "dtype", "mean", "std", "min", "max", "zeros %",
                    "non-finite"]
+        if placed:
+            headers.insert(4, "placement")
         if grads is not None:
             headers += ["grad norm", "grad non-finite"]
         text = fit_table(rows, headers, width=table_width(wide), drop=RECORD_DROP,
                          truncate=("key", "op"), short=RECORD_SHORT,
-                         colalign=("left",) * 4 + ("right",) * (len(headers) - 4))
+                         colalign=("left",) * (4 + placed) + ("right",) * (len(headers) - 4 - placed))
         copied = sum(r.nbytes for r in self._records.values() if r.copied)
         lines = [text, f"{len(self._records)} tensors captured, {_human_bytes(self.nbytes)} held "
                        f"({_human_bytes(copied)} in copies)"]
@@ -351,6 +404,8 @@ class Records(Report):
                 truncate=("parameter",), short=RECORD_SHORT,
                 colalign=("left", "left", "right", "right")))
         lines.extend(f"note: {note}" for note in self.notes)
+        if placed:
+            lines.append(PLACEMENT_NOTE)
         if stale:
             lines.append(f"stale (written in place after capture, not shown): {', '.join(stale)}")
         return "\n".join(lines)
@@ -370,6 +425,8 @@ class Records(Report):
         for record in self._records.values():
             entry: dict[str, Any] = {"op": record.op, "shape": list(record.shape),
                                      "dtype": str(record.dtype).replace("torch.", "")}
+            if record.placement is not None:
+                entry["placement"] = record.placement.text
             if record.stale:
                 entry["stale"] = True
             else:

@@ -12,6 +12,7 @@ package never touches one: it calls the functions of this package, by topic::
       ├─ export_nodes.py      grad-mode and autocast nodes, torch.export's guard call
       ├─ module_internals.py  nn.Module: parameter/buffer/child registries, hooks, dropout
       ├─ autograd.py          version counters, a grad_fn's saved tensors and their hooks
+      ├─ dtensor.py           tensor parallelism: the layout a ParallelStyle hook gives
       ├─ ops.py               torch.ops overloads, dispatch mode, _foreach kernels, tolerances
       └─ dynamo.py            torch.compile: wrapped module, backends, inductor, graph breaks
 
@@ -35,6 +36,8 @@ require_torch(MINIMUM_TORCH, "fxdebug")  # before any private name below can fai
 
 from .autograd import (saved_tensor_has_unpack_hooks, saved_tensor_names,  # noqa: E402
                        tensor_version)
+from .dtensor import (ParallelLayout, distribute_module_applied,  # noqa: E402
+                      parallel_output_layout)
 from .dynamo import (compiled_backend, compiled_inner, dynamo_frame_id,  # noqa: E402
                      graph_break_reason, inductor_backend, load_inductor, lookup_backend)
 from .export_nodes import (AUTOCAST_NODE_FUNCTIONS, ENTER_AUTOCAST, EXIT_AUTOCAST,  # noqa: E402
@@ -60,6 +63,8 @@ __all__ = [
     "MINIMUM_TORCH", "require_torch", "torch_version",
     # autograd
     "saved_tensor_has_unpack_hooks", "saved_tensor_names", "tensor_version",
+    # dtensor
+    "ParallelLayout", "distribute_module_applied", "parallel_output_layout",
     # dynamo
     "compiled_backend", "compiled_inner", "dynamo_frame_id", "graph_break_reason", "inductor_backend",
     "load_inductor", "lookup_backend",

@@ -1,0 +1,243 @@
+"""Where a capture of a sharded model sits on its device mesh, and its full value.
+
+Under tensor or sequence parallelism a module's output is a ``DTensor`` (its placements
+and mesh are exact) or, where the ParallelStyle was given ``use_local_output=True``, a plain
+tensor holding this rank's piece. For those the style's own forward hook says what the piece
+is (:func:`fxdebug.runtime.torch_compat.parallel_output_layout`): ColwiseParallel hands on
+``Shard(-1)`` (its ``output_layouts``), RowwiseParallel ``Replicate()`` after its
+all-reduce, SequenceParallel ``Shard(sequence_dim)``. Any other plain capture of a
+tensor-parallel model is "local, placement unknown", never guessed::
+
+    Capture pass      plan_layouts(gm, keys)   key -> the layout of a ParallelStyle module's
+                                               output, or why none is known; None for a model
+                                               without tensor parallelism (zero cost)
+    Records.add       dtensor_placement(t)     a DTensor: its placements (only for tensors
+                                               that are not plain torch.Tensor)
+                      planned_placement(...)   a plain tensor of a tensor-parallel model
+    Records.full      full_value(...)          a collective: the DTensor's full_tensor(),
+                                               a local piece assembled on its mesh
+
+>>> Placement(("S(1)",), (("tp", 2),), None, True, "ColwiseParallel(use_local_output=True)",
+...           (0,)).text
+'S(1)@tp'
+>>> Placement((), (), None, True, "no ParallelStyle output", ()).text
+'local?'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, cast
+
+import torch
+
+from ..errors import FxdebugError
+from . import torch_compat
+
+__all__ = ["Placement", "dtensor_placement", "planned_placement", "plan_layouts", "local_value",
+           "full_value", "UNKNOWN_PLACEMENT"]
+
+UNKNOWN_PLACEMENT = "local?"
+
+
+@dataclasses.dataclass
+class Placement:
+    """A capture's place on a device mesh.
+
+    ``placements``: per mesh dim, ``"S(d)"`` (sharded along tensor dim ``d``), ``"R"``
+    (replicated) or ``"P"`` (a pending sum; ``"P(max)"`` for another reduction); empty when
+    not known. ``mesh_dims``: ``(name, size)`` per mesh dim (name ``""`` where the mesh has
+    none). ``global_shape``: the full tensor's shape (None where a local piece's is not known
+    before :meth:`Records.full` gathers it). ``local``: the value held is this rank's plain
+    tensor, not a DTensor. ``source``: ``"DTensor"``, the ParallelStyle that produced it, or
+    why the placement is unknown. ``coordinate``: this rank's coordinate on the mesh.
+    ``known``: False for "local, placement unknown". ``mesh`` (the DeviceMesh, for
+    :meth:`Records.full`) is not pickled.
+    """
+
+    placements: tuple[str, ...]
+    mesh_dims: tuple[tuple[str, int], ...]
+    global_shape: tuple[int, ...] | None
+    local: bool
+    source: str
+    coordinate: tuple[int, ...]
+    mesh: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def known(self) -> bool:
+        return bool(self.placements)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether ranks of the mesh hold different data (a shard or a pending sum)."""
+        return not self.known or any(p != "R" for p in self.placements)
+
+    @property
+    def text(self) -> str:
+        """Compact: ``"S(1)@tp"``, ``"R"``, ``"P@tp"``, ``"S(0)@dp,S(1)@tp"``, ``"local?"``."""
+        if not self.known:
+            return UNKNOWN_PLACEMENT
+        parts = [f"{p}@{name or f'dim{i}'}" for i, (p, (name, _)) in
+                 enumerate(zip(self.placements, self.mesh_dims)) if p != "R"]
+        return ",".join(parts) or "R"
+
+    def describe(self) -> str:
+        """One phrase for a Record's repr."""
+        if not self.known:
+            return f"local, placement unknown ({self.source})"
+        mesh = "x".join(f"{name or f'dim{i}'}={size}" for i, (name, size) in
+                        enumerate(self.mesh_dims))
+        shape = "" if self.global_shape is None else " of " + "x".join(map(str, self.global_shape))
+        return f"{'local ' if self.local else ''}{self.text}{shape} on mesh {mesh}"
+
+    def replica_class(self) -> tuple | None:
+        """The mesh coordinates along which copies differ: ranks with equal classes must hold
+        equal data (None: unknown, nothing to compare)."""
+        if not self.known:
+            return None
+        return tuple((dim, self.coordinate[dim]) for dim, p in enumerate(self.placements)
+                     if p != "R" and dim < len(self.coordinate))
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["mesh"] = None  # a DeviceMesh belongs to this process's groups
+        return state
+
+
+def _placement_text(placement, ndim: int) -> str | None:
+    if placement.is_shard():
+        dim = placement.dim
+        return f"S({dim + ndim if dim < 0 else dim})"
+    if placement.is_replicate():
+        return "R"
+    if placement.is_partial():
+        op = getattr(placement, "reduce_op", "sum")
+        return "P" if op == "sum" else f"P({op})"
+    return None
+
+
+def _mesh_facts(mesh) -> tuple[tuple[tuple[str, int], ...], tuple[int, ...]]:
+    names = getattr(mesh, "mesh_dim_names", None) or ("",) * mesh.ndim
+    return (tuple((str(name), int(size)) for name, size in zip(names, mesh.shape)),
+            tuple(int(c) for c in (mesh.get_coordinate() or ())))
+
+
+def _dtensor_type():
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed
+        return None
+    return DTensor
+
+
+def dtensor_placement(tensor: torch.Tensor) -> Placement | None:
+    """A DTensor's placement (exact), None for any other tensor.
+
+    >>> dtensor_placement(torch.ones(1)) is None
+    True
+    """
+    dtensor = _dtensor_type()
+    if dtensor is None or not isinstance(tensor, dtensor):
+        return None
+    mesh = tensor.device_mesh
+    dims, coordinate = _mesh_facts(mesh)
+    texts = [_placement_text(p, tensor.ndim) for p in tensor.placements]
+    if any(t is None for t in texts):
+        odd = ", ".join(str(p) for p, t in zip(tensor.placements, texts) if t is None)
+        return Placement((), dims, tuple(tensor.shape), False,
+                         f"a DTensor placed {odd}, which fxdebug cannot describe", coordinate, mesh)
+    return Placement(tuple(t for t in texts if t is not None), dims, tuple(tensor.shape), False,
+                     "DTensor", coordinate, mesh)
+
+
+def plan_layouts(root: torch.nn.Module, module_of: dict[str, str | None]) -> dict | None:
+    """``{key: layout or why none is known}`` for the captures of a tensor-parallel model
+    (``module_of``: capture key -> the path of the module whose output it is, or None);
+    None for a model without tensor parallelism.
+
+    >>> plan_layouts(torch.nn.Linear(2, 2), {"": ""}) is None
+    True
+    """
+    if not any(torch_compat.distribute_module_applied(m) for m in root.modules()):
+        return None
+    layouts: dict[str, Any] = {}
+    for key, path in module_of.items():
+        module = None if path is None else root.get_submodule(path) if path else root
+        layout = None if module is None else torch_compat.parallel_output_layout(module)
+        if layout is not None:
+            layouts[key] = layout
+        elif module is not None and torch_compat.distribute_module_applied(module):
+            layouts[key] = (f"{type(module).__name__} {path!r} was parallelized with a style "
+                            f"whose output fxdebug cannot read")
+        else:
+            layouts[key] = "not the output of a ParallelStyle module"
+    return layouts
+
+
+def planned_placement(layout, tensor: torch.Tensor) -> Placement:
+    """The placement of a plain tensor a tensor-parallel model computed: from its module's
+    ParallelStyle (``layout``, see :func:`plan_layouts`) where certain, else unknown."""
+    if not isinstance(layout, torch_compat.ParallelLayout) or not layout.use_local_output:
+        why = layout if isinstance(layout, str) else "not the output of a ParallelStyle module"
+        return Placement((), (), None, True, why, ())
+    dims, coordinate = _mesh_facts(layout.mesh)
+    texts = tuple(_placement_text(p, tensor.ndim) for p in layout.placements)
+    if len(texts) != len(dims) or any(t is None for t in texts):
+        return Placement((), dims, None, True, f"{layout.style} output placed "
+                         f"{layout.placements}, which fxdebug cannot describe", coordinate)
+    known = tuple(t for t in texts if t is not None)
+    shape = tuple(tensor.shape) if all(t == "R" or t.startswith("P") for t in known) else None
+    return Placement(known, dims, shape, True, f"{layout.style}(use_local_output=True)",
+                     coordinate, layout.mesh)
+
+
+def local_value(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local piece; any other tensor itself.
+
+    >>> local_value(torch.ones(2)).shape
+    torch.Size([2])
+    """
+    if type(tensor) is not torch.Tensor and dtensor_placement(tensor) is not None:
+        return cast(Any, tensor).to_local()
+    return tensor
+
+
+def _torch_placement(text: str):
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    if text == "R":
+        return Replicate()
+    if text.startswith("S("):
+        return Shard(int(text[2:-1]))
+    return Partial() if text == "P" else Partial(text[2:-1])
+
+
+def full_value(key: str, value: torch.Tensor, placement: Placement | None) -> torch.Tensor:
+    """The full tensor of a capture: a collective every rank of its mesh calls."""
+    if placement is None:
+        return value
+    if not placement.local:
+        return cast(Any, value).full_tensor()
+    if not placement.known or placement.mesh is None:
+        why = placement.source if not placement.known else "its mesh was not kept (a copy?)"
+        raise FxdebugError(
+            f"records.full({key!r}): the capture is this rank's local tensor and its placement "
+            f"is unknown ({why}), so its full value cannot be assembled. Give the ParallelStyle "
+            f"that produces it use_local_output=False (the module's output is then a DTensor, "
+            f"whose placement fxdebug reads exactly), or capture the output of the "
+            f"ColwiseParallel / RowwiseParallel / SequenceParallel module itself.")
+    from torch.distributed.tensor import DTensor
+    mesh = placement.mesh
+    shape = list(value.shape)
+    for dim in reversed(range(len(placement.placements))):
+        text = placement.placements[dim]
+        if text.startswith("S("):
+            along = int(text[2:-1])
+            sizes: list = [None] * mesh.size(dim)
+            torch.distributed.all_gather_object(sizes, shape[along], group=mesh.get_group(dim))
+            shape[along] = sum(sizes)
+    placement.global_shape = tuple(shape)
+    stride = torch.empty(shape, device="meta").stride()
+    placed = DTensor.from_local(value.detach(), mesh, [_torch_placement(t) for t in
+                                                       placement.placements],
+                                run_check=False, shape=torch.Size(shape), stride=stride)
+    return placed.full_tensor()
