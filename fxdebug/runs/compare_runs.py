@@ -381,7 +381,7 @@ def _reference_check(entries: list[RunEntry], path: str, dtype: torch.dtype | No
                            for d in floating)
         floor_text = f"{REFERENCE_FLOOR_EPS:g} x eps(dtype of b)" + (f" ({values})" if values else "")
         if any(e.by_stats for e in judged):
-            floor_text += f", {STATS_FLOOR_EPS:g} x eps for statistics"
+            floor_text += f"; {STATS_FLOOR_EPS:g} x eps for statistics"
     else:
         floor_text = format_error(float(floor))
     ratios = [((e.err_b or 0.0) / e.err_a if e.err_a else math.inf,

@@ -118,7 +118,15 @@ def stats_error(x, r) -> float:
 
 def reference_errors(ra: Record, rb: Record, rr: Record) -> tuple[float, float, bool]:
     """``(err(a, r), err(b, r), by statistics)``: tensors when all three runs kept them, else
-    their statistics."""
+    their statistics.
+
+    >>> import fxdebug
+    >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()))
+    >>> _ = gm(torch.tensor([1.0, 2.0])); r = fxdebug.records(gm).record("0")
+    >>> _ = gm(torch.tensor([1.0, 2.5])); b = fxdebug.records(gm).record("0")
+    >>> reference_errors(r, b, r)
+    (0.0, 0.22360679774997896, False)
+    """
     if ra.value is None or rb.value is None or rr.value is None:
         return stats_error(ra.stats, rr.stats), stats_error(rb.stats, rr.stats), True
     return relative_error(ra.value, rr.value), relative_error(rb.value, rr.value), False
@@ -193,7 +201,7 @@ class ReferenceCheck:
     def describe(self) -> list[str]:
         """The reference, what an error is, the rule and the verdict: lines to fit a width."""
         worst = "" if self.largest is None else \
-            f"; largest err(b,r)/err(a,r) {self.largest[0]:.3g}, at {self.largest[1]}"
+            f"; largest err(b,r)/err(a,r) {self.largest[0]:.3g} at {self.largest[1]}"
         verdict = (f"reference: every difference in the {self.checked} keys is rounding"
                    f"{worst}" if self.explained else
                    f"reference: {len(self.beyond)} of the {self.checked} keys are beyond "
