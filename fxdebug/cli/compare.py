@@ -1,13 +1,18 @@
 """``fxdebug compare``: two saved runs, key by key.
 
     fxdebug compare A B [--rtol R] [--atol A] [--run-a N] [--run-b N] [--wide]
+                        [--reference R [--reference-factor F] [--reference-floor E]]
 
 A and B are folders written by ``fxdebug.save_records`` or
 ``fxdebug.instrument(model, save_to=...)`` (the latest run there, or run N).
 Prints the verdict, the first divergent key with its op and file:line, and every
 key with its error (:func:`fxdebug.compare_runs`). The ``first divergence:``
 line stays one line whatever the terminal's width (the table is fitted), so
-``grep "first divergence:"`` finds the key and its file:line. Exit status, as
+``grep "first divergence:"`` finds the key and its file:line. With
+``--reference R`` (a saved run of the same model and input in float64, say),
+a key differs only where B's error against R exceeds F (4) times A's plus a
+floor (2 eps of B's dtype): rounding of another reduction order is not a
+difference. Exit status, as
 ``diff``: 0 when the runs agree, 1 when they differ, 2 for trouble (a missing
 run, bad arguments, an error).
 """
@@ -31,14 +36,36 @@ def register(subparsers) -> None:
                         help="run N of a save_to folder A (default: the latest)")
     parser.add_argument("--run-b", type=int, default=None, metavar="N",
                         help="run N of a save_to folder B (default: the latest)")
+    parser.add_argument("--reference", default=None, metavar="R",
+                        help="a saved run of the same model and input in a more precise dtype "
+                             "(float64): B differs only where its error against R exceeds "
+                             "--reference-factor times A's plus --reference-floor")
+    parser.add_argument("--run-reference", type=int, default=None, metavar="N",
+                        help="run N of a save_to folder R (default: the latest)")
+    parser.add_argument("--reference-factor", type=float, default=None, metavar="F",
+                        help="with --reference: how many times A's error B's may reach (default 4)")
+    parser.add_argument("--reference-floor", type=float, default=None, metavar="E",
+                        help="with --reference: a relative error always allowed "
+                             "(default: 2 eps of B's dtype)")
     parser.add_argument("--wide", action="store_true", help="every column, whatever the width")
     parser.set_defaults(run=run)
 
 
 def run(args) -> int:
+    from ..errors import FxdebugError
     from ..runs.compare_runs import compare_runs
+    from ..runs.reference import REFERENCE_FACTOR
     from ..runs.saved_runs import load_records
+    if args.reference is None and (args.reference_factor is not None
+                                   or args.reference_floor is not None
+                                   or args.run_reference is not None):
+        raise FxdebugError("fxdebug compare: --reference-factor, --reference-floor and "
+                           "--run-reference need --reference R (a saved float64 run).")
+    reference = None if args.reference is None else \
+        load_records(args.reference, run=args.run_reference)
+    factor = REFERENCE_FACTOR if args.reference_factor is None else args.reference_factor
     report = compare_runs(load_records(args.a, run=args.run_a), load_records(args.b, run=args.run_b),
-                          rtol=args.rtol, atol=args.atol)
+                          rtol=args.rtol, atol=args.atol, reference=reference,
+                          reference_factor=factor, reference_floor=args.reference_floor)
     print(report.table(wide=args.wide or None))
     return 0 if report.ok else 1

@@ -6,7 +6,8 @@
     load_records(path)                     saved_runs.py   Records again (lazily read)
     instrument(model, save_to=path)        run_writer.py   every forward written while it runs
     compare_runs(a, b)                     compare_runs.py key by key, first divergence
-      └─ across dtypes: what rounding can explain        rounding.py
+      ├─ across dtypes: what rounding can explain        rounding.py
+      └─ reference=: rounding told from bugs by a float64 run   reference.py
 
 >>> import os, tempfile, torch, fxdebug
 >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()))
@@ -17,8 +18,9 @@ True
 """
 
 from .compare_runs import RunComparison, RunEntry, compare_runs
+from .reference import ReferenceMismatchError
 from .run_writer import RunWriter
 from .saved_runs import SavedRecords, load_records, save_records
 
 __all__ = ["save_records", "load_records", "SavedRecords", "RunWriter", "compare_runs",
-           "RunComparison", "RunEntry"]
+           "RunComparison", "RunEntry", "ReferenceMismatchError"]

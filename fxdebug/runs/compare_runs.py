@@ -14,10 +14,21 @@ the less precise dtype can explain (:mod:`.rounding`: error norm within
 ``16 x eps(dtype) x`` the key's norm in run ``a``), and the report says whether
 rounding explains every difference, or names the keys it cannot.
 
+With ``reference=r`` (a run of the same model and input in a more precise
+dtype, typically float64: :mod:`.reference`), each key's errors against ``r``
+are measured, ``err(x, r) = ||x - r|| / ||r||`` (Frobenius, in float64), and a
+key diverges only where ``err(b, r) > reference_factor * err(a, r) +
+reference_floor``: run b may differ from run a in every last bit (another
+parallelism, another reduction order) and still be ``ok``. Without a reference,
+runs of one dtype that differ by a few eps are reported as possibly rounding
+(``report.last_bits``).
+
     RunComparison
       ├─ entries / grad_entries   one RunEntry per key: status, max abs / rel error
       ├─ first_divergence         the first entry that differs (key, op, file:line)
       ├─ rounding                 across dtypes: RoundingCheck, .explained, .beyond keys
+      ├─ reference                with reference=: ReferenceCheck, .beyond keys, the rule
+      ├─ last_bits                without it: LastBits, keys of one dtype within a few eps
       ├─ table()                  verdict, first divergence, every key (80 columns)
       └─ to_dict(), HTML          from fxdebug's Report
 
@@ -39,15 +50,19 @@ import dataclasses
 import html
 import math
 import os
+import warnings
 from typing import Any
 
 import torch
 
+from ..errors import FidelityWarning
 from ..tables.fit_to_width import ELLIPSIS, fit_line, fit_table, table_width
 from ..runtime.records import Record, Records
 from ..tables.report import Report
 from .saved_runs import load_records
 from ..equivalence.compare import compare_tensors, default_tolerances, dtype_text, format_error, shape_text
+from .reference import (REFERENCE_FACTOR, REFERENCE_FLOOR_EPS, STATS_FLOOR_EPS, LastBits,
+                        ReferenceCheck, check_reference_keys, reference_errors, reference_floor)
 from .rounding import (ROUNDING_FACTOR, RoundingCheck, rounding_dtype, rounding_ratio,
                        stats_rounding_ratio)
 
@@ -61,8 +76,10 @@ STATUS_TEXT = {
     "only a": "only in a",
     "only b": "only in b",
     "stale": "stale",          # written in place after its capture in a run: not compared
+    "rounding": "rounding",    # with a reference: b no further from it than rounding explains
+    "beyond": "BEYOND",        # with a reference: b further from it than a is, beyond rounding
 }
-DIVERGENT = ("differs", "shape", "only a", "only b")
+DIVERGENT = ("differs", "shape", "only a", "only b", "beyond")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +98,11 @@ class RunEntry:
     detail: str = ""
     rounding: float | None = None  # across dtypes: error norm / (eps(rounding_dtype) * norm)
     rounding_dtype: str = ""
+    last_bits: float | None = None  # one dtype in both: error norm / (eps(dtype) * norm)
+    err_a: float | None = None      # with a reference r: ||a - r|| / ||r||
+    err_b: float | None = None      # ... and ||b - r|| / ||r||
+    bound: float | None = None      # ... b diverges where err_b > bound
+    by_stats: bool = False          # ... the errors of the statistics (stats-only captures)
 
     @property
     def ok(self) -> bool:
@@ -97,6 +119,11 @@ class RunEntry:
         what = "gradient of " if self.section == "grad" else ""
         if self.status in ("only a", "only b", "shape", "stale"):
             text = self.detail or STATUS_TEXT[self.status]
+        elif self.err_b is not None:
+            stats = " (statistics)" if self.by_stats else ""
+            text = (f"err(b,r) {format_error(self.err_b)} vs err(a,r) "
+                    f"{format_error(self.err_a or 0.0)}{stats}, bound {format_error(self.bound or 0.0)}; "
+                    f"max abs {format_error(self.max_abs)}, max rel {format_error(self.max_rel)}")
         else:
             text = f"max abs {format_error(self.max_abs)}, max rel {format_error(self.max_rel)}"
             text += f"; {self.detail}" if self.detail else ""
@@ -114,6 +141,8 @@ class RunComparison(Report):
     rtol: float | None = None
     atol: float | None = None
     rounding: RoundingCheck | None = None  # set when the runs differ in dtype
+    reference: ReferenceCheck | None = None  # set with reference=
+    last_bits: LastBits | None = None  # without a reference: keys of one dtype within a few eps
 
     verdict_words = ("EQUAL", "DIFFERENT")
 
@@ -143,7 +172,8 @@ class RunComparison(Report):
         return {"a": self.a, "b": self.b, "rtol": self.rtol, "atol": self.atol,
                 "keys": len(self.entries), "gradients": len(self.grad_entries),
                 "first_divergence": self.first_divergence, "divergences": self.divergences,
-                "rounding": self.rounding}
+                "rounding": self.rounding, "reference": self.reference,
+                "last_bits": self.last_bits}
 
     def _tolerances(self) -> str:
         if self.rtol is None and self.atol is None:
@@ -155,12 +185,17 @@ class RunComparison(Report):
     def _rows(self) -> list[list[str]]:
         rows = []
         for entry in self.entries + self.grad_entries:
-            compared = entry.status in ("equal", "close", "differs")
+            compared = entry.status in ("equal", "close", "differs", "rounding", "beyond")
+            if self.reference is not None:
+                judged = entry.err_b is not None
+                mark = " s" if entry.by_stats else ""
+                errors = [format_error(entry.err_a or 0.0) + mark if judged else "-",
+                          format_error(entry.err_b) + mark if entry.err_b is not None else "-"]
+            else:
+                errors = [format_error(entry.max_abs) if compared else "-",
+                          format_error(entry.max_rel) if compared else "-"]
             row = [("grad " if entry.section == "grad" else "") + entry.key, entry.op,
-                   STATUS_TEXT[entry.status],
-                   format_error(entry.max_abs) if compared else "-",
-                   format_error(entry.max_rel) if compared else "-",
-                   entry.shape, entry.location or "-"]
+                   STATUS_TEXT[entry.status], *errors, entry.shape, entry.location or "-"]
             if self.rounding is not None:
                 row.insert(5, "-" if entry.rounding is None else
                            f"{'BEYOND ' if entry.beyond_rounding else ''}{entry.rounding:.2g} eps")
@@ -168,7 +203,8 @@ class RunComparison(Report):
         return rows
 
     def _headers(self) -> list[str]:
-        headers = ["key", "op", "status", "max abs", "max rel", "shape", "file:line"]
+        errors = ["err(a,r)", "err(b,r)"] if self.reference is not None else ["max abs", "max rel"]
+        headers = ["key", "op", "status", *errors, "shape", "file:line"]
         if self.rounding is not None:
             headers.insert(5, "rounding")
         return headers
@@ -177,17 +213,26 @@ class RunComparison(Report):
         """Verdict, first divergence, then every key with its error."""
         width = table_width(wide)
         lines = [_fit_path("compare_runs: a = ", self.a, width),
-                 _fit_path("              b = ", self.b, width),
-                 f"compared with {self._tolerances()}"]
+                 _fit_path("              b = ", self.b, width)]
+        if self.reference is not None:
+            lines += [_fit_path("reference: r = ", f"{self.reference.path} ({self.reference.dtype} "
+                                                  f"run)", width), *self.reference.describe()[1:]]
+            if any(entry.by_stats for entry in self.entries + self.grad_entries):
+                lines.append("reference: s: statistics only, err = largest |x - r| of mean, std, "
+                             "min, max / max(|min|, |max|, |mean| + std) of r")
+        else:
+            lines.append(f"compared with {self._tolerances()}")
         counts: dict[str, int] = {}
         for entry in self.entries + self.grad_entries:
             counts[entry.status] = counts.get(entry.status, 0) + 1
         total = len(self.entries) + len(self.grad_entries)
         bad = self.divergences
+        judged = " beyond rounding, judged by the reference" if self.reference else ""
         if bad:
-            lines.append(f"verdict: DIFFERENT: {len(bad)} of {total} keys differ")
+            lines.append(f"verdict: DIFFERENT: {len(bad)} of {total} keys differ{judged}")
         else:
-            lines.append(f"verdict: EQUAL: {total} keys agree")
+            lines.append(f"verdict: EQUAL: {total} keys agree"
+                         + (" within rounding, judged by the reference" if self.reference else ""))
         lines = [fit_line(line, width) for line in lines]
         if bad:  # one line whatever the width: grep "first divergence:" finds key and file:line
             lines.append(f"first divergence: {bad[0].describe()}")
@@ -195,6 +240,8 @@ class RunComparison(Report):
             lines.append(fit_line(self.rounding.describe(), width))
             if self.rounding.first_beyond:  # one line, as the first divergence
                 lines.append(f"first beyond rounding: {self.rounding.first_beyond}")
+        if self.last_bits is not None:
+            lines.append(fit_line(self.last_bits.describe(), width))
         lines.append("")
         headers = self._headers()
         lines.append(fit_table(self._rows(), headers,
@@ -228,12 +275,22 @@ def _fit_path(prefix: str, path: str, width: int | None) -> str:
     return prefix + ELLIPSIS + path[len(prefix) + len(path) + 1 - width:]
 
 
-def compare_runs(a, b, rtol: float | None = None, atol: float | None = None) -> RunComparison:
+def compare_runs(a, b, rtol: float | None = None, atol: float | None = None, *,
+                 reference=None, reference_factor: float = REFERENCE_FACTOR,
+                 reference_floor: float | None = None) -> RunComparison:
     """Compare two runs key by key: Records (``fxdebug.records(gm)``, ``load_records``) or
     folders of saved runs (the latest run in a ``save_to`` folder).
 
     ``rtol`` / ``atol`` default to ``torch.testing.assert_close``'s for the
     narrower dtype of each pair. Relative errors are taken against run ``a``.
+
+    ``reference``: a run (Records or folder) of the same model and input in a more
+    precise dtype, typically float64. Then a key diverges only where
+    ``err(b, r) > reference_factor * err(a, r) + reference_floor``, with
+    ``err(x, r) = ||x - r|| / ||r||`` (Frobenius, in float64; statistics-only
+    captures: their mean, std, min and max); ``reference_floor`` defaults to
+    2 eps of b's dtype at each key. Raises :class:`ReferenceMismatchError` when the
+    reference lacks a key that a and b share or holds another shape.
 
     >>> import torch, fxdebug
     >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(2, 2)))
@@ -241,17 +298,112 @@ def compare_runs(a, b, rtol: float | None = None, atol: float | None = None) -> 
     >>> _ = gm(torch.ones(1, 2)); b = fxdebug.records(gm)
     >>> fxdebug.compare_runs(a, b).ok
     True
+    >>> _ = gm.double()(torch.ones(1, 2, dtype=torch.float64)); r = fxdebug.records(gm)
+    >>> fxdebug.compare_runs(a, b, reference=r).reference.explained
+    True
     """
     label_a, records_a = _open(a, "a")
     label_b, records_b = _open(b, "b")
+    judge = reference is not None
     run_rounding = rounding_dtype(_run_dtype(records_a), _run_dtype(records_b))
-    entries = _compare_all(records_a, records_b, "forward", rtol, atol, None, run_rounding)
+    entries = _compare_all(records_a, records_b, "forward", rtol, atol, None, run_rounding,
+                           last_bits=not judge)
     grads_a = records_a._grads if records_a._grads is not None else Records()
     grads_b = records_b._grads if records_b._grads is not None else Records()
     grad_entries = _compare_all(grads_a, grads_b, "grad", rtol, atol,
-                                 getattr(records_a, "locations", {}), run_rounding)
-    return RunComparison(label_a, label_b, entries, grad_entries, rtol, atol,
-                         _rounding_check(entries + grad_entries))
+                                 getattr(records_a, "locations", {}), run_rounding,
+                                 last_bits=not judge)
+    report = RunComparison(label_a, label_b, entries, grad_entries, rtol, atol,
+                           _rounding_check(entries + grad_entries))
+    if not judge:
+        report.last_bits = _last_bits(entries + grad_entries)
+        return report
+    label_r, records_r = _open(reference, "reference")
+    factor = float(reference_factor)
+    if not factor >= 1.0:
+        raise ValueError(f"compare_runs: reference_factor={reference_factor!r}; give a factor of "
+                         f"at least 1 (default {REFERENCE_FACTOR:g}): b diverges where its error "
+                         f"against the reference exceeds factor x a's.")
+    if reference_floor is not None and not float(reference_floor) >= 0.0:
+        raise ValueError(f"compare_runs: reference_floor={reference_floor!r}; give a relative "
+                         f"error of at least 0, or None for {REFERENCE_FLOOR_EPS:g} eps of b's "
+                         f"dtype.")
+    check_reference_keys(records_a, records_b, records_r, "forward")
+    report.entries = _judge_all(entries, records_a, records_b, records_r, factor, reference_floor)
+    grads_r = records_r._grads if records_r._grads is not None else Records()
+    if any(key in grads_b for key in grads_a.keys()):
+        if len(grads_r) == 0:
+            warnings.warn(f"compare_runs: the reference run {label_r} holds no gradients: the "
+                          f"gradients of runs a and b are compared by tolerances only. Run "
+                          f"backward in the reference run too (instrument(..., grads=True)).",
+                          FidelityWarning, stacklevel=2)
+        else:
+            check_reference_keys(grads_a, grads_b, grads_r, "grad")
+            report.grad_entries = _judge_all(grad_entries, grads_a, grads_b, grads_r, factor,
+                                             reference_floor)
+    judged = report.entries + report.grad_entries
+    b_dtypes = [(grads_b if e.section == "grad" else records_b).record(e.key).dtype
+                for e in judged if e.err_b is not None]
+    report.reference = _reference_check(judged, label_r, _run_dtype(records_r), b_dtypes,
+                                        factor, reference_floor)
+    return report
+
+
+def _judge_all(entries: list[RunEntry], a: Records, b: Records, r: Records, factor: float,
+               floor: float | None) -> list[RunEntry]:
+    """Each entry compared in both runs judged by its errors against the reference."""
+    judged = []
+    for entry in entries:
+        if entry.status not in ("equal", "close", "differs"):
+            judged.append(entry)
+            continue
+        ra, rb, rr = a.record(entry.key), b.record(entry.key), r.record(entry.key)
+        if rr.stale:
+            judged.append(dataclasses.replace(entry, status="stale", detail=(
+                "stale in the reference run: written in place after its capture, not compared")))
+            continue
+        err_a, err_b, by_stats = reference_errors(ra, rb, rr)
+        bound = factor * err_a + reference_floor(rb.dtype, floor, by_stats)
+        status = "equal" if entry.status == "equal" else \
+            ("beyond" if err_b > bound else "rounding")
+        judged.append(dataclasses.replace(entry, status=status, err_a=err_a, err_b=err_b,
+                                          bound=bound, by_stats=by_stats))
+    return judged
+
+
+def _reference_check(entries: list[RunEntry], path: str, dtype: torch.dtype | None,
+                     b_dtypes: list[torch.dtype], factor: float,
+                     floor: float | None) -> ReferenceCheck:
+    judged = [e for e in entries if e.err_b is not None]
+    if floor is None:
+        floating = sorted({dtype_text(d) for d in b_dtypes if d.is_floating_point})
+        values = ", ".join(f"{reference_floor(getattr(torch, d), None):.3g} for {d}"
+                           for d in floating)
+        floor_text = f"{REFERENCE_FLOOR_EPS:g} x eps(dtype of b)" + (f" ({values})" if values else "")
+        if any(e.by_stats for e in judged):
+            floor_text += f"; {STATS_FLOOR_EPS:g} x eps for statistics"
+    else:
+        floor_text = format_error(float(floor))
+    ratios = [((e.err_b or 0.0) / e.err_a if e.err_a else math.inf,
+               ("grad " if e.section == "grad" else "") + e.key)
+              for e in judged if e.status == "rounding" and e.err_b]
+    largest = max(ratios, key=lambda pair: pair[0], default=None)
+    return ReferenceCheck(path, "unknown dtype" if dtype is None else dtype_text(dtype), factor,
+                          floor, floor_text, len(judged),
+                          [("grad " if e.section == "grad" else "") + e.key
+                           for e in judged if e.status == "beyond"], largest)
+
+
+def _last_bits(entries: list[RunEntry]) -> LastBits | None:
+    """Keys of one dtype in both runs that differ, and those within a few eps of their norm."""
+    differing = [e for e in entries if e.last_bits is not None and e.status in ("close", "differs")]
+    within = [e for e in differing if (e.last_bits or 0.0) <= ROUNDING_FACTOR]
+    if not within:
+        return None
+    largest = max(within, key=lambda e: e.last_bits or 0.0)
+    return LastBits(len(differing), len(within), ROUNDING_FACTOR,
+                    (largest.last_bits or 0.0,
+                     ("grad " if largest.section == "grad" else "") + largest.key))
 
 
 def _run_dtype(records: Records) -> torch.dtype | None:
@@ -301,7 +453,8 @@ def _open(run, name: str) -> tuple[str, Records]:
 
 def _compare_all(a: Records, b: Records, section: str, rtol, atol,
                  locations: dict | None = None,
-                 run_rounding: torch.dtype | None = None) -> list[RunEntry]:
+                 run_rounding: torch.dtype | None = None,
+                 last_bits: bool = False) -> list[RunEntry]:
     locations = getattr(a, "locations", {}) if locations is None else locations
     found = []
     for key in a.keys():
@@ -313,7 +466,7 @@ def _compare_all(a: Records, b: Records, section: str, rtol, atol,
                                   detail="only in run a"))
             continue
         found.append(_compare_key(record, b.record(key), location, section, rtol, atol,
-                                  run_rounding))
+                                  run_rounding, last_bits))
     for key in b.keys():
         if key not in a:
             record = b.record(key)
@@ -325,7 +478,8 @@ def _compare_all(a: Records, b: Records, section: str, rtol, atol,
 
 
 def _compare_key(ra: Record, rb: Record, location: str, section: str, rtol,
-                 atol, run_rounding: torch.dtype | None = None) -> RunEntry:
+                 atol, run_rounding: torch.dtype | None = None,
+                 last_bits: bool = False) -> RunEntry:
     common: dict[str, Any] = dict(key=ra.key, op=ra.op, location=location, section=section,
                                   shape=shape_text(ra.shape), dtype=dtype_text(ra.dtype))
     if ra.stale or rb.stale:
@@ -345,9 +499,13 @@ def _compare_key(ra: Record, rb: Record, location: str, section: str, rtol,
         run_rounding if ra.dtype.is_floating_point and rb.dtype.is_floating_point else None)
     if rounds is not None:
         common["rounding_dtype"] = str(rounds).replace("torch.", "")
+    one_dtype = ra.dtype if last_bits and ra.dtype == rb.dtype and ra.dtype.is_floating_point \
+        else None
     if ra.value is None or rb.value is None:  # statistics only
         if rounds is not None:
             common["rounding"] = stats_rounding_ratio(ra.stats, rb.stats, rounds)
+        if one_dtype is not None:
+            common["last_bits"] = stats_rounding_ratio(ra.stats, rb.stats, one_dtype)
         return _compare_stats(ra, rb, rtol, atol, common, detail)
     va, vb = ra.value, rb.value
     if va.dtype != vb.dtype:
@@ -361,6 +519,8 @@ def _compare_key(ra: Record, rb: Record, location: str, section: str, rtol,
     if rounds is not None and _floating(va) and not va.is_complex():
         common["rounding"] = rounding_ratio(va, vb, rounds)
     result = compare_tensors(va, vb, ra.key, rtol, atol, equal_nan=True)
+    if one_dtype is not None and result.max_abs != 0 and not va.is_complex():
+        common["last_bits"] = rounding_ratio(va, vb, one_dtype)
     if result.ok:  # equal: the same dtype and values (NaN where the other has NaN)
         status = "equal" if result.max_abs == 0 and ra.dtype == rb.dtype else "close"
     else:
