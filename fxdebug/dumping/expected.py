@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from ..runtime import clone_inputs, stops_disabled, torch_compat
+from ..runtime import clone_inputs, outputs_loss, stops_disabled, torch_compat
 from ..runtime.torch_compat import TorchDispatchMode
-from .folder_runtime import first_line, flatten_outputs, loss_of
+from ..tracing.graph_module import MODES_META
+from .folder_runtime import first_line, flatten_outputs
 
 __all__ = ["expected_results", "light_copy"]
 
@@ -112,7 +113,8 @@ def light_copy(gm: torch.nn.Module, copy_weights_up_to: int = 0
     (one memo: references between modules, hooks bound to them, ``gm.meta``'s
     recorders point into the copy), its buffers cloned, its parameters new
     ``Parameter`` objects on the same storage, so gradients land in the copy.
-    A GraphModule shares the graph and the generated code. A module that copies
+    A GraphModule shares the graph and the generated code, and runs it in the modes it is
+    in: its copy leaves out the follower that would rebuild the graph of other modes. A module that copies
     itself its own way (``__deepcopy__``, ``__getstate__``: fxdebug's Recorder
     starts with empty Records) is deep-copied, if it holds no parameter itself.
     None when one does, or a parameter is not a plain dense ``Parameter``: the
@@ -163,6 +165,8 @@ def light_copy(gm: torch.nn.Module, copy_weights_up_to: int = 0
                 state[name] = value
             elif isinstance(m, fx.GraphModule) and name in _DROPPED_GRAPH_MODULE_HOOKS:
                 state[name] = type(value)()  # as GraphModule.__deepcopy__: its __init__ drops them
+            elif isinstance(m, fx.GraphModule) and name == "meta" and isinstance(value, dict):
+                state[name] = copy.deepcopy(_one_mode(value), memo)
             elif type(value) in _SHARED_TYPES:
                 state[name] = value  # what deepcopy would return itself
             elif type(value) in _EMPTY_CONTAINERS and not value:
@@ -175,13 +179,20 @@ def light_copy(gm: torch.nn.Module, copy_weights_up_to: int = 0
     return memo[id(gm)], storages
 
 
+def _one_mode(meta: dict) -> dict:
+    """A GraphModule's meta without its mode follower: the copy runs the graph of the mode
+    the module is in (``dump`` followed it first) and rebuilds no other (nor copies the model)."""
+    return {key: value for key, value in meta.items() if key != MODES_META}
+
+
 def _run(model: torch.nn.Module, inputs: tuple) -> dict:
     with torch.random.fork_rng(devices=[]), stops_disabled():
         torch.manual_seed(0)
-        flat = flatten_outputs(model(*clone_inputs(inputs)))
+        output = model(*clone_inputs(inputs))
+        flat = flatten_outputs(output)
         grads: dict[str, torch.Tensor] = {}
         backward_error = ""
-        loss = loss_of(flat) if torch.is_grad_enabled() else None
+        loss = outputs_loss(output) if torch.is_grad_enabled() else None  # check_equivalence's
         if loss is not None:
             try:
                 loss.backward()
@@ -219,4 +230,8 @@ def expected_results(gm: torch.nn.Module, inputs: tuple) -> dict:
             if not guard.stopped:
                 return result
         # the model writes into a parameter (which the light copy shares): a deep copy then
-    return _run(copy.deepcopy(gm), inputs)
+    copied = copy.deepcopy(gm)
+    meta = getattr(copied, "meta", None)
+    if isinstance(meta, dict):
+        meta.pop(MODES_META, None)  # the copy's own meta: it runs in the modes gm is in
+    return _run(copied, inputs)

@@ -2,23 +2,30 @@
 
 run.py must run where fxdebug is not installed, so :func:`fxdebug.dump` writes
 the source of every function here into it (``inspect.getsource``), with the
-nested-value walker of :mod:`fxdebug.runtime.values` it calls (its source too,
-with :func:`children` here in place of the walker's: run.py uses no private torch
-name, so it opens containers without torch's pytree); fxdebug itself uses the same
-functions to record what the folder must reproduce.
+functions of :mod:`fxdebug.runtime.values` they call: the nested-value walker and
+the one default loss, :func:`~fxdebug.runtime.values.outputs_loss` (their source
+too, parameter annotations left out, with :func:`children` here in place of the
+walker's: run.py uses no private torch name, so it opens containers without
+torch's pytree); fxdebug itself uses the same functions to record what the folder
+must reproduce.
 """
 
+import ast
 import inspect
+import textwrap
+import types
 
 import torch
 
 from ..runtime.formatting import TOLERANCES
-from ..runtime.values import WALKER_FUNCTIONS, named_leaves
+from ..runtime import values
+from ..runtime.values import WALKER_FUNCTIONS, named_leaves, outputs_loss
 from . import numeric_settings
 
-__all__ = ["flatten_outputs", "loss_of", "first_line", "tolerance", "GRADIENT_SCALE", "SPREAD_SCALE",
+__all__ = ["flatten_outputs", "first_line", "tolerance", "GRADIENT_SCALE", "SPREAD_SCALE",
            "NONDETERMINISTIC_RUNS",
-           "TOLERANCES", "nonfinite_text", "compare_tensor", "compare", "spread_of", "run_py_source"]
+           "TOLERANCES", "nonfinite_text", "compare_tensor", "compare", "spread_of", "run_py_source",
+           "carried_functions", "plain_source"]
 
 
 _opened_here = WALKER_FUNCTIONS[1]  # the walker's own opening of a container pytree keeps whole
@@ -50,17 +57,6 @@ def flatten_outputs(value, prefix="output"):
     """
     return {key: leaf for key, leaf in named_leaves(value, prefix)
             if leaf is None or isinstance(leaf, (torch.Tensor, bool, int, float, str))}
-
-
-def loss_of(flat):
-    """The scalar backward starts from: the sum of every floating output that requires grad.
-
-    >>> loss_of({"a": torch.ones(2, requires_grad=True), "b": torch.ones(3)})
-    tensor(2., grad_fn=<SumBackward0>)
-    """
-    terms = [t.sum() for t in flat.values()
-             if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad]
-    return sum(terms[1:], terms[0]) if terms else None
 
 
 def first_line(exc):
@@ -223,24 +219,98 @@ def spread_of(runs):
     return spreads
 
 
+def carried_functions(roots, instead: dict) -> list[types.FunctionType]:
+    """``roots`` and every fxdebug function they call (through their module's globals),
+    each once, the functions called before their callers; ``instead[f]`` replaces ``f``.
+
+    >>> [f.__name__ for f in carried_functions([outputs_loss], {values.children: children})]
+    ['_opened_here', 'children', 'named_leaves', 'flatten_tensors', 'outputs_loss']
+    """
+    found: dict[types.FunctionType, None] = {}
+    visiting: set = set()
+
+    def names(code: types.CodeType):
+        yield from code.co_names
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):  # comprehensions, nested functions
+                yield from names(const)
+
+    def visit(function) -> None:
+        function = instead.get(function, function)
+        if function in found or function in visiting:
+            return
+        visiting.add(function)
+        for name in dict.fromkeys(names(function.__code__)):
+            value = function.__globals__.get(name)
+            if isinstance(value, types.FunctionType) and value.__module__.startswith("fxdebug."):
+                visit(value)
+        found[function] = None
+
+    for root in roots:
+        visit(root)
+    return list(found)
+
+
+def plain_source(function) -> str:
+    """``function``'s source without the annotations of its parameters and return value
+    (run.py imports no ``typing``; annotations are evaluated when a function is defined).
+
+    >>> def f(x: "int", *, y: list | None = None) -> "str":
+    ...     return x
+    >>> print(plain_source(f))
+    def f(x, *, y = None):
+        return x
+    """
+    source = textwrap.dedent(inspect.getsource(function)).rstrip()
+    lines = source.split("\n")
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line.encode()) + 1)
+
+    def offset(line: int | None, column: int | None) -> int:  # ast's (1-based line, UTF-8 column)
+        return starts[(line or 1) - 1] + (column or 0)
+
+    definition = ast.parse(source).body[0]
+    if not isinstance(definition, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        raise TypeError(f"plain_source takes a function, not {source.splitlines()[0]!r}")
+    arguments = definition.args
+    cuts = []
+    for argument in (arguments.posonlyargs + arguments.args + arguments.kwonlyargs
+                     + [a for a in (arguments.vararg, arguments.kwarg) if a is not None]):
+        if argument.annotation is not None:  # "x: int" -> "x"
+            cuts.append((offset(argument.lineno, argument.col_offset) + len(argument.arg.encode()),
+                         offset(argument.annotation.end_lineno, argument.annotation.end_col_offset)))
+    data = source.encode()
+    returns = definition.returns
+    if returns is not None:  # ") -> str:" -> "):"
+        end = offset(returns.end_lineno, returns.end_col_offset)
+        arrow = data.rindex(b"->", 0, offset(returns.lineno, returns.col_offset))
+        cuts.append((len(data[:arrow].rstrip()), end))
+    for start, end in sorted(cuts, reverse=True):
+        data = data[:start] + data[end:]
+    return data.decode()
+
+
+RUN_PY_FUNCTIONS = (flatten_outputs, outputs_loss, first_line, tolerance, nonfinite_text,
+                    compare_tensor, compare, spread_of)
+"""What run.py calls (with what they call): flatten, the default loss, compare."""
+
+
 def run_py_source():
-    """The source run.py carries: the nested-value walker, every function above and of
-    :mod:`~fxdebug.dumping.numeric_settings`, with their constants."""
-    walker = [inspect.getsource(f).rstrip() for f in (_opened_here, children, named_leaves)]
+    """The source run.py carries: its constants, every function of :data:`RUN_PY_FUNCTIONS`
+    with the fxdebug functions they call (the walker with :func:`children` here), and those
+    of :mod:`~fxdebug.dumping.numeric_settings`."""
     table = "".join(f"\n    {dtype!r}: {pair!r}," for dtype, pair in TOLERANCES.items())
-    walker.append(f"TOLERANCES = {{{table}\n}}  # torch.testing.assert_close's (rtol, atol)")
-    functions = (flatten_outputs, loss_of, first_line, tolerance, nonfinite_text, compare_tensor,
-                 compare, spread_of)
-    parts = [inspect.getsource(function).rstrip() for function in functions]
-    parts.insert(4, f"GRADIENT_SCALE = {GRADIENT_SCALE}\nSPREAD_SCALE = {SPREAD_SCALE}")
     setters = "".join(f"\n    {name!r}: {setter!r}," for name, setter in numeric_settings.SETTERS.items())
-    parts += [f"DETERMINISTIC = {numeric_settings.DETERMINISTIC!r}\n"
-              f"ENVIRONMENT = {numeric_settings.ENVIRONMENT!r}\n"
-              f"MKL_REPRODUCIBILITY = {numeric_settings.MKL_REPRODUCIBILITY!r}\n"
-              f"CPU_CAPABILITY = {numeric_settings.CPU_CAPABILITY!r}\n"
-              f"SETTERS = {{{setters}\n}}  # the function that sets each setting read by a call"]
-    parts += [inspect.getsource(function).rstrip() for function in SETTINGS_FUNCTIONS]
-    return "\n\n\n".join(walker + parts) + "\n"
+    constants = [f"TOLERANCES = {{{table}\n}}  # torch.testing.assert_close's (rtol, atol)",
+                 f"GRADIENT_SCALE = {GRADIENT_SCALE}\nSPREAD_SCALE = {SPREAD_SCALE}",
+                 f"DETERMINISTIC = {numeric_settings.DETERMINISTIC!r}\n"
+                 f"ENVIRONMENT = {numeric_settings.ENVIRONMENT!r}\n"
+                 f"MKL_REPRODUCIBILITY = {numeric_settings.MKL_REPRODUCIBILITY!r}\n"
+                 f"CPU_CAPABILITY = {numeric_settings.CPU_CAPABILITY!r}\n"
+                 f"SETTERS = {{{setters}\n}}  # the function that sets each setting read by a call"]
+    functions = carried_functions(RUN_PY_FUNCTIONS + SETTINGS_FUNCTIONS, {values.children: children})
+    return "\n\n\n".join(constants + [plain_source(function) for function in functions]) + "\n"
 
 
 SETTINGS_FUNCTIONS = (numeric_settings.resolve_torch_path, numeric_settings.read_setting,

@@ -96,6 +96,23 @@ class Imports:
         self.lines: dict[str, None] = {"import torch": None}
         self.assignments: dict[str, None] = {}
 
+    @classmethod
+    def merged(cls, *parts: "Imports") -> "Imports":
+        """One import block holding every line of ``parts``, each once, in the order first seen.
+
+        >>> a, b = Imports(), Imports()
+        >>> a.add_object("relu", "torch.nn.functional", "relu"); b.lines["import math"] = None
+        >>> print(Imports.merged(a, b).text())
+        import math
+        import torch
+        from torch.nn.functional import relu
+        """
+        whole = cls()
+        for part in parts:
+            whole.lines.update(part.lines)
+            whole.assignments.update(part.assignments)
+        return whole
+
     def add_object(self, name: str, module: str, qualname: str) -> None:
         if module == "builtins" and qualname == name:
             return

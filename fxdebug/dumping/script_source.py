@@ -53,10 +53,10 @@ def _bound_names(tree: ast.AST) -> set[str]:
 
 
 class ScriptSource:
-    """The definitions copied from ``__main__``, and the imports they need (added to ``imports``)."""
+    """The definitions copied from ``__main__``, and the imports they need (``self.imports``)."""
 
-    def __init__(self, imports: Imports, reserved=()) -> None:
-        self.imports = imports
+    def __init__(self, reserved=()) -> None:
+        self.imports = Imports()
         self.reserved = set(RESERVED_NAMES) | set(reserved)
         self.definitions: dict[str, tuple[int, str]] = {}   # name -> (line in the script, code)
         self.constants: dict[str, str] = {}

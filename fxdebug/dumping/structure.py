@@ -163,11 +163,12 @@ class Pickled:
 
 
 class Structure:
-    """The ``__init__`` body that rebuilds gm's submodules, and what had to be pickled."""
+    """The ``__init__`` body that rebuilds gm's submodules, the imports it needs, and what had
+    to be pickled."""
 
-    def __init__(self, gm: fx.GraphModule, imports: Imports) -> None:
+    def __init__(self, gm: fx.GraphModule) -> None:
         self.gm = gm
-        self.imports = imports
+        self.imports = Imports()
         self.lines: list[str] = []
         self.pickled: dict[str, torch.nn.Module] = {}
         self.pickled_notes: list[Pickled] = []

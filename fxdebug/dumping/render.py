@@ -1,0 +1,195 @@
+"""The files of a dump folder, rendered from a :class:`~fxdebug.dumping.plan.DumpPlan`.
+
+::
+
+    render_files(plan) -> {file name: bytes, or a function writing the file}
+      ├─ module.py, breakpoints.json   module_text.py
+      ├─ run.py                        templates/run.py.tmpl + folder_runtime.py's functions
+      ├─ README.md, settings.json, __init__.py
+      └─ inputs.pt, expected.pt, weights.pt, pickled_modules.pt
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+from typing import Any, BinaryIO, Callable
+
+import torch
+
+from ..errors import FxdebugError
+from ..runtime import clone_inputs, leaves
+from ..runtime.formatting import value_text
+from .folder_runtime import NONDETERMINISTIC_RUNS, SPREAD_SCALE, first_line, run_py_source
+from .module_text import module_text, template
+from .numeric_settings import nondeterminism, setting_text
+from .plan import PICKLED_FILE, DumpPlan
+from .structure import tensor_file
+
+__all__ = ["render_files"]
+
+
+def _readme(plan: DumpPlan) -> str:
+    module, settings, devices = plan.module, plan.settings, plan.devices
+    cls, example, packages = module.cls, plan.example_key, module.imports.top_level_packages()
+    pickled_notes = module.pickled.notes if module.pickled is not None else []
+    shapes = ", ".join(map(value_text, plan.inputs))
+    lines = [
+        f"# {cls}, dumped by fxdebug",
+        "",
+        f"A traced `{cls}` as plain Python files, with its weights, example inputs "
+        f"({shapes or 'none'}) and the results it gave when dumped.",
+        "",
+        "```bash",
+        "python run.py                          # forward, compare outputs, print the Records table",
+        "python run.py --backward               # also backward, compare parameter gradients",
+        f"fxdebug debug . --break {example}   # pdb, stopped at that node's line of module.py",
+        "```",
+        "",
+        "| file | what it holds |",
+        "|---|---|",
+        "| `module.py` | the model as code; every statement of `forward` ends with `# [node key] file:line` |",
+        "| `weights.pt` | every parameter and buffer (non-persistent ones too), once; `torch.load(..., weights_only=True)` |",
+        "| `inputs.pt` | the example inputs, a list |",
+        "| `expected.pt` | `{\"outputs\": ..., \"grads\": ...}` recorded when dumped |",
+        "| `settings.json` | the numeric settings (TF32, deterministic algorithms, default dtype...) "
+        "they were computed under, which `run.py` sets again, and the devices |",
+        "| `run.py` | loads, runs, compares (`torch.equal`, else `torch.allclose` with "
+        "torch.testing's tolerances for the dtype; for gradients scaled by their largest "
+        "element, so another machine or thread count passes) |",
+        "| `breakpoints.json` | node key -> line of `module.py`, and the names of the node's inputs |",
+    ]
+    if module.pickled is not None:
+        lines.append(f"| `{PICKLED_FILE}` | submodules that could not be written as code (below) |")
+    lines += ["", "Every path is relative to this folder: move or copy it freely.", "",
+              "## Numeric settings", "",
+              "`run.py` first sets the settings that change what a model computes (TF32, float32 "
+              "matmul precision, deterministic algorithms, cuDNN and oneDNN flags, attention "
+              "backends, the default dtype, the CPU thread count) to those `expected.pt` was computed "
+              "under, listed in "
+              "`settings.json`, and prints those it changed. `load()` changes none of them: in "
+              "your own process, set them yourself for the same numbers (for instance "
+              + ", ".join(f"`{setting_text(name, settings[name])}`" for name in
+                          ("torch.backends.cudnn.allow_tf32", "torch.get_float32_matmul_precision()",
+                           "torch.get_num_threads()")
+                          if name in settings) + ")."]
+    why = nondeterminism(settings, devices)
+    if why:
+        lines += ["", f"Nondeterministic: {why}, so torch does not promise the same results twice; "
+                  f"`run.py` runs the model {NONDETERMINISTIC_RUNS} times and widens each "
+                  f"tolerance by {SPREAD_SCALE}x the largest difference between those runs."]
+    lines += ["",
+              "## Opening this folder runs its code", "",
+              "`load()`, `python run.py` and `fxdebug debug` import `module.py` and run `run.py`: "
+              "Python code, which can do anything your account can. Open only folders you trust, "
+              "as with any pickle (see the warning in `torch.load`'s documentation). Tensors are "
+              "read with `torch.load(..., weights_only=True)`"
+              + (f"; `{PICKLED_FILE}` is unpickled with `weights_only=False` (module.py checks its "
+                 f"sha256 first)." if module.pickled is not None else "; nothing is unpickled."), "",
+              "## What must be importable", "",
+              "module.py imports `torch`" + "".join(f", `{name}`" for name in packages)
+              + "; run it where these import as they did when it was dumped."]
+    if "fxdebug" in packages:
+        lines += ["", "It keeps fxdebug's nodes (captures, gradient hooks, breakpoints), which call "
+                  "`fxdebug.runtime`: install fxdebug where it runs. `fxdebug dump --standalone` "
+                  "(`fxdebug.dump(..., standalone=True)`) writes a folder without them, which "
+                  "needs torch and the model's own packages but not fxdebug."]
+    if module.wrapped:
+        lines += ["", "Functions kept as single calls with `torch.fx.wrap`: "
+                  + ", ".join(f"`{name}`" for name in module.wrapped) + "."]
+    if plan.copied:
+        lines += ["", "Copied into module.py from the script that was run (`__main__`), with the "
+                  "constants and imports they use: " + ", ".join(f"`{name}`" for name in plan.copied)
+                  + "."]
+    lines += ["", "## Submodules", ""]
+    if pickled_notes:
+        lines.append(f"These submodules are pickled in `{PICKLED_FILE}` (their classes must be "
+                     f"importable; their parameters and buffers are in `weights.pt`):")
+        lines.append("")
+        lines += [f"* `{note.path}` ({note.type_name}): {note.reason}" for note in pickled_notes]
+    else:
+        lines.append("Every submodule is built by code in `module.py`; nothing is pickled.")
+    if plan.hooked:
+        lines += ["", "Hooks registered on these modules were not written (module.py registers "
+                  "none): " + ", ".join(f"`{name}`" for name in plan.hooked) + "."]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _settings_json(settings: dict, devices: list[str]) -> str:
+    """settings.json: ``{"settings": {name: value}, "devices": [...], "nondeterministic": why}``."""
+    return json.dumps({"settings": settings, "devices": devices,
+                       "nondeterministic": nondeterminism(settings, devices)}, indent=1) + "\n"
+
+
+def _breakpoints_json(forward_line: int, nodes: dict[str, dict]) -> str:
+    """``{"file", "forward_line", "nodes": {key: {line, node, op, source, inputs}}}``, a node a line."""
+    rows = [f"  {json.dumps(key)}: {json.dumps(entry)}" for key, entry in nodes.items()]
+    return ("{\n" f' "file": "module.py",\n "forward_line": {forward_line},\n "nodes": {{\n'
+            + ",\n".join(rows) + "\n }\n}\n")
+
+
+_PLAIN_LEAVES = (int, float, bool, str, type(None))
+
+
+def _opaque(value) -> bool:
+    """Whether the walk stops at ``value``: anything but a plain list, tuple or dict of str/int keys."""
+    kind = type(value)
+    return not (kind is list or kind is tuple
+                or (kind is dict and all(type(key) in (str, int) for key in value)))
+
+
+def _surely_loads(obj) -> bool:
+    """Whether ``obj`` holds only what ``torch.load(weights_only=True)`` always loads.
+
+    Dense tensors, numbers, strings and None in plain lists, tuples and dicts: no
+    need to load the file back to know (10k gradients take seconds to unpickle).
+
+    >>> _surely_loads({"a": [torch.ones(1), 2, None]}), _surely_loads({(1, 2): torch.ones(1)})
+    (True, False)
+    """
+    for _, leaf in leaves(obj, _opaque):
+        kind = type(leaf)
+        if kind in (torch.Tensor, torch.nn.Parameter):
+            if leaf.layout != torch.strided or leaf.is_quantized:
+                return False
+        elif kind not in _PLAIN_LEAVES:
+            return False
+    return True
+
+
+def _plain_tensor_file(obj, what: str) -> bytes:
+    """torch.save of ``obj``, checked to load with ``weights_only=True``."""
+    try:
+        data = tensor_file(obj)
+        if not _surely_loads(obj):  # anything else: the weights_only unpickler decides
+            torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as exc:  # pickling or the weights_only unpickler refused a value
+        raise FxdebugError(f"cannot dump {what}: they hold values torch.load(weights_only=True) "
+                           f"cannot load ({type(exc).__name__}: {first_line(exc)}). Pass "
+                           f"tensors, numbers, strings and lists/tuples/dicts of them.") from exc
+    return data
+
+
+def render_files(plan: DumpPlan) -> dict[str, bytes | Callable[[BinaryIO], Any]]:
+    """Every file of the folder: its bytes, or a function writing it into a binary file."""
+    cls = plan.module.cls
+    module = module_text(plan.module)
+    compile(module.text, "module.py", "exec")  # never write code that cannot parse
+    files: dict[str, bytes | Callable[[BinaryIO], Any]] = {
+        "__init__.py": template("package_init.py.tmpl").format(cls=cls).encode(),
+        "module.py": module.text.encode(),
+        "run.py": template("run.py.tmpl").format(cls=cls, runtime=run_py_source(),
+                                                  runs=NONDETERMINISTIC_RUNS,
+                                                  spread_scale=SPREAD_SCALE).encode(),
+        "breakpoints.json": _breakpoints_json(module.forward_line, module.nodes).encode(),
+        "README.md": _readme(plan).encode(),
+        "inputs.pt": _plain_tensor_file(list(clone_inputs(plan.inputs)), "the example inputs"),
+        "expected.pt": _plain_tensor_file(plan.expected, "the outputs"),
+        "settings.json": _settings_json(plan.settings, plan.devices).encode(),
+        "weights.pt": functools.partial(torch.save, plan.module.weights.tensors),  # straight into the file
+    }
+    if plan.module.pickled is not None:
+        files[PICKLED_FILE] = plan.module.pickled.data
+    return files
