@@ -196,7 +196,7 @@ class ModeFollower:
         self.why_not_rebuilt = ""
         self.link = ModeLink(list(model.named_modules()), [])
         self.signature = self.link.flags
-        self.hooks = HookWatch(self.link.sources)
+        self.hooks: HookWatch | None = HookWatch(self.link.sources)
         self.hook_state = self.hooks.state
         self._bound: weakref.ref | None = None
         self._variants: dict[tuple, _Variant] = {}
@@ -237,7 +237,9 @@ class ModeFollower:
 
     def __setstate__(self, state) -> None:
         self.__dict__.update(state)
-        self.hooks = HookWatch(self.link.sources)
+        # a copy's modules may still be half built here (deepcopy, unpickling): their hook
+        # registries are looked at on the first call, when they are whole
+        self.hooks = None
 
     # -- following ------------------------------------------------------------------------
     def in_step(self) -> bool:
@@ -252,6 +254,8 @@ class ModeFollower:
         """Swap in the graph of the modes the model's modules are in now (traced if new)."""
         if self._bound is None or self._bound() is not gm:
             self._bind(gm)
+        if self.hooks is None:
+            self.hooks = HookWatch(self.link.sources)
         signature, hook_state = self.link.current(), self.hooks.current()
         if signature == self.signature and hook_state == self.hook_state:
             return
