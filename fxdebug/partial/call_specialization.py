@@ -217,7 +217,7 @@ def note_part_output(gm: fx.GraphModule, path: str, module_type: str) -> None:
     # arguments given as pytrees: the graph returns flat outputs
     if specs is not None and specs[1] is not None and isinstance(value, (list, tuple)):
         value = torch_compat.tree_unflatten(list(value), specs[1])
-    items = leaves(value, lambda item: isinstance(item, fx.Node))
+    items = leaves(value, is_leaf=lambda item: isinstance(item, fx.Node))
     if not items:
         return
     order = {node: index for index, node in enumerate(gm.graph.nodes)}
