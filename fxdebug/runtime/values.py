@@ -277,11 +277,11 @@ def json_safe(value: Any, depth: int = 0) -> Any:
         return value.name
     if isinstance(value, Report):
         return value.to_dict()
-    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-    if shape is not None and dtype is not None:  # a tensor: its description, never its data
-        return {"shape": list(shape), "dtype": str(dtype).replace("torch.", "")}
     items = children(value)
     if items is None:
+        shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+        if shape is not None and dtype is not None:  # a tensor (or array): its description, never its data
+            return {"shape": list(shape), "dtype": str(dtype).replace("torch.", "")}
         return str(value)
     fields = dataclasses.is_dataclass(value)
     if fields or isinstance(value, dict):
