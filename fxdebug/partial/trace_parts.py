@@ -76,7 +76,7 @@ from ..tracing.locations import caller_stacklevel
 from ..tracing.module_copy import shallow_module_copy
 from ..tracing.modes import ModeLink
 from .part_selection import Selection, key_plan
-from .report import REPORT_ATTR, EagerModule, PartialReport, TracedPart, is_partial
+from .report import PARTIAL_REPORT_ATTR, EagerModule, PartialReport, TracedPart, is_partial
 from ..tracing.selection import candidates
 
 # instrument_graph(part, arguments or None) -> the instrumented part
@@ -272,7 +272,7 @@ class _Context:
         sources = list(model.named_modules())
         self.modes = ModeLink(sources, [(index, memo[id(module)])
                                         for index, (_, module) in enumerate(sources)])
-        root.__dict__[REPORT_ATTR] = self.report
+        root.__dict__[PARTIAL_REPORT_ATTR] = self.report
         if self.selection is not None:
             torch_compat.set_child(root, RECORDER_ATTR, self.shared)
         return root
