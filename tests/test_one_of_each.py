@@ -193,3 +193,35 @@ def test_a_class_named_report_is_a_report():
             named.append(getattr(importlib.import_module(module), node.name))
     assert len(named) >= 8
     assert [cls.__name__ for cls in named if not issubclass(cls, Report)] == []
+
+
+def test_every_report_module_brings_the_walker_to_dict_uses():
+    """Report.to_dict is handed json_safe when fxdebug.runtime.values is imported (the report
+    shape sits below the runtime): every module defining a report imports it, through its
+    imports or its packages' ``__init__``."""
+    from test_layout import import_graph
+    graph = import_graph()
+
+    def imported(module: str) -> set[str]:
+        seen: set[str] = set()
+        todo = [module]
+        while todo:
+            name = todo.pop()
+            if name in seen or name not in graph:
+                continue
+            seen.add(name)
+            parts = name.split(".")
+            todo.extend(".".join(parts[:i]) for i in range(2, len(parts)))  # its packages
+            todo.extend(graph[name])
+        return seen
+
+    defining = [module for module in sorted(graph) if any(
+        isinstance(node, ast.ClassDef) and any(getattr(base, "id", "") == "Report" for base in node.bases)
+        for node in ast.walk(ast.parse(_source(module))))]
+    assert len(defining) >= 8 and "fxdebug.runtime.values" not in imported("fxdebug.tables.report")
+    assert [m for m in defining if "fxdebug.runtime.values" not in imported(m)] == []
+
+
+def _source(module: str) -> str:
+    path = PACKAGE.parent / (module.replace(".", "/") + ".py")
+    return (path if path.exists() else path.with_suffix("") / "__init__.py").read_text()
