@@ -19,9 +19,10 @@ positions, dict keys, namedtuple and dataclass field names.
 
 The dumped folder's run.py carries :func:`named_leaves` and the functions it
 calls (see ``fxdebug.dumping.folder_runtime``), so they use nothing from
-fxdebug but ``tree_flatten_with_path`` and ``tree_is_leaf``; it carries
-:func:`outputs_loss` too (:func:`outputs_loss_source`), the one default loss,
-so a dump's expected gradients are those every check compares.
+fxdebug but ``tree_flatten_with_path`` and ``tree_is_leaf``. :func:`outputs_loss`,
+the one default loss, calls nothing but named_leaves, so run.py can carry it too
+(:func:`outputs_loss_source`) and a dump's expected gradients be those every check
+compares.
 
 Also here, built on the same walk: :func:`json_safe` (what every report's
 ``to_dict()`` returns; the report shape sits below the runtime, so
@@ -225,9 +226,9 @@ def outputs_loss(value):
     floating tensor in ``value`` that requires grad (of a complex one, its real part), or
     None where there is none.
 
-    check_equivalence, check_compiled, find_nonfinite, watch_nonfinite and the dumped
-    folder's run.py (which carries this function's source, :func:`outputs_loss_source`)
-    all start backward from it.
+    check_equivalence, check_compiled, find_nonfinite and watch_nonfinite start backward
+    from it; for the dumped folder's run.py, which cannot import fxdebug,
+    :func:`outputs_loss_source` gives its source.
 
     >>> out = {"a": torch.ones(2, requires_grad=True), "b": torch.ones(3), "n": 4}
     >>> outputs_loss(out)
