@@ -6,7 +6,7 @@ Call tree::
       ├─ unwrap_compiled(model)                       torch.compile(m) given: m, one warning
       ├─ "fx":     fx_tracer.trace_fx(model)          symbolic tracing, auto-leaf
       ├─ "export": export.export_trace(model, *example_inputs)
-      └─ "auto":   fx, else export, else partial.trace_parts(model)
+      └─ "auto":   fx, else export, else partial.build_partial_model(model)
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .tracing.graph_module import keyed_copy
 from .tracing.keys import META_KEY
 from .tracing.locations import caller_stacklevel
 from .tracing.transaction import model_transaction
-from .partial.trace_parts import trace_parts
+from .partial.trace_parts import build_partial_model
 from .partial.report import is_partial
 
 __all__ = ["trace", "keyed_module", "unwrap_compiled"]
@@ -179,7 +179,7 @@ def _trace_auto(model, example_inputs, leaf_modules, concrete_args, auto_leaf):
                      "fxdebug.trace(model, *example_inputs, frontend='auto'))")
     if next(model.children(), None) is None:
         raise fx_failure  # no submodules, no parts
-    return trace_parts(model, fx_failure, leaf_modules, notes[1:])  # it notes fx_failure itself
+    return build_partial_model(model, fx_failure, leaf_modules, notes[1:])  # it notes fx_failure itself
 
 
 def keyed_module(model: torch.nn.Module) -> fx.GraphModule:

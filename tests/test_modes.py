@@ -41,7 +41,7 @@ ZOO = {
 
 
 def _outputs(value) -> list:
-    return [tensor for _, tensor in leaves(value, lambda v: isinstance(v, torch.Tensor))]
+    return [tensor for _, tensor in leaves(value, is_leaf=lambda v: isinstance(v, torch.Tensor))]
 
 
 def _run(module, x, seed=0):

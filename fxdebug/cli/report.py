@@ -1,4 +1,4 @@
-"""``fxdebug report``: one self-contained HTML page of a run (and of passes, with --pass)."""
+"""``fxdebug report``: the HTML page of :func:`fxdebug.report` for a run (and of passes, with --pass)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from ._common import add_model_arguments, add_pass_arguments, capture_argument, 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "report", help="write an HTML report: records table, norm charts, pass diffs",
+        "report", help="write the HTML page of a run: records table, norm charts, pass diffs",
         description="Instrument MODEL with gradients, run a forward and a backward of the "
                     "output sum, and write one self-contained HTML file (no network): the "
                     "records table (sortable, filterable), activation and gradient norms per "
@@ -18,7 +18,7 @@ def register(subparsers) -> None:
     add_model_arguments(parser)
     add_pass_arguments(parser)
     parser.add_argument("-o", "--output", default="report.html", metavar="FILE.html",
-                        help="where to write the report (default report.html)")
+                        help="where to write the page (default report.html)")
     parser.add_argument("--capture", default="modules",
                         help="modules, all, or comma-separated keys/globs (default modules)")
     parser.add_argument("--no-grads", dest="grads", action="store_false",

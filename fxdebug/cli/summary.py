@@ -93,8 +93,8 @@ def _backward(args, loss_fn, output) -> None:
 
 
 def _print(args, model, inputs, gm, rec) -> int:
-    from ..partial.report import REPORT_ATTR, is_partial
-    report = getattr(gm, REPORT_ATTR) if is_partial(gm) else None
+    from ..partial.report import PARTIAL_REPORT_ATTR, is_partial
+    report = getattr(gm, PARTIAL_REPORT_ATTR) if is_partial(gm) else None
     if report is not None and not report.parts and len(rec) == 0:
         reasons = " ".join(eager.reason for eager in report.eager[:1]) or "no part was traceable"
         raise FxdebugError(f"nothing in {type(model).__name__} could be traced, so nothing was "

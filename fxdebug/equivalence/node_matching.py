@@ -110,7 +110,7 @@ def arg_slots(node: fx.Node) -> dict[str, fx.Node]:
     slots: dict[str, fx.Node] = {}
     named = [(str(index), arg) for index, arg in enumerate(node.args)] + list(node.kwargs.items())
     for label, arg in named:
-        slots.update(leaves(arg, lambda value: isinstance(value, fx.Node), label))
+        slots.update(leaves(arg, label, is_leaf=lambda value: isinstance(value, fx.Node)))
     return slots
 
 

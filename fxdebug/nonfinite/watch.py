@@ -251,7 +251,7 @@ class NonfiniteWatch:
         if self._flags is not None:
             flagged = self._flags.flagged(self._out_sum, grads)
             if flagged:
-                self.report = self._flags.report(self, flagged, loss)
+                self.report = self._flags.gather_report(self, flagged, loss)
             return self.report
         if all(math.isfinite(v) for v in _read(self._out_sum, grads)) or not self._confirmed():
             return None

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ..runtime import flatten_tensors, tensor_stats
+from ..runtime import flatten_tensors, outputs_loss, tensor_stats
 from ..runtime.formatting import dtype_text, shape_text
 from .nonfinite import BackwardHit, ForwardHit, NonfiniteReport, ValueStats
 
@@ -123,7 +123,8 @@ class _Hooks:
 def replay_by_modules(module: torch.nn.Module, args: tuple, kwargs: dict, loss,
                       why: str) -> NonfiniteReport:
     """One forward of ``module(*args, **kwargs)`` with a hook on every module, then the
-    gradients of ``loss(output)`` (default: the sum of the outputs) for the parameters,
+    gradients of ``loss(output)`` (default: :func:`~fxdebug.runtime.values.outputs_loss`, the
+    one default loss) for the parameters,
     every module output's gradient checked as the backward reaches it.
 
     >>> class Net(torch.nn.Module):
@@ -149,9 +150,7 @@ def replay_by_modules(module: torch.nn.Module, args: tuple, kwargs: dict, loss,
     notes = [f"replayed module by module (a forward hook on each): {why}; a hit is the "
              f"innermost module whose output is non-finite, its source the line of its forward"]
     named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
-    value = loss(output) if loss is not None else sum(
-        t.real.sum() if t.is_complex() else t.sum() for _, t in _floats(output)
-        if t.requires_grad)
+    value = loss(output) if loss is not None else outputs_loss(output)
     backward_ran = isinstance(value, torch.Tensor) and value.requires_grad and bool(named)
     if backward_ran and isinstance(value, torch.Tensor):
         grads = torch.autograd.grad(value.reshape(()), [p for _, p in named], allow_unused=True)

@@ -15,7 +15,7 @@ Call tree::
            │                                    elsewhere), one all_reduce (SUM: a NaN or
            │                                    Inf stays in its slot). Then one read.
            └─ some slot non-finite, on every rank at once:
-              RankFlags.report(watch, flagged)
+              RankFlags.gather_report(watch, flagged)
                 ├─ a flagged rank: confirm on the values, replay its own step
                 │    (NonfiniteWatch.replay -> find_nonfinite), or the error that stopped it
                 ├─ RankGroup.gather(RankFinding)    one all_gather_object, that step only
@@ -193,7 +193,7 @@ class RankFlags:
                 flagged.append((rank, " and ".join(bad)))
         return flagged
 
-    def report(self, watch, flagged: list[tuple[int, str]], loss) -> "RankNonfiniteReport | None":
+    def gather_report(self, watch, flagged: list[tuple[int, str]], loss) -> "RankNonfiniteReport | None":
         """Flagged ranks confirm and replay their step; every rank gathers what they found.
         None on every rank when no flagged rank confirmed (a sum overflowed on finite values)."""
         me = self.ranks.rank

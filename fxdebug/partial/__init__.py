@@ -5,7 +5,8 @@ its keyword arguments: fx cannot trace such roots even with auto-leaf. The
 model is then kept as a tree of dispatchers, and each module traces itself on
 its first call, specialised to that call; what cannot be traced runs eagerly::
 
-    trace_parts(model) / instrument_parts(model, instrument_graph)   trace_parts.py
+    build_partial_model(model) / instrument_parts(model, instrument_graph)   trace_parts.py
+      (make the model)            traced_parts(model): its parts by label (list them)
       ├─ call_plan / export_plan: what stays an input, what is fixed   call_specialization.py
       ├─ which parts a capture pattern selects                         part_selection.py
       └─ PartialReport: traced parts, eager modules and why            report.py
@@ -17,11 +18,14 @@ its first call, specialised to that call; what cannot be traced runs eagerly::
 ...         self.lin = torch.nn.Linear(2, 2)
 ...     def forward(self, xs):
 ...         return [self.lin(x) for x in xs]   # a loop over a list: the root cannot be traced
->>> model = fxdebug.partial.traced_parts(fxdebug.trace(Loop(), frontend="auto"))
+>>> model = fxdebug.trace(Loop(), frontend="auto")   # build_partial_model(Loop()) inside
+>>> _ = model([torch.ones(1, 2)])
+>>> list(fxdebug.partial.traced_parts(model))  # by label; '' is the root, traced for this call
+['']
 """
 
 from .report import EagerModule, PartialReport, TracedPart, is_partial
-from .trace_parts import instrument_parts, part_inputs, trace_parts, traced_parts
+from .trace_parts import build_partial_model, instrument_parts, part_inputs, traced_parts
 
-__all__ = ["trace_parts", "instrument_parts", "is_partial", "part_inputs", "traced_parts",
+__all__ = ["build_partial_model", "instrument_parts", "is_partial", "part_inputs", "traced_parts",
            "PartialReport", "TracedPart", "EagerModule"]

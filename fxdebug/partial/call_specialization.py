@@ -21,7 +21,7 @@ from ..runtime.formatting import dtype_text
 from ..tracing.fidelity import static_forward
 from ..tracing.keys import META_RETURNS, ModuleReturn
 from ..tracing.module_copy import module_tree_copy
-from .report import REPORT_ATTR
+from .report import PARTIAL_REPORT_ATTR
 
 __all__ = ["CallPlan", "call_plan", "ExportPlan", "export_plan", "call_forward", "strip_guards", "note_part_output", "set_submodule",
            "clean_tree", "is_fx_leaf", "is_container"]
@@ -217,7 +217,7 @@ def note_part_output(gm: fx.GraphModule, path: str, module_type: str) -> None:
     # arguments given as pytrees: the graph returns flat outputs
     if specs is not None and specs[1] is not None and isinstance(value, (list, tuple)):
         value = torch_compat.tree_unflatten(list(value), specs[1])
-    items = leaves(value, lambda item: isinstance(item, fx.Node))
+    items = leaves(value, is_leaf=lambda item: isinstance(item, fx.Node))
     if not items:
         return
     order = {node: index for index, node in enumerate(gm.graph.nodes)}
@@ -237,7 +237,7 @@ def clean_tree(module: torch.nn.Module) -> torch.nn.Module:
     clean = module_tree_copy(module)
     for sub in clean.modules():
         sub.__dict__.pop("forward", None)
-        sub.__dict__.pop(REPORT_ATTR, None)
+        sub.__dict__.pop(PARTIAL_REPORT_ATTR, None)
         if isinstance(torch_compat.own_children(sub).get(RECORDER_ATTR), SharedRecorder):
             delattr(sub, RECORDER_ATTR)  # public: drops it from the children
     return clean

@@ -16,9 +16,9 @@ from ..tables.report import Report
 from ..tracing.keys import join_path
 from ..tracing.locations import short_list
 
-__all__ = ["PartialReport", "TracedPart", "EagerModule", "is_partial", "REPORT_ATTR"]
+__all__ = ["PartialReport", "TracedPart", "EagerModule", "is_partial", "PARTIAL_REPORT_ATTR"]
 
-REPORT_ATTR = "fxdebug_partial"
+PARTIAL_REPORT_ATTR = "fxdebug_partial"
 
 # A key/value cache object (transformers' DynamicCache, StaticCache...) named in a reason.
 _CACHE = re.compile(r"\b(\w*Cache)\b")
@@ -163,7 +163,7 @@ class PartialReport(Report):
         return (f"fxdebug could not trace {self.model_type} as a whole: traced "
                 f"{len(self.parts)} part(s){by_export}, ran {len(self.eager)} module(s) eagerly "
                 f"({eager}); "
-                f"print(model.{REPORT_ATTR}.summary()) says why."
+                f"print(model.{PARTIAL_REPORT_ATTR}.summary()) says why."
                 + "".join(f" {hint}" for hint in self.hints()))
 
 
@@ -174,5 +174,5 @@ def is_partial(module: torch.nn.Module) -> bool:
     >>> is_partial(torch.nn.Linear(2, 2))
     False
     """
-    return isinstance(module.__dict__.get(REPORT_ATTR), PartialReport)
+    return isinstance(module.__dict__.get(PARTIAL_REPORT_ATTR), PartialReport)
 

@@ -76,13 +76,13 @@ from ..tracing.locations import caller_stacklevel
 from ..tracing.module_copy import shallow_module_copy
 from ..tracing.modes import ModeLink
 from .part_selection import Selection, key_plan
-from .report import REPORT_ATTR, EagerModule, PartialReport, TracedPart, is_partial
+from .report import PARTIAL_REPORT_ATTR, EagerModule, PartialReport, TracedPart, is_partial
 from ..tracing.selection import candidates
 
 # instrument_graph(part, arguments or None) -> the instrumented part
 InstrumentGraph = Callable[[fx.GraphModule, "dict | None"], fx.GraphModule]
 
-__all__ = ["trace_parts", "instrument_parts", "is_partial", "traced_parts", "part_inputs",
+__all__ = ["build_partial_model", "instrument_parts", "is_partial", "traced_parts", "part_inputs",
            "PartialReport", "TracedPart", "EagerModule", "InstrumentGraph"]
 
 
@@ -272,7 +272,7 @@ class _Context:
         sources = list(model.named_modules())
         self.modes = ModeLink(sources, [(index, memo[id(module)])
                                         for index, (_, module) in enumerate(sources)])
-        root.__dict__[REPORT_ATTR] = self.report
+        root.__dict__[PARTIAL_REPORT_ATTR] = self.report
         if self.selection is not None:
             torch_compat.set_child(root, RECORDER_ATTR, self.shared)
         return root
@@ -416,12 +416,13 @@ def _context_of(model: torch.nn.Module) -> _Context:
     return dispatch.context
 
 
-def trace_parts(model: torch.nn.Module, failure: TraceFailure | None = None, leaf_modules=(),
-                notes=()) -> torch.nn.Module:
+def build_partial_model(model: torch.nn.Module, failure: TraceFailure | None = None,
+                        leaf_modules=(), notes=()) -> torch.nn.Module:
     """A copy of ``model`` that traces each module when it is first called; the rest runs eagerly.
 
     What ``fxdebug.trace(model, frontend="auto")`` returns when neither fx nor
-    export can trace the whole model. Pass it to :func:`fxdebug.instrument`.
+    export can trace the whole model. Pass it to :func:`fxdebug.instrument`;
+    :func:`traced_parts` lists the parts it has traced.
 
     Args:
         model: the module; it is not modified (the copy shares its parameters
@@ -441,7 +442,7 @@ def trace_parts(model: torch.nn.Module, failure: TraceFailure | None = None, lea
         ...         if len(xs) > 1:
         ...             return [self.stem(x) for x in xs]
         ...         return self.stem(xs[0])
-        >>> partial = trace_parts(Loop())
+        >>> partial = build_partial_model(Loop())
         >>> with warnings.catch_warnings():
         ...     warnings.simplefilter("ignore")
         ...     _ = partial([torch.ones(1, 4), torch.ones(1, 4)])

@@ -1,4 +1,4 @@
-"""``report(...)``: one self-contained HTML file to look at a run and at what passes did.
+"""``report(...)``: one self-contained HTML page of runs and reports (a run, what passes did).
 
 No network, no CDN: the CSS and the few lines of JavaScript (sort by a column,
 filter by key) are inline, the charts are inline SVG::
@@ -17,7 +17,7 @@ Anything else is an error naming what it accepts.
 >>> import torch, fxdebug
 >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))
 >>> _ = gm(torch.ones(1, 2))
->>> page = fxdebug.reporting.html.report_html(gm)
+>>> page = fxdebug.reporting.html.html_page(gm)
 >>> page.startswith("<!DOCTYPE html>"), "http" in page.replace("http-equiv", "")
 (True, False)
 """
@@ -34,7 +34,7 @@ from ..runtime import RECORDER_ATTR, Records
 from ..runtime.records_html import records_rows, records_table_html
 from ..tables.report import Report
 
-__all__ = ["report", "report_html", "diff_html", "equivalence_html"]
+__all__ = ["report", "html_page", "diff_html", "equivalence_html"]
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
@@ -198,7 +198,7 @@ def _section(obj, index: int) -> str:
         return "<h2>Graph diff</h2>" + diff_html(obj)
     if hasattr(obj, "first_divergence") and hasattr(obj, "nodes"):  # an EquivalenceReport
         return "<h2>Equivalence check</h2>" + equivalence_html(obj)
-    if hasattr(obj, "stages"):  # a PassManager report
+    if hasattr(obj, "stages"):  # a PassReport
         parts = ["<h2>Passes</h2>", f"<pre>{_esc(obj.table())}</pre>"]
         for stage in obj.stages[1:]:
             parts.append(f"<h3>pass {_esc(stage.name)}</h3>")
@@ -214,12 +214,12 @@ def _section(obj, index: int) -> str:
         raise TypeError(f"report: {type(obj).__name__} has no recorded run; pass a module made "
                         f"by fxdebug.instrument after calling it once.")
     raise TypeError(f"report: cannot show a {type(obj).__name__}; give an instrumented module, "
-                    f"Records, a GraphDiff, an EquivalenceReport or a PassManager report "
+                    f"Records, a GraphDiff, an EquivalenceReport or a PassReport "
                     f"(or a list of them).")
 
 
-def report_html(gm_or_reports, title: str = "fxdebug report") -> str:
-    """The report page as a string (see :func:`report`)."""
+def html_page(gm_or_reports, title: str = "fxdebug report") -> str:
+    """The HTML page :func:`report` writes, as a string."""
     items = list(gm_or_reports) if isinstance(gm_or_reports, (list, tuple)) else [gm_or_reports]
     body = "".join(_section(item, i) for i, item in enumerate(items))
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -228,10 +228,11 @@ def report_html(gm_or_reports, title: str = "fxdebug report") -> str:
 
 
 def report(gm_or_reports, path: str | os.PathLike, title: str = "fxdebug report") -> str:
-    """Write one self-contained HTML file (no network needed) and return its path.
+    """Write runs and reports on one self-contained HTML page (no network needed); return its path.
 
     ``gm_or_reports``: an instrumented module after a run (or its Records), a
-    ``GraphDiff``, an ``EquivalenceReport``, a ``PassManager`` report, or a
+    ``GraphDiff``, an ``EquivalenceReport``, a ``PassReport`` (what ``PassManager.run``
+    returns), any other fxdebug report, or a
     list of these: records table (sortable, filterable by key), activation and
     gradient norm charts, non-finite nodes in red, diffs coloured, first
     divergence outlined.
@@ -243,7 +244,7 @@ def report(gm_or_reports, path: str | os.PathLike, title: str = "fxdebug report"
     >>> os.path.getsize(path) > 1000
     True
     """
-    page = report_html(gm_or_reports, title)
+    page = html_page(gm_or_reports, title)
     path = os.fspath(path)
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(page)

@@ -195,23 +195,17 @@ class _UseViews(TorchFunctionMode):
         self.views = views
         self.used: set[int] = set()
 
-    def _swap(self, value):
-        if isinstance(value, torch.Tensor):
-            view = self.views.get(id(value))
-            if view is not None:
-                self.used.add(id(value))
-                return view
-            return value
-        if type(value) in (tuple, list):
-            return type(value)(self._swap(item) for item in value)
-        if type(value) is dict:
-            return {key: self._swap(item) for key, item in value.items()}
-        return value
+    def _swap(self, tensor: torch.Tensor) -> torch.Tensor:
+        view = self.views.get(id(tensor))
+        if view is None:
+            return tensor
+        self.used.add(id(tensor))
+        return view
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if not _writes_in_place(func):
-            args, kwargs = self._swap(args), self._swap(kwargs)
+            args, kwargs = map_tensors(self._swap, args), map_tensors(self._swap, kwargs)
         return func(*args, **kwargs)
 
 

@@ -1,5 +1,5 @@
 """The Records table as HTML: what ``Records._repr_html_`` shows in Jupyter, and what the
-HTML report (:mod:`fxdebug.reporting.html`) embeds.
+HTML page (:mod:`fxdebug.reporting.html`) embeds.
 
 One ``<table class="fxdebug-records">`` row per capture, with the statistics of
 ``Records.table()`` and, when gradients were recorded, the gradient norm; rows

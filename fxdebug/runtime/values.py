@@ -19,21 +19,32 @@ positions, dict keys, namedtuple and dataclass field names.
 
 The dumped folder's run.py carries :func:`named_leaves` and the functions it
 calls (see ``fxdebug.dumping.folder_runtime``), so they use nothing from
-fxdebug but ``tree_flatten_with_path`` and ``tree_is_leaf``.
+fxdebug but ``tree_flatten_with_path`` and ``tree_is_leaf``. :func:`outputs_loss`,
+the one default loss, calls nothing but named_leaves, so run.py can carry it too
+(:func:`outputs_loss_source`) and a dump's expected gradients be those every check
+compares.
+
+Also here, built on the same walk: :func:`json_safe` (what every report's
+``to_dict()`` returns; the report shape sits below the runtime, so
+:mod:`fxdebug.tables.report` is handed it when this module is imported).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
+import inspect
+import math
 from typing import Any, Callable
 
 import torch
 
+from ..tables.report import Report, use_json_converter
 from .torch_compat import tree_flatten_with_path, tree_is_leaf, tree_unflatten
 
 __all__ = ["children", "named_leaves", "leaves", "flatten_tensors", "map_leaves", "map_tensors",
-           "clone_inputs", "outputs_loss", "WALKER_FUNCTIONS"]
+           "clone_inputs", "outputs_loss", "outputs_loss_source", "json_safe", "WALKER_FUNCTIONS"]
 
 
 def _key_name(entry) -> str:
@@ -83,11 +94,12 @@ def children(value):
     return [(_key_name(path[0]), item) for path, item in flat]
 
 
-def named_leaves(value, prefix="", is_leaf=None):
+def named_leaves(value, prefix="", *, is_leaf=None):
     """``[(key, leaf)]`` of a nested value, in order; ``is_leaf(item)`` stops the walk at ``item``.
 
     Keys join the path with ``/`` after ``prefix`` (the value itself is keyed ``prefix``).
-    ``None`` is a leaf; an empty container has none.
+    ``None`` is a leaf; an empty container has none. :func:`leaves` takes the same
+    arguments in the same order.
 
     >>> import collections
     >>> Pair = collections.namedtuple("Pair", "h c")
@@ -102,21 +114,24 @@ def named_leaves(value, prefix="", is_leaf=None):
         return [(prefix, value)]
     found = []
     for name, item in items:
-        found.extend(named_leaves(item, f"{prefix}/{name}" if prefix else name, is_leaf))
+        found.extend(named_leaves(item, f"{prefix}/{name}" if prefix else name, is_leaf=is_leaf))
     return found
 
 
-def leaves(value: Any, is_leaf: Callable[[Any], bool], path: str = "") -> list[tuple[str, Any]]:
-    """``(path, leaf)`` for every leaf ``is_leaf`` accepts (the others left out).
+def leaves(value: Any, prefix: str = "", *, is_leaf: Callable[[Any], bool]) -> list[tuple[str, Any]]:
+    """``(key, leaf)`` for every leaf ``is_leaf`` accepts (the others left out): :func:`named_leaves`
+    (same arguments, same order) filtered.
 
-    >>> leaves((1, {"b": 2, "c": "x"}), lambda v: isinstance(v, int))
+    >>> leaves((1, {"b": 2, "c": "x"}), is_leaf=lambda v: isinstance(v, int))
     [('0', 1), ('1/b', 2)]
+    >>> leaves([3], "args", is_leaf=lambda v: isinstance(v, int))
+    [('args/0', 3)]
     """
-    return [(key, leaf) for key, leaf in named_leaves(value, path, is_leaf) if is_leaf(leaf)]
+    return [(key, leaf) for key, leaf in named_leaves(value, prefix, is_leaf=is_leaf) if is_leaf(leaf)]
 
 
-def flatten_tensors(value: Any, key: str = "", notes: list | None = None) -> list[tuple[str, torch.Tensor]]:
-    """``(key/path, tensor)`` for every tensor in a nested value, in order.
+def flatten_tensors(value: Any, prefix: str = "", notes: list | None = None) -> list[tuple[str, torch.Tensor]]:
+    """``(key, tensor)`` for every tensor in a nested value, in order (keys as :func:`named_leaves`).
 
     ``notes`` (when given) receives a line per leaf that is neither a tensor nor None.
 
@@ -126,7 +141,7 @@ def flatten_tensors(value: Any, key: str = "", notes: list | None = None) -> lis
     ['blk/1: str is not a tensor, skipped']
     """
     found: list[tuple[str, torch.Tensor]] = []
-    for name, leaf in named_leaves(value, key):
+    for name, leaf in named_leaves(value, prefix):
         if isinstance(leaf, torch.Tensor):
             found.append((name, leaf))
         elif leaf is not None and notes is not None:
@@ -206,16 +221,74 @@ WALKER_FUNCTIONS = (_key_name, _opened_here, children, named_leaves)
 """What the dumped folder's run.py copies (their source) to flatten outputs without fxdebug."""
 
 
-def outputs_loss(value: Any) -> torch.Tensor | None:
-    """The scalar a default backward starts from: the sum of every floating tensor in ``value``
-    that requires grad (of a complex one, its real part), or None where there is none.
+def outputs_loss(value):
+    """The one default loss: the scalar a default backward starts from, the sum of every
+    floating tensor in ``value`` that requires grad (of a complex one, its real part), or
+    None where there is none.
+
+    check_equivalence, check_compiled, find_nonfinite and watch_nonfinite start backward
+    from it; for the dumped folder's run.py, which cannot import fxdebug,
+    :func:`outputs_loss_source` gives its source.
 
     >>> out = {"a": torch.ones(2, requires_grad=True), "b": torch.ones(3), "n": 4}
     >>> outputs_loss(out)
     tensor(2., grad_fn=<SumBackward0>)
+    >>> outputs_loss([torch.ones(2, dtype=torch.complex64, requires_grad=True)])
+    tensor(2., grad_fn=<SumBackward0>)
     >>> outputs_loss(torch.ones(2)) is None
     True
     """
-    terms = [t.real.sum() if t.is_complex() else t.sum() for _, t in flatten_tensors(value)
-             if t.requires_grad and (t.is_floating_point() or t.is_complex())]
+    terms = [t.real.sum() if t.is_complex() else t.sum() for _, t in named_leaves(value)
+             if isinstance(t, torch.Tensor) and t.requires_grad and (t.is_floating_point() or t.is_complex())]
     return sum(terms[1:], terms[0]) if terms else None
+
+
+def outputs_loss_source() -> str:
+    """The source of :func:`outputs_loss`, for the dumped folder's run.py (which cannot import
+    fxdebug: it defines ``outputs_loss`` from this text, next to the walker it calls,
+    :data:`WALKER_FUNCTIONS`).
+
+    >>> print(outputs_loss_source().splitlines()[0])
+    def outputs_loss(value):
+    """
+    return inspect.getsource(outputs_loss)
+
+
+JSON_DEPTH = 12
+"""json_safe writes a value nested deeper than this as its ``str`` (a cycle cannot hang it)."""
+
+
+def json_safe(value: Any, depth: int = 0) -> Any:
+    """``value`` as JSON-safe data: dataclasses and mappings as dicts, other containers as lists
+    (opened as :func:`children` opens them), tensors as their shape and dtype, non-finite
+    floats as text, reports as their ``to_dict()``, anything else as ``str``.
+
+    What every report's ``to_dict()`` returns (:class:`fxdebug.tables.report.Report`).
+
+    >>> json_safe({"t": torch.zeros(2, 3), "x": float("nan"), "xs": (1, "a")})
+    {'t': {'shape': [2, 3], 'dtype': 'float32'}, 'x': 'nan', 'xs': [1, 'a']}
+    """
+    if depth > JSON_DEPTH:
+        return str(value)
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, Report):
+        return value.to_dict()
+    items = children(value)
+    if items is None:
+        shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+        if shape is not None and dtype is not None:  # a tensor (or array): its description, never its data
+            return {"shape": list(shape), "dtype": str(dtype).replace("torch.", "")}
+        return str(value)
+    fields = dataclasses.is_dataclass(value)
+    if fields or isinstance(value, dict):
+        return {name: json_safe(item, depth + 1) for name, item in items
+                if not (fields and name.startswith("_"))}
+    return [json_safe(item, depth + 1) for _, item in items]
+
+
+use_json_converter(json_safe)

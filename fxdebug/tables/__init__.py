@@ -15,6 +15,6 @@ a        1
 """
 
 from .fit_to_width import ellipsize, fit_line, fit_table, table_width
-from .report import Report, json_safe
+from .report import Report
 
-__all__ = ["Report", "json_safe", "fit_table", "fit_line", "table_width", "ellipsize"]
+__all__ = ["Report", "fit_table", "fit_line", "table_width", "ellipsize"]

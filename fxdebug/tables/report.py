@@ -11,7 +11,9 @@ else comes from here::
     repr(report)         <EquivalenceReport 12 outputs, DIFFERENT: first divergence layer1.0.conv2 ...>
     report._repr_html_() the table in a <pre> (Jupyter), unless the report draws its own
     report.to_dict()     JSON-safe: kind, ok, size, finding and the report's fields
-                         (dataclass fields, tensors as shape and dtype, non-finite floats as text)
+                         (dataclass fields, tensors as shape and dtype, non-finite floats as text),
+                         made so by fxdebug.runtime.values.json_safe (the one nested-value
+                         walker sits above this module: importing it hands json_safe here)
 
 >>> class Count(Report):
 ...     def __init__(self, n): self.n = n
@@ -21,6 +23,7 @@ else comes from here::
 ...     def _finding(self): return f"{self.n} problem(s)" if self.n else ""
 >>> Count(2)
 <Count 3 nodes, DIFFERENT: 2 problem(s)>
+>>> import fxdebug.runtime  # to_dict's nested-value walker (imported by every fxdebug report)
 >>> Count(0).to_dict()
 {'kind': 'Count', 'ok': True, 'size': '3 nodes', 'finding': '', 'n': 0}
 """
@@ -28,12 +31,12 @@ else comes from here::
 from __future__ import annotations
 
 import dataclasses
-import enum
 import html
-import math
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["Report", "json_safe"]
+from ..errors import FxdebugError
+
+__all__ = ["Report", "use_json_converter"]
 
 REPR_LIMIT = 160
 """A report's repr is one line of at most this many characters."""
@@ -85,7 +88,11 @@ class Report:
                                "size": self._size(),
                                "finding": " ".join(self._finding().split())}
         out.update(self._fields())
-        return json_safe(out)
+        if not _JSON_CONVERTER:
+            raise FxdebugError(f"{type(self).__name__}.to_dict() makes nested values JSON-safe with "
+                               f"fxdebug.runtime.values.json_safe, and fxdebug.runtime is not imported "
+                               f"yet: import fxdebug.runtime (or fxdebug.runtime.values) first.")
+        return _JSON_CONVERTER[0](out)
 
     def _fields(self) -> dict[str, Any]:
         """The report's own data for :meth:`to_dict`: its dataclass fields or attributes."""
@@ -95,32 +102,16 @@ class Report:
         return {name: value for name, value in vars(self).items() if not name.startswith("_")}
 
 
-def json_safe(value: Any, depth: int = 0) -> Any:
-    """``value`` as JSON-safe data: dataclasses and mappings as dicts, sequences as lists,
-    tensors as their shape and dtype, non-finite floats as text, anything else as ``str``.
+_JSON_CONVERTER: list[Callable[[Any], Any]] = []
 
-    >>> import torch
-    >>> json_safe({"t": torch.zeros(2, 3), "x": float("nan"), "xs": (1, "a")})
-    {'t': {'shape': [2, 3], 'dtype': 'float32'}, 'x': 'nan', 'xs': [1, 'a']}
+
+def use_json_converter(convert: Callable[[Any], Any]) -> None:
+    """Hand :meth:`Report.to_dict` the function that makes nested values JSON-safe:
+    :func:`fxdebug.runtime.values.json_safe`, which calls this when imported (the nested-value
+    walker sits above this module, which cannot import it).
+
+    >>> import fxdebug.runtime.values
+    >>> _JSON_CONVERTER == [fxdebug.runtime.values.json_safe]
+    True
     """
-    if depth > 12:
-        return str(value)
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, enum.Enum):
-        return value.name
-    if isinstance(value, Report):
-        return value.to_dict()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {field.name: json_safe(getattr(value, field.name), depth + 1)
-                for field in dataclasses.fields(value) if not field.name.startswith("_")}
-    if isinstance(value, dict):
-        return {str(key): json_safe(item, depth + 1) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(item, depth + 1) for item in value]
-    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-    if shape is not None and dtype is not None:  # a tensor: its description, never its data
-        return {"shape": list(shape), "dtype": str(dtype).replace("torch.", "")}
-    return str(value)
+    _JSON_CONVERTER[:] = [convert]

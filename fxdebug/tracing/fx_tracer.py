@@ -282,7 +282,8 @@ class _Tracer(fx.Tracer):
         return out
 
     def _note_module_return(self, key, module_type, out, source) -> None:
-        items = [(subpath, proxy.node) for subpath, proxy in leaves(out, lambda value: isinstance(value, fx.Proxy))
+        proxies = leaves(out, is_leaf=lambda value: isinstance(value, fx.Proxy))
+        items = [(subpath, proxy.node) for subpath, proxy in proxies
                  if isinstance(proxy.node, fx.Node) and proxy.node.graph is self.graph]
         if not items or not self._order:
             return

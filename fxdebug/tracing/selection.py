@@ -94,7 +94,7 @@ def root_output(gm: fx.GraphModule) -> list[Target]:
     output = next((node for node in reversed(gm.graph.nodes) if node.op == "output"), None)
     if output is None or not output.args:
         return []
-    items = leaves(output.args[0], lambda value: isinstance(value, fx.Node))
+    items = leaves(output.args[0], is_leaf=lambda value: isinstance(value, fx.Node))
     if not items or output.prev is output or output.prev.op == "root":
         return []
     value = items[0][1] if len(items) == 1 and items[0][0] == "" else dict(items)
