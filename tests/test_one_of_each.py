@@ -27,8 +27,6 @@ CONTAINERS = {"list", "tuple", "dict"}
 
 # Functions another change is replacing: the dump pipeline's own loss and container walk move to
 # outputs_loss and the walker. An entry that is gone fails the test too: delete it from here.
-PENDING_LOSSES = {("dumping/folder_runtime.py", "loss_of")}
-PENDING_WALKS = {("dumping/dump.py", "_surely_loads")}
 
 # Recursive walks over containers that are not the walk of a nested value (or write one as text,
 # keeping each container's brackets and class, which the walker's (name, item) pairs leave out).
@@ -99,14 +97,14 @@ def _recurses(function) -> bool:
 
 def test_one_function_makes_the_default_loss():
     found = {(path, function.name) for path, function in _functions() if _sums_outputs(function)}
-    assert found == {("runtime/values.py", "outputs_loss")} | PENDING_LOSSES, (
+    assert found == {("runtime/values.py", "outputs_loss")}, (
         "fxdebug.runtime.values.outputs_loss is the one default loss: call it")
 
 
 def test_one_walker_opens_nested_values():
     found = {(path, function.name) for path, function in _functions()
              if path != "runtime/values.py" and _tests_container_types(function) and _recurses(function)}
-    assert found == set(OTHER_WALKS) | PENDING_WALKS, (
+    assert found == set(OTHER_WALKS), (
         "walk nested values with fxdebug.runtime.values (named_leaves, leaves, map_leaves, "
         "map_tensors, json_safe)")
 

@@ -149,7 +149,7 @@ def _surely_loads(obj) -> bool:
     >>> _surely_loads({"a": [torch.ones(1), 2, None]}), _surely_loads({(1, 2): torch.ones(1)})
     (True, False)
     """
-    for _, leaf in leaves(obj, _opaque):
+    for _, leaf in leaves(obj, is_leaf=_opaque):
         kind = type(leaf)
         if kind in (torch.Tensor, torch.nn.Parameter):
             if leaf.layout != torch.strided or leaf.is_quantized:
