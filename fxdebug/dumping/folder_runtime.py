@@ -224,7 +224,7 @@ def carried_functions(roots, instead: dict) -> list[types.FunctionType]:
     each once, the functions called before their callers; ``instead[f]`` replaces ``f``.
 
     >>> [f.__name__ for f in carried_functions([outputs_loss], {values.children: children})]
-    ['_opened_here', 'children', 'named_leaves', 'flatten_tensors', 'outputs_loss']
+    ['_opened_here', 'children', 'named_leaves', 'outputs_loss']
     """
     found: dict[types.FunctionType, None] = {}
     visiting: set = set()
