@@ -112,7 +112,7 @@ def run(args) -> int:
           f"passes: {', '.join(p.name for p in passes)}")
     gm = trace(model)
     stages = [model, graph_source(gm)]  # the stage before (the model itself first), its code
-    summary = []
+    summary: list[list[str]] = []
 
     def check_stage(step, result) -> None:
         if result.modified:

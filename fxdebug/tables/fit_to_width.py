@@ -167,12 +167,8 @@ def fit_table(rows: Sequence[Sequence[object]], headers: Sequence[str], *,
     cells = [[str(cell) for cell in row] for row in rows]
     headers = [str(header) for header in headers]
     align = list(colalign) if colalign is not None else None
-
-    def render() -> str:
-        return _render(cells, headers, align)
-
     if width is None or _total(_widths(cells, headers)) <= width:
-        return render()
+        return _render(cells, headers, align)
     if short:
         headers = [short.get(h, h) for h in headers]
         truncate = [short.get(h, h) for h in truncate]
@@ -208,7 +204,7 @@ def fit_table(rows: Sequence[Sequence[object]], headers: Sequence[str], *,
             excess -= widths[i] - target
             if excess <= 0:
                 break
-    text = render()
+    text = _render(cells, headers, align)
     if hidden:
         text += f"\n(hidden: {', '.join(hidden)}; --wide shows all)"
     return text
