@@ -15,7 +15,9 @@ Call tree::
       ├─ passes.EagerRegions(...)          leaf modules called as one node (auto-leaves,
       │                                    TransformerEncoder): capture inside them too
       ├─ user passes                       run in the order given
-      └─ graph.lint(); recompile()         once, after every pass
+      │                                    (all by passes.run_passes: lint after each,
+      │                                    a failure named)
+      └─ recompile()                       once, after every pass
     gm(x)                                  begin_run, then every capture node
     torch.compile(gm)(x)                   the same nodes as custom ops in the compiled
                                            graphs: the compiled code's values (see
@@ -34,6 +36,7 @@ import torch.fx as fx
 
 from .errors import FxdebugError, TraceFailure
 from .passes import Capture, EagerRegions, GradHooks, Pass, as_pass
+from .passes.base import run_passes
 from .runtime import RECORDER_ATTR, Recorder, Records, capture, capture_stats, tensor_stats
 from .runs.run_writer import RunWriter
 from .runs.saved_runs import load_records
@@ -239,19 +242,12 @@ def build_pipeline(capture="modules", depth=None, include=None, exclude=None, gr
 
 
 def run_pipeline(gm: fx.GraphModule, pipeline, recompile: bool = True) -> fx.GraphModule:
-    """Run ``pipeline`` on ``gm`` (in place where the passes allow), lint, recompile once.
+    """Run ``pipeline`` on ``gm`` (in place where the passes allow) through the one pass
+    runner, :func:`fxdebug.passes.base.run_passes`; then recompile once.
 
     The code is generated on first use (a call, ``gm.code``): see ``defer_recompile``.
     """
-    for step in pipeline:
-        try:
-            gm = step.apply(gm).graph_module
-        except FxdebugError:
-            raise
-        except Exception as exc:
-            exc.add_note(f"fxdebug: raised by pass {step.name!r} during instrument()")
-            raise
-    gm.graph.lint()
+    gm = run_passes(gm, pipeline).graph_module
     if recompile:
         if isinstance(gm, DebugGraphModule):
             gm.defer_recompile()

@@ -5,22 +5,23 @@ Call tree::
     PassManager(passes, check_inputs=(x,)).run(model)
       ├─ trace(model)                      unless it is a GraphModule (then a keyed copy)
       ├─ snapshot "input"                  code + node table
-      └─ for each pass
-           ├─ pass.apply(gm)               an fxdebug Pass, a torch PassBase, or a
+      └─ passes.run_passes(gm, passes, after_each=record_stage)    the one pass runner
+           ├─ pass.apply(gm); graph.lint()  an fxdebug Pass, a torch PassBase, or a
            │                               function gm -> PassResult | gm | None
-           ├─ graph.lint()
-           ├─ snapshot, diff(previous, now)      the code as the graph generates it
-           └─ with check_inputs: recompile, check_equivalence(previous stage, now)
+           └─ record_stage
+                ├─ snapshot, diff(previous, now)      the code as the graph generates it
+                └─ with check_inputs: recompile, check_equivalence(previous stage, now)
       └─ recompile()                       once, unless the checks did already
     -> (gm, PassReport): one Stage per snapshot (the input, then one per pass)
 
 A pass that changes nothing gives a warning (a pass written for plain torch.fx
 may look for ``operator.add`` where fxdebug keeps a ``+=`` whose write can matter
 as ``operator.iadd``).
-A pass that raises stops the run with its own exception, plus a note naming
-the pass and the passes before it (and the node key where the message names
-a node); a pass that changes what the module computes stops it with
-:class:`~fxdebug.errors.PassEquivalenceError` naming the first divergent node.
+A pass that raises stops the run with its own exception, plus the runner's note
+naming the pass, the passes before it, and the node key and user file:line where
+known (:func:`fxdebug.passes.base.pass_failure_note`); a pass that changes what the
+module computes stops it with :class:`~fxdebug.errors.PassEquivalenceError` naming the
+first divergent node.
 Either way the exception's ``report`` keeps every snapshot taken so far.
 Progress goes to the ``fxdebug`` logger at INFO level.
 """
@@ -30,7 +31,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import re
 import warnings
 from typing import Sequence
 
@@ -39,13 +39,12 @@ import torch.fx as fx
 
 from .equivalence.equivalence import EquivalenceReport, check_equivalence
 from .errors import FidelityWarning, PassEquivalenceError
-from .passes.base import as_pass, unchanged_message
+from .passes.base import Pass, PassResult, as_pass, run_passes, unchanged_message
 from .reporting.diff import GraphDiff, GraphSnapshot, diff, snapshot
-from .reporting.tabular import render_table
+from .tables.fit_to_width import fit_table, table_width
 from .tables.report import Report
 from .tracing import keyed_copy
 from .frontend import trace
-from .tracing.keys import node_key
 from .tracing.locations import caller_stacklevel
 
 __all__ = ["PassManager", "PassReport", "Stage"]
@@ -122,13 +121,8 @@ class PassReport(Report):
                 verdict = "ok" if stage.equivalence.ok else "DIFFERS"
             rows.append([stage.name, "yes" if stage.modified else "no",
                          stage.diff.summary() if stage.diff is not None else "-", verdict])
-        return render_table(rows, ["pass", "modified", "nodes +/-/~", "equivalent"])
-
-
-def _node_keys_named_in(message: str, gm: fx.GraphModule) -> list[str]:
-    names = {node.name: node for node in gm.graph.nodes}
-    return [node_key(names[name]) for name in dict.fromkeys(re.findall(r"[A-Za-z_][\w.]*", message))
-            if name in names]
+        return fit_table(rows, ["pass", "modified", "nodes +/-/~", "equivalent"],
+                         width=table_width(wide), truncate=("pass",))
 
 
 class PassManager:
@@ -173,37 +167,27 @@ class PassManager:
         inputs = self.check_inputs or ()
         report = PassReport([Stage("input", snapshot(gm, "input", *inputs), False, None, None)])
         checking = self.check_inputs is not None
-        previous = copy.deepcopy(gm) if checking else None  # the stage before, for the check
-        for index, step in enumerate(self.passes):
-            earlier = [p.name for p in self.passes[:index]]
-            try:
-                result = step.apply(gm)
-                gm = result.graph_module
-                gm.graph.lint()
-                if checking:
-                    gm.recompile()  # the check runs this stage
-            except Exception as exc:
-                keys = _node_keys_named_in(str(exc), gm)
-                where = f" at node {keys[0]!r}" if keys else ""
-                before = f"after {', '.join(map(repr, earlier))}" if earlier else "as the first pass"
-                exc.add_note(f"fxdebug: pass {step.name!r} failed{where} ({before}; "
-                             f"{len(report.stages)} snapshots in the report).")
-                setattr(exc, "report", report)  # any exception: the snapshots taken so far
-                raise
-            now = snapshot(gm, step.name, *inputs)
+        previous = [copy.deepcopy(gm)] if checking else []  # the stage before, for the check
+
+        def record_stage(step: Pass, result: PassResult) -> None:
+            stage_gm = result.graph_module
+            if checking:
+                stage_gm.recompile()  # the check runs this stage
+            now = snapshot(stage_gm, step.name, *inputs)
             verdict = None
-            if previous is not None:  # checking
-                verdict = check_equivalence(previous, gm, *inputs, rtol=self.rtol, atol=self.atol)
-                if index + 1 < len(self.passes):
-                    previous = copy.deepcopy(gm)
+            if previous:
+                verdict = check_equivalence(previous[0], stage_gm, *inputs, rtol=self.rtol,
+                                            atol=self.atol)
+                if len(report.stages) < len(self.passes):
+                    previous[0] = copy.deepcopy(stage_gm)
             change = diff(report.stages[-1].snapshot, now)
             if not change and change.before_code == change.after_code:
-                warnings.warn(unchanged_message(step.name, gm), FidelityWarning,
+                warnings.warn(unchanged_message(step.name, stage_gm), FidelityWarning,
                               stacklevel=caller_stacklevel())
+            earlier = [stage.name for stage in report.stages[1:]]
             report.stages.append(Stage(step.name, now, result.modified, change, verdict))
             log.info("pass %s: modified=%s nodes %s%s", step.name, result.modified,
-                     change.summary(),
-                     "" if verdict is None else f" equivalent={verdict.ok}")
+                     change.summary(), "" if verdict is None else f" equivalent={verdict.ok}")
             if verdict is not None and not verdict.ok:
                 first = verdict.first_divergence
                 where = (f"; first divergent node: {first.describe()}" if first is not None
@@ -214,6 +198,12 @@ class PassManager:
                     f"{where}. Fix the pass, or loosen rtol/atol if the change is rounding. "
                     f"report.stages[-1].equivalence.table() shows every node.",
                     pass_name=step.name, report=report)
+
+        try:
+            gm = run_passes(gm, self.passes, after_each=record_stage).graph_module
+        except Exception as exc:
+            setattr(exc, "report", report)  # any exception: the snapshots taken so far
+            raise
         if not checking and self.passes:
             gm.recompile()
         return gm, report

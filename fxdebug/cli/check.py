@@ -99,43 +99,42 @@ def run(args) -> int:
     if args.compiled:
         return run_compiled(args)
     from ..equivalence import check_equivalence
-    from ..passes.base import graph_source, unchanged_message
+    from ..passes.base import graph_source, run_passes, unchanged_message
     from ..tracing import keyed_copy
     from ..frontend import trace
     from ..runtime.formatting import format_error
+    from ..runtime.progress import progress
+    from ..tables.fit_to_width import fit_table, table_width
     names = args.passes or list(DEFAULT_PASSES)
     passes = [load_pass(name) for name in names]
     model, inputs = model_and_inputs(args)
     print(f"{args.model}: {type(model).__name__}, input {describe_inputs(inputs)}, "
           f"passes: {', '.join(p.name for p in passes)}")
-    previous = model
     gm = trace(model)
-    summary = []
-    from ..runtime.progress import progress
-    for index, step in progress(list(enumerate(passes, start=1)), desc="check passes",
-                                unit="pass"):
-        stage = keyed_copy(gm)
-        before = graph_source(stage)
-        try:
-            result = step(stage)
-        except Exception as exc:
-            exc.add_note(f"fxdebug: raised by pass {step.name!r} (pass {index} of {len(passes)})")
-            raise
-        if graph_source(result.graph_module) == before:
+    stages = [model, graph_source(gm)]  # the stage before (the model itself first), its code
+    summary: list[list[str]] = []
+
+    def check_stage(step, result) -> None:
+        if result.modified:
+            result.graph_module.recompile()
+        if graph_source(result.graph_module) == stages[1]:
             print(f"warning: {unchanged_message(step.name, result.graph_module)}")
-        report = check_equivalence(previous, result.graph_module, *inputs, rtol=args.rtol,
+        report = check_equivalence(stages[0], result.graph_module, *inputs, rtol=args.rtol,
                                    atol=args.atol, grads=args.grads, train=args.train)
-        print(f"\n== pass {index}: {step.name} ({'modified' if result.modified else 'unchanged'}"
-              f" graph), checked against {'the model' if index == 1 else 'the stage before'}")
+        print(f"\n== pass {len(summary) + 1}: {step.name} ("
+              f"{'modified' if result.modified else 'unchanged'} graph), checked against "
+              f"{'the model' if not summary else 'the stage before'}")
         print(report.table(wide=getattr(args, "wide", None)))
         first = report.first_divergence
         summary.append([step.name, "yes" if result.modified else "no",
                         "ok" if report.ok else "DIFFERS",
                         format_error(report.max_error or 0.0),
                         "-" if first is None else f"{first.key} ({first.location})"])
-        previous = gm = result.graph_module
+        if len(summary) < len(passes):  # the next pass edits the graph: keep this stage
+            stages[:] = [keyed_copy(result.graph_module), graph_source(result.graph_module)]
+
+    run_passes(gm, progress(passes, desc="check passes", unit="pass"), after_each=check_stage)
     print()
-    from ..tables.fit_to_width import fit_table, table_width
     print(fit_table(summary, ["pass", "modified", "equivalent", "max abs error",
                               "first divergence"], width=table_width(getattr(args, "wide", None)),
                     truncate=("pass", "first divergence")))

@@ -5,29 +5,40 @@ torch's own ``PassManager`` as it does in :class:`fxdebug.PassManager`, and
 :class:`PassResult` *is* torch's ``PassResult`` (``graph_module``,
 ``modified``). Write ``run(gm) -> bool`` ("did it change the graph"); torch's
 ``call(gm) -> PassResult`` is derived from it. Any other ``PassBase`` and any
-function ``gm -> PassResult | gm | None`` is a pass too, through :func:`as_pass`::
+function ``gm -> PassResult | gm | None`` is a pass too, through :func:`as_pass`.
 
-    pass(gm)                      for a person calling a pass directly
-      ├─ requires(gm)             torch's PassBase protocol
-      ├─ call(gm) -> run(gm)      the rewrite, in place
-      ├─ ensures(gm)
-      └─ modified: graph.lint(); gm.recompile()    gm is ready to run
-    pass.apply(gm)                for pipelines: the same without lint and
-                                  recompile, which the pipeline does once
+:func:`run_passes` is the one pass runner: calling a pass, ``instrument()``,
+``fxdebug.PassManager`` and ``fxdebug check`` all run passes through it, so a
+failing pass is named the same way everywhere::
+
+    run_passes(gm, passes, after_each=None)
+      └─ for each pass
+           ├─ pass.apply(gm)
+           │    ├─ requires(gm)         torch's PassBase protocol
+           │    ├─ call(gm) -> run(gm)  the rewrite, in place
+           │    └─ ensures(gm)
+           ├─ graph.lint()
+           ├─ after_each(pass, result)  the caller's step: recompile, snapshot, check
+           └─ an exception: a note naming the pass, the node key and the user's
+              file:line where known, and the passes before it
+    pass(gm)                            run_passes(gm, [pass]), recompiled when modified
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import re
+from typing import Callable, Iterable, Sequence
 
 import torch.fx as fx
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
+from ..errors import FxdebugError
 from ..runtime.inplace_ops import INPLACE_OPERATORS
 from ..tracing.keys import META_SOURCE, node_key
 from ..runtime.formatting import format_location
 
-__all__ = ["Pass", "PassResult", "as_pass", "FunctionPass", "graph_source", "unchanged_message"]
+__all__ = ["Pass", "PassResult", "as_pass", "FunctionPass", "graph_source", "unchanged_message",
+           "run_passes", "pass_failure_note"]
 
 
 def graph_source(gm: fx.GraphModule) -> str:
@@ -118,11 +129,7 @@ class Pass(PassBase):
         return result
 
     def __call__(self, graph_module: fx.GraphModule) -> PassResult:
-        result = self.apply(graph_module)
-        if result.modified:
-            result.graph_module.graph.lint()
-            result.graph_module.recompile()
-        return result
+        return run_passes(graph_module, [self], after_each=_recompile_modified)
 
     def __repr__(self) -> str:
         return f"<Pass {self.name}>"
@@ -184,3 +191,92 @@ def as_pass(obj) -> Pass:
         return FunctionPass(obj)
     raise TypeError(f"{obj!r} is not a pass: use a fxdebug.passes.Pass, a torch PassBase or a "
                     f"function gm -> gm.")
+
+
+def _recompile_modified(step: Pass, result: PassResult) -> None:
+    if result.modified:
+        result.graph_module.recompile()
+
+
+def run_passes(gm: fx.GraphModule, passes: Iterable,
+               after_each: Callable[[Pass, PassResult], None] | None = None) -> PassResult:
+    """Run ``passes`` in order on ``gm``: the one pass runner (``modified``: any pass changed it).
+
+    After each pass the graph is linted and ``after_each(pass, result)`` runs
+    (a recompile, a snapshot, an equivalence check). An exception raised there
+    or by the pass goes on with one note, :func:`pass_failure_note`, unless it
+    names its pass already (``exc.pass_name``). Recompiling is the caller's:
+    once at the end, or in ``after_each``.
+
+    >>> import torch, fxdebug
+    >>> def explode(gm):
+    ...     raise ValueError("cannot rewrite node '0'")
+    >>> gm = fxdebug.trace(torch.nn.Sequential(torch.nn.ReLU()))
+    >>> try:
+    ...     run_passes(gm, [fxdebug.passes.Capture(), explode])
+    ... except ValueError as error:
+    ...     print(error.__notes__[0])  # doctest: +ELLIPSIS
+    fxdebug: pass 'explode' failed at node '0' (after 'capture')...
+    """
+    ran: list[str] = []
+    modified = False
+    for step in passes:
+        step = as_pass(step)
+        try:
+            result = step.apply(gm)
+            gm = result.graph_module
+            gm.graph.lint()
+            if after_each is not None:
+                after_each(step, result)
+        except Exception as exc:
+            if getattr(exc, "pass_name", None) != step.name:
+                exc.add_note(pass_failure_note(exc, step.name, gm, ran))
+            raise
+        ran.append(step.name)
+        modified = modified or result.modified
+    return PassResult(gm, modified)
+
+
+def pass_failure_note(exc: BaseException, pass_name: str, gm: fx.GraphModule,
+                      earlier: Sequence[str] = ()) -> str:
+    """The one note on an exception a pass raised: the pass, the node key and the user's
+    file:line where known, the passes that ran before it.
+
+    The node is the one the exception carries (``exc.node``, ``exc.key``) or, for
+    an error that is not fxdebug's own, the first node of ``gm`` its message names.
+
+    >>> import torch, fxdebug
+    >>> gm = fxdebug.trace(torch.nn.Sequential(torch.nn.ReLU()))
+    >>> pass_failure_note(KeyError("no such node"), "drop-relu", gm)
+    "fxdebug: pass 'drop-relu' failed (as the first pass)."
+    """
+    node = _failing_node(exc, gm)
+    where = "" if node is None else f" at node {node_key(node)!r}"
+    before = f"after {', '.join(map(repr, earlier))}" if earlier else "as the first pass"
+    source = None if node is None else node.meta.get(META_SOURCE)
+    line = "" if source is None else f"; the node comes from {format_location(source)}"
+    return f"fxdebug: pass {pass_name!r} failed{where} ({before}){line}."
+
+
+def _failing_node(exc: BaseException, gm: fx.GraphModule) -> fx.Node | None:
+    """The node ``exc`` carries, else the first node its message quotes (by key or name),
+    else the first node it names bare (by name: a bare word that is a key may be prose)."""
+    carried = getattr(exc, "node", None)
+    if isinstance(carried, fx.Node):
+        return carried
+    by_key = {node_key(node): node for node in gm.graph.nodes}
+    key = getattr(exc, "key", None)
+    if isinstance(key, str):
+        return by_key.get(key)
+    if isinstance(exc, FxdebugError):  # says where itself; the keys it names may be hints
+        return None
+    by_name = {node.name: node for node in gm.graph.nodes if node.op != "output"}
+    message = str(exc)
+    for word in re.findall(r"""['"]([^'"\s]+)['"]""", message):
+        found = by_key.get(word) or by_name.get(word)
+        if found is not None:
+            return found
+    for word in re.findall(r"[A-Za-z_][\w.]*", message):
+        if word in by_name:
+            return by_name[word]
+    return None

@@ -19,8 +19,8 @@ no change (3 nodes)
 from . import html, plots
 from .html import report
 from .diff import DiffRow, GraphChangedError, GraphDiff, GraphSnapshot, diff, snapshot
-from .tabular import NodeView, node_views, print_tabular, render_table, tabular
+from .tabular import NodeView, node_views, print_tabular, tabular
 
-__all__ = ["tabular", "print_tabular", "node_views", "NodeView", "render_table", "diff",
+__all__ = ["tabular", "print_tabular", "node_views", "NodeView", "diff",
            "GraphDiff", "DiffRow", "GraphChangedError", "GraphSnapshot", "snapshot", "plots",
            "html", "report"]

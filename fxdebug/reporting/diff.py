@@ -37,7 +37,7 @@ from ..tables.fit_to_width import fit_table, table_width
 from ..tables.report import Report
 from ..tracing.keys import META_PROVENANCE
 from .html import diff_html
-from .tabular import COLUMNS, NodeRef, NodeView, node_views, render_table
+from .tabular import COLUMNS, NodeRef, NodeView, node_views
 
 __all__ = ["diff", "GraphDiff", "DiffRow", "GraphSnapshot", "GraphChangedError", "snapshot"]
 
@@ -80,7 +80,7 @@ class GraphSnapshot:
         return self.frozen_code
 
     def table(self) -> str:
-        return render_table([view.row() for view in self.views], COLUMNS)
+        return fit_table([view.row() for view in self.views], COLUMNS)
 
     def __repr__(self) -> str:
         """One line: the name and the size (``table()`` and ``code`` hold the graph).

@@ -20,15 +20,13 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from tabulate import tabulate
 
 from .. import runtime
 from ..tables.fit_to_width import fit_table, table_width
 from ..tracing.keys import META_PASS, META_SOURCE, module_path, node_key, target_name
 from ..runtime.formatting import dtype_text, format_location, shape_text
 
-__all__ = ["NodeView", "NodeRef", "node_views", "render_parts", "tabular", "print_tabular",
-           "render_table"]
+__all__ = ["NodeView", "NodeRef", "node_views", "render_parts", "tabular", "print_tabular"]
 
 COLUMNS = ("key", "opcode", "name", "target", "args", "kwargs", "shape", "dtype", "module",
            "source", "pass")
@@ -222,34 +220,6 @@ def node_views(gm: fx.GraphModule, *inputs) -> list[NodeView]:
     return views
 
 
-def render_table(rows: list[list[str]], headers) -> str:
-    """The one format every fxdebug graph table uses: tabulate's ``simple``, text columns.
-
-    Written here because tabulate guesses a type for every cell, which costs
-    most of the time of a table of a large graph; the text is the same.
-
-    >>> print(render_table([["a", "bb"]], ["x", "y"]))
-    x    y
-    ---  ---
-    a    bb
-    """
-    headers = [str(h) for h in headers]
-    cells = [[str(c).strip() for c in row] for row in rows]
-    if any(len(row) != len(headers) or not all(c.isascii() and "\n" not in c for c in row)
-           for row in cells) or not all(h.isascii() and "\n" not in h for h in headers):
-        # multi-line or wide characters, ragged rows: tabulate's own layout
-        return tabulate(rows, headers=headers, disable_numparse=True, tablefmt="simple")
-    widths = [len(h) + 2 for h in headers]  # tabulate pads header columns by 2 (MIN_PADDING)
-    for row in cells:
-        for index, cell in enumerate(row):
-            if len(cell) > widths[index]:
-                widths[index] = len(cell)
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip(),
-             "  ".join("-" * w for w in widths)]
-    lines.extend("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
-    return "\n".join(lines)
-
-
 def tabular(gm: fx.GraphModule, *inputs, wide: bool | None = None) -> str:
     """The node table of ``gm`` as a string (see the module docstring for the columns).
 
@@ -266,10 +236,7 @@ def tabular(gm: fx.GraphModule, *inputs, wide: bool | None = None) -> str:
         raise TypeError(f"tabular expects a torch.fx.GraphModule, got {type(gm).__name__}; "
                         f"use fxdebug.trace(model) first.")
     rows = [view.row() for view in node_views(gm, *inputs)]
-    width = table_width(wide)
-    if width is None:
-        return render_table(rows, COLUMNS)
-    return fit_table(rows, COLUMNS, width=width, drop=TABULAR_DROP,
+    return fit_table(rows, COLUMNS, width=table_width(wide), drop=TABULAR_DROP,
                      truncate=("key", "target", "args", "kwargs", "source"))
 
 

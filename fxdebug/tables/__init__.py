@@ -4,8 +4,10 @@ Below everything else (the runtime's Records are a report too)::
 
     Report                  report.py        a verdict (.ok), .table(), a one-line repr,
                                              _repr_html_, to_dict(): every result
-    fit_table(rows, ...)    fit_to_width.py  a table that fits the terminal: what to give
-                                             up first, long cells ending in "…"
+    fit_table(rows, ...)    fit_to_width.py  the one table renderer (tabulate's "simple"):
+                                             every table, print_tabular's too; fitted to
+                                             the terminal, what to give up first, long
+                                             cells ending in "…"
 
 >>> from fxdebug.tables import fit_table
 >>> print(fit_table([["a", 1]], ["key", "n"], width=20))

@@ -1,4 +1,9 @@
-"""Tables that fit the terminal: how wide to draw, and what to give up first.
+"""The one table renderer: tabulate's ``simple`` format, fitted to the terminal.
+
+Every fxdebug table is drawn by :func:`fit_table` (``print_tabular``, diffs,
+pass reports, Records and every other report's ``table()``): text columns,
+left-aligned unless ``colalign`` says otherwise, the same bytes as
+``tabulate(rows, headers, tablefmt="simple", disable_numparse=True)``.
 
 A table is fitted only when there is a width to fit: ``COLUMNS`` when set,
 else the terminal's width when standard output is a terminal. Written to a
@@ -116,26 +121,54 @@ def _total(widths) -> int:
     return sum(widths) + SEPARATOR * max(len(widths) - 1, 0)
 
 
-def fit_table(rows: Sequence[Sequence[object]], headers: Sequence[str], *, width: int | None,
-              drop: Sequence[str] = (), truncate: Sequence[str] = (),
+def _render(cells: list[list[str]], headers: list[str], align: list[str] | None) -> str:
+    """tabulate's ``simple`` format with text columns, written out: tabulate guesses a type
+    for every cell, which costs most of the time of a table of a large graph."""
+    if align is not None and not all(a in ("left", "right") for a in align) or any(
+            len(row) != len(headers) or not all(c.isascii() and "\n" not in c for c in row)
+            for row in cells) or not all(h.isascii() and "\n" not in h for h in headers):
+        # multi-line or wide characters, ragged rows, other alignments: tabulate's own layout
+        kwargs = {"colalign": tuple(align)} if align is not None else {}
+        return tabulate(cells, headers=headers, disable_numparse=True, tablefmt="simple", **kwargs)
+    cells = [[c.strip() for c in row] for row in cells]
+    widths = [len(h) + 2 for h in headers]  # tabulate pads each header by two (MIN_PADDING)
+    for row in cells:
+        for index, cell in enumerate(row):
+            if len(cell) > widths[index]:
+                widths[index] = len(cell)
+    right = [a == "right" for a in align] if align is not None and cells else [False] * len(widths)
+
+    def line(values: list[str]) -> str:  # tabulate aligns headers as their column
+        return "  ".join(v.rjust(w) if r else v.ljust(w)
+                         for v, w, r in zip(values, widths, right)).rstrip()
+
+    return "\n".join([line(headers), "  ".join("-" * w for w in widths)]
+                     + [line(row) for row in cells])
+
+
+def fit_table(rows: Sequence[Sequence[object]], headers: Sequence[str], *,
+              width: int | None = None, drop: Sequence[str] = (), truncate: Sequence[str] = (),
               short: dict[str, str] | None = None,
               colalign: Sequence[str] | None = None) -> str:
-    """Render ``rows`` under ``headers`` with tabulate, fitted to ``width`` characters.
+    """Render ``rows`` under ``headers`` (tabulate's ``simple``), fitted to ``width`` characters.
 
     ``drop``: header names to drop, least important first. ``truncate``: header
     names whose cells may end in ``…``. ``short``: short forms of long header
-    names. ``width=None`` renders the full table, unchanged.
+    names. ``colalign``: ``"left"`` / ``"right"`` per column. ``width=None``
+    renders the full table, unchanged.
+
+    >>> print(fit_table([["relu", "0.5"], ["layer1.0.conv1", "12.25"]], ["key", "mean"],
+    ...                 colalign=("left", "right")))
+    key               mean
+    --------------  ------
+    relu               0.5
+    layer1.0.conv1   12.25
     """
     cells = [[str(cell) for cell in row] for row in rows]
-    headers = list(headers)
+    headers = [str(header) for header in headers]
     align = list(colalign) if colalign is not None else None
-
-    def render() -> str:
-        kwargs = {"colalign": tuple(align)} if align is not None else {}
-        return tabulate(cells, headers=headers, disable_numparse=True, tablefmt="simple", **kwargs)
-
     if width is None or _total(_widths(cells, headers)) <= width:
-        return render()
+        return _render(cells, headers, align)
     if short:
         headers = [short.get(h, h) for h in headers]
         truncate = [short.get(h, h) for h in truncate]
@@ -171,7 +204,7 @@ def fit_table(rows: Sequence[Sequence[object]], headers: Sequence[str], *, width
             excess -= widths[i] - target
             if excess <= 0:
                 break
-    text = render()
+    text = _render(cells, headers, align)
     if hidden:
         text += f"\n(hidden: {', '.join(hidden)}; --wide shows all)"
     return text
