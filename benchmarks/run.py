@@ -12,6 +12,8 @@ Runs, each in its own interpreter (so no benchmark warms another's caches)::
     scaling      scaling.py            10k-node graph vs symbolic_trace, dump vs to_folder
     save         save_overhead.py      resnet50 capture="all": peak memory and time of
                                        in-memory capture and save_to vs eager
+    sharded      sharded_steps.py      FSDP2 and tensor-parallel training steps on 2 gloo
+                                       ranks, instrumented vs plain
 
 and prints one GitHub table: benchmark, model, variant, median, the benchmark's
 spread column (min, or max - min of the repeats) and the ratio with what it is a
@@ -51,6 +53,7 @@ BENCHMARKS = [
     ("checkpoint", "checkpoint_memory.py", [], ["--quick"]),
     ("scaling", "scaling.py", [], ["--quick"]),
     ("save", "save_overhead.py", [], ["--quick"]),
+    ("sharded", "sharded_steps.py", [], ["--quick"]),
 ]
 
 
