@@ -44,6 +44,11 @@ LONGEST_FILES = (
     "tests/test_readme.py",  # 80
     "tests/test_dump_portable.py",  # 70
     "tests/test_zoo.py",  # 55
+    "tests/test_tensor_parallel.py",  # 50-90 (2 and 4 gloo ranks)
+    "tests/test_watch_sharded.py",  # 40 (2 gloo ranks)
+    "tests/test_modes.py",  # 40
+    "tests/test_reference.py",  # 35
+    "tests/test_watch.py",  # 15-60 (a compiled model: the inductor cache decides)
     "tests/test_lint.py",  # 40
     "tests/test_dump.py",  # 36
     "tests/test_equivalence.py",  # 33
