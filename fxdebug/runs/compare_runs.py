@@ -48,6 +48,7 @@ from ..runtime.records import Record, Records
 from ..tables.report import Report
 from .saved_runs import load_records
 from ..equivalence.compare import compare_tensors, default_tolerances, dtype_text, format_error, shape_text
+from .sharded import holding_ranks, unassembled
 from .rounding import (ROUNDING_FACTOR, RoundingCheck, rounding_dtype, rounding_ratio,
                        stats_rounding_ratio)
 
@@ -61,6 +62,7 @@ STATUS_TEXT = {
     "only a": "only in a",
     "only b": "only in b",
     "stale": "stale",          # written in place after its capture in a run: not compared
+    "unassembled": "not assembled",  # a sharded run's pieces do not make a full value
 }
 DIVERGENT = ("differs", "shape", "only a", "only b")
 
@@ -81,6 +83,7 @@ class RunEntry:
     detail: str = ""
     rounding: float | None = None  # across dtypes: error norm / (eps(rounding_dtype) * norm)
     rounding_dtype: str = ""
+    ranks: tuple[int, ...] = ()  # sharded runs: the ranks whose shard holds the differences
 
     @property
     def ok(self) -> bool:
@@ -100,7 +103,8 @@ class RunEntry:
         else:
             text = f"max abs {format_error(self.max_abs)}, max rel {format_error(self.max_rel)}"
             text += f"; {self.detail}" if self.detail else ""
-        return f"{what}{self.key} ({where}): {text}"
+        ranks = f" on rank(s) {', '.join(map(str, self.ranks))}" if self.ranks else ""
+        return f"{what}{self.key} ({where}){ranks}: {text}"
 
 
 @dataclasses.dataclass(repr=False)
@@ -250,6 +254,8 @@ def compare_runs(a, b, rtol: float | None = None, atol: float | None = None) -> 
     grads_b = records_b._grads if records_b._grads is not None else Records()
     grad_entries = _compare_all(grads_a, grads_b, "grad", rtol, atol,
                                  getattr(records_a, "locations", {}), run_rounding)
+    entries = holding_ranks(entries, records_a, records_b, rtol, atol)  # sharded runs
+    grad_entries = holding_ranks(grad_entries, grads_a, grads_b, rtol, atol)
     return RunComparison(label_a, label_b, entries, grad_entries, rtol, atol,
                          _rounding_check(entries + grad_entries))
 
@@ -332,6 +338,8 @@ def _compare_key(ra: Record, rb: Record, location: str, section: str, rtol,
         which = "a" if ra.stale else "b"
         return RunEntry(status="stale", detail=f"stale in run {which}: written in place after "
                                                f"its capture, not compared", **common)
+    if why := unassembled(ra, rb):  # a sharded run (runs/sharded.py)
+        return RunEntry(status="unassembled", detail=why, **common)
     if tuple(ra.shape) != tuple(rb.shape):
         return RunEntry(status="shape", max_abs=math.inf, max_rel=math.inf,
                         detail=f"shape {shape_text(ra.shape)} vs {shape_text(rb.shape)}",

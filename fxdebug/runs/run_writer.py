@@ -77,6 +77,7 @@ class StreamingRecords(Records):
             via: str = "graph", reuse: bool = True) -> None:
         scratch = Records()
         scratch.notes, scratch._summaries = self.notes, self._summaries
+        scratch.layouts = self.layouts  # tensor parallelism: each capture's placement
         Records.add(scratch, key, op, value, clone=clone, stats_only=stats_only, via=via,
                     reuse=reuse)
         for record in scratch.records():
