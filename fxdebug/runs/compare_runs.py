@@ -48,7 +48,7 @@ from ..runtime.records import Record, Records
 from ..tables.report import Report
 from .saved_runs import load_records
 from ..equivalence.compare import compare_tensors, default_tolerances, dtype_text, format_error, shape_text
-from .sharded import holding_ranks, unassembled
+from .sharded import align_wrapped, holding_ranks, unassembled
 from .rounding import (ROUNDING_FACTOR, RoundingCheck, rounding_dtype, rounding_ratio,
                        stats_rounding_ratio)
 
@@ -248,6 +248,7 @@ def compare_runs(a, b, rtol: float | None = None, atol: float | None = None) -> 
     """
     label_a, records_a = _open(a, "a")
     label_b, records_b = _open(b, "b")
+    records_a, records_b = align_wrapped(records_a, records_b)  # DDP's "module." (sharded.py)
     run_rounding = rounding_dtype(_run_dtype(records_a), _run_dtype(records_b))
     entries = _compare_all(records_a, records_b, "forward", rtol, atol, None, run_rounding)
     grads_a = records_a._grads if records_a._grads is not None else Records()

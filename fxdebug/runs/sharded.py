@@ -27,6 +27,7 @@ tensor([2., 2.])
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from typing import Any
@@ -40,7 +41,7 @@ from ..runtime.records import Record, Records
 from ..runtime.stats import Stats
 
 __all__ = ["ShardedRecords", "ShardedRecord", "assemble", "placement_entry", "placement_of",
-           "unassembled", "holding_ranks", "RANK_FOLDER"]
+           "unassembled", "holding_ranks", "align_wrapped", "RANK_FOLDER"]
 
 RANK_FOLDER = "rank-"
 
@@ -355,4 +356,40 @@ def holding_ranks(entries: list, a: Records, b: Records, rtol, atol) -> list:
             differing = va != vb
         ranks = sorted({r for record in sharded for r in record.holding_ranks(differing)})
         out.append(dataclasses.replace(entry, ranks=tuple(ranks)))
+    return out
+
+
+WRAPPER_PREFIX = "module."  # DistributedDataParallel / DataParallel hold the model as .module
+
+
+def align_wrapped(a: Records, b: Records) -> tuple[Records, Records]:
+    """Runs of a model with and without a DDP wrapper: the wrapped run's keys lose the
+    wrapper's ``module.`` (every key of that run has it, no key of the other does).
+
+    >>> from fxdebug.runtime.records import Records
+    >>> a, b = Records(), Records()
+    >>> a.add("fc", "Linear", torch.ones(1)); b.add("module.fc", "Linear", torch.ones(1))
+    >>> [r.keys() for r in align_wrapped(a, b)]
+    [['fc'], ['fc']]
+    """
+    def wrapped(records: Records) -> bool:
+        return len(records) > 0 and all(k.startswith(WRAPPER_PREFIX) or k == "module"
+                                        for k in records.keys())
+
+    if wrapped(a) == wrapped(b):
+        return a, b
+    return (_unwrapped(a), b) if wrapped(a) else (a, _unwrapped(b))
+
+
+def _unwrapped(records: Records) -> Records:
+    out = copy.copy(records)
+    out._records = {}
+    for key, record in records._records.items():
+        moved = copy.copy(record)  # the wrapper's own output keeps its key "module"
+        moved.key = key[len(WRAPPER_PREFIX):] if key.startswith(WRAPPER_PREFIX) else key
+        out._records[moved.key] = moved
+    out.locations = {k[len(WRAPPER_PREFIX):] if k.startswith(WRAPPER_PREFIX) else k: v
+                     for k, v in getattr(records, "locations", {}).items()}
+    if records._grads is not None:
+        out._grads = _unwrapped(records._grads) if len(records._grads) else records._grads
     return out
