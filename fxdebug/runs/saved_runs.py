@@ -281,9 +281,12 @@ def _run_folder(path: str, run: int | None) -> str:
                         f"folders. Point at the folder given to save_records or save_to.")
 
 
-def load_records(path: str | os.PathLike, run: int | None = None) -> SavedRecords:
+def load_records(path: str | os.PathLike, run: int | None = None
+                 ) -> SavedRecords | ShardedRecords:
     """Open a saved run: a folder written by :func:`save_records`, or the latest run in a
-    ``save_to`` folder (``run=N`` for ``run-00000N``). Tensors are read when used.
+    ``save_to`` folder (``run=N`` for ``run-00000N``). Tensors are read when used. A folder
+    of ``rank-R`` folders (saved by several ranks) gives
+    :class:`~fxdebug.runs.sharded.ShardedRecords`: full values, assembled when read.
 
     Raises :class:`~fxdebug.errors.SavedRunError` for a missing path, a
     truncated or corrupt file, or a run written by a newer fxdebug.

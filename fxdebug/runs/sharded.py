@@ -197,7 +197,9 @@ class ShardedRecord(Record):
             self._assembled = True  # statistics only: nothing to assemble
             self._problem = self._problem or "statistics only (mode='stats'): pieces not saved"
 
-    @property  # type: ignore[override]
+    _value: torch.Tensor | None
+
+    @property
     def value(self) -> torch.Tensor | None:
         if not self._assembled:
             self._value = self._assemble()
