@@ -63,6 +63,7 @@ from .saved_runs import load_records
 from ..equivalence.compare import compare_tensors, default_tolerances, dtype_text, format_error, shape_text
 from .reference import (REFERENCE_FACTOR, REFERENCE_FLOOR_EPS, STATS_FLOOR_EPS, LastBits,
                         ReferenceCheck, check_reference_keys, reference_errors, reference_floor)
+from .sharded import align_wrapped, holding_ranks, unassembled
 from .rounding import (ROUNDING_FACTOR, RoundingCheck, rounding_dtype, rounding_ratio,
                        stats_rounding_ratio)
 
@@ -78,6 +79,7 @@ STATUS_TEXT = {
     "stale": "stale",          # written in place after its capture in a run: not compared
     "rounding": "rounding",    # with a reference: b no further from it than rounding explains
     "beyond": "BEYOND",        # with a reference: b further from it than a is, beyond rounding
+    "unassembled": "not assembled",  # a sharded run's pieces do not make a full value
 }
 DIVERGENT = ("differs", "shape", "only a", "only b", "beyond")
 
@@ -103,6 +105,7 @@ class RunEntry:
     err_b: float | None = None      # ... and ||b - r|| / ||r||
     bound: float | None = None      # ... b diverges where err_b > bound
     by_stats: bool = False          # ... the errors of the statistics (stats-only captures)
+    ranks: tuple[int, ...] = ()  # sharded runs: the ranks whose shard holds the differences
 
     @property
     def ok(self) -> bool:
@@ -127,7 +130,8 @@ class RunEntry:
         else:
             text = f"max abs {format_error(self.max_abs)}, max rel {format_error(self.max_rel)}"
             text += f"; {self.detail}" if self.detail else ""
-        return f"{what}{self.key} ({where}): {text}"
+        ranks = f" on rank(s) {', '.join(map(str, self.ranks))}" if self.ranks else ""
+        return f"{what}{self.key} ({where}){ranks}: {text}"
 
 
 @dataclasses.dataclass(repr=False)
@@ -304,6 +308,7 @@ def compare_runs(a, b, rtol: float | None = None, atol: float | None = None, *,
     """
     label_a, records_a = _open(a, "a")
     label_b, records_b = _open(b, "b")
+    records_a, records_b = align_wrapped(records_a, records_b)  # DDP's "module." (sharded.py)
     judge = reference is not None
     run_rounding = rounding_dtype(_run_dtype(records_a), _run_dtype(records_b))
     entries = _compare_all(records_a, records_b, "forward", rtol, atol, None, run_rounding,
@@ -313,6 +318,8 @@ def compare_runs(a, b, rtol: float | None = None, atol: float | None = None, *,
     grad_entries = _compare_all(grads_a, grads_b, "grad", rtol, atol,
                                  getattr(records_a, "locations", {}), run_rounding,
                                  last_bits=not judge)
+    entries = holding_ranks(entries, records_a, records_b, rtol, atol)  # sharded runs
+    grad_entries = holding_ranks(grad_entries, grads_a, grads_b, rtol, atol)
     report = RunComparison(label_a, label_b, entries, grad_entries, rtol, atol,
                            _rounding_check(entries + grad_entries))
     if not judge:
@@ -486,6 +493,8 @@ def _compare_key(ra: Record, rb: Record, location: str, section: str, rtol,
         which = "a" if ra.stale else "b"
         return RunEntry(status="stale", detail=f"stale in run {which}: written in place after "
                                                f"its capture, not compared", **common)
+    if why := unassembled(ra, rb):  # a sharded run (runs/sharded.py)
+        return RunEntry(status="unassembled", detail=why, **common)
     if tuple(ra.shape) != tuple(rb.shape):
         return RunEntry(status="shape", max_abs=math.inf, max_rel=math.inf,
                         detail=f"shape {shape_text(ra.shape)} vs {shape_text(rb.shape)}",

@@ -77,6 +77,7 @@ class StreamingRecords(Records):
             via: str = "graph", reuse: bool = True) -> None:
         scratch = Records()
         scratch.notes, scratch._summaries = self.notes, self._summaries
+        scratch.layouts = self.layouts  # tensor parallelism: each capture's placement
         Records.add(scratch, key, op, value, clone=clone, stats_only=stats_only, via=via,
                     reuse=reuse)
         for record in scratch.records():
@@ -170,6 +171,11 @@ class RunWriter:
 
     def put(self, run: int, section: str, record: Record) -> None:
         """Queue ``record`` for writing; wait while the queue holds ``limit_bytes`` already."""
+        if record.value is not None:  # a collective's result (tensor parallelism) completes
+            local = record._local(record.value)  # here: its wait belongs to this thread
+            wait = getattr(local, "trigger_wait", None)
+            if callable(wait):
+                wait()
         stream = None
         if record.value is not None and record.value.device.type == "cuda":
             stream = torch.cuda.current_stream(record.value.device)

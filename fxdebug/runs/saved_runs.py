@@ -37,6 +37,7 @@ import torch
 from ..errors import SavedRunError
 from ..runtime.records import Record, Records
 from ..runtime.stats import Stats
+from .sharded import RANK_FOLDER, ShardedRecords, placement_entry, placement_of
 
 __all__ = ["save_records", "load_records", "SavedRecords", "RunFile", "record_entry",
            "run_context", "write_manifest", "manifest_of", "location_of", "run_folders",
@@ -72,6 +73,12 @@ class SavedRecords(Records):
         self.path = path
         self.context = context
         self._parameter_stats_saved: list[tuple[str, tuple[int, ...], Stats | None]] = []
+        # (section, key) -> the global ranks of the mesh a shard sits on (see .sharded)
+        self.mesh_ranks: dict[tuple[str, str], tuple[int, ...] | None] = {}
+
+    def note_mesh(self, section: str, entry: dict) -> None:
+        if entry.get("placement"):
+            self.mesh_ranks[(section, entry["key"])] = placement_of(entry["placement"])[1]
 
     def parameter_grads(self) -> list[tuple[str, tuple[int, ...], Stats | None]]:
         return list(self._parameter_stats_saved)
@@ -121,6 +128,11 @@ def record_entry(record: Record, location: str, data: RunFile | None) -> dict:
         "summary": None if record.summary is None else record.summary.tolist(),
     }
     value = record.value
+    if value is not None and record.placement is not None:  # a shard: this rank's piece
+        value = record._local(value)
+        entry["shape"] = list(value.shape)
+    if record.placement is not None:
+        entry["placement"] = placement_entry(record.placement, tuple(entry["shape"]))
     if value is not None:
         entry["device"] = str(value.device)
         if record.stale:  # written in place after its capture: the bytes are not the capture's
@@ -178,7 +190,9 @@ def save_records(records: Records, path: str | os.PathLike, step=None,
     """Write ``records`` (and their gradients) to the folder ``path``; return the path.
 
     ``step`` tags the run (a training step, an epoch; default: the step
-    :func:`fxdebug.set_step` gave the run). An existing saved run
+    :func:`fxdebug.set_step` gave the run). Under torch.distributed with several ranks,
+    every rank writes ``path/rank-R`` (R: its global rank), each capture with its placement;
+    :func:`load_records` of ``path`` assembles the full values. An existing saved run
     at ``path`` is kept unless ``overwrite=True``. Read it back with
     :func:`load_records`.
 
@@ -193,7 +207,10 @@ def save_records(records: Records, path: str | os.PathLike, step=None,
     if not isinstance(records, Records):
         raise TypeError(f"save_records expects fxdebug Records (fxdebug.records(gm)), got "
                         f"{type(records).__name__}.")
-    folder = os.fspath(path)
+    top = folder = os.fspath(path)
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if distributed and torch.distributed.get_world_size() > 1:  # every rank its own folder
+        folder = os.path.join(folder, f"{RANK_FOLDER}{torch.distributed.get_rank()}")
     if os.path.exists(os.path.join(folder, MANIFEST)) and not overwrite:
         raise SavedRunError(f"{folder} already holds a saved run ({MANIFEST}); nothing was "
                             f"written. Choose another folder, or pass overwrite=True.")
@@ -216,7 +233,7 @@ def save_records(records: Records, path: str | os.PathLike, step=None,
                                        data.offset, grads_recorded=records._grads_recorded,
                                        parameters=records.parameter_grads(), notes=records.notes,
                                        runs=records.runs))
-    return folder
+    return top
 
 
 def location_of(locations: dict, key: str) -> str:
@@ -264,9 +281,12 @@ def _run_folder(path: str, run: int | None) -> str:
                         f"folders. Point at the folder given to save_records or save_to.")
 
 
-def load_records(path: str | os.PathLike, run: int | None = None) -> SavedRecords:
+def load_records(path: str | os.PathLike, run: int | None = None
+                 ) -> SavedRecords | ShardedRecords:
     """Open a saved run: a folder written by :func:`save_records`, or the latest run in a
-    ``save_to`` folder (``run=N`` for ``run-00000N``). Tensors are read when used.
+    ``save_to`` folder (``run=N`` for ``run-00000N``). Tensors are read when used. A folder
+    of ``rank-R`` folders (saved by several ranks) gives
+    :class:`~fxdebug.runs.sharded.ShardedRecords`: full values, assembled when read.
 
     Raises :class:`~fxdebug.errors.SavedRunError` for a missing path, a
     truncated or corrupt file, or a run written by a newer fxdebug.
@@ -281,7 +301,37 @@ def load_records(path: str | os.PathLike, run: int | None = None) -> SavedRecord
     """
     for finish_writing in BEFORE_READING:
         finish_writing(os.fspath(path))
-    folder = _run_folder(os.fspath(path), run)
+    ranks = _rank_folders(os.fspath(path))
+    if ranks:
+        return _load_sharded(os.fspath(path), ranks, run)
+    return _load_one(os.fspath(path), run)
+
+
+def _rank_folders(path: str) -> list[tuple[int, str]]:
+    """``(rank, folder)`` of every ``rank-R`` folder of a run saved by several ranks."""
+    if not os.path.isdir(path) or os.path.exists(os.path.join(path, MANIFEST)):
+        return []
+    found = [(int(name[len(RANK_FOLDER):]), os.path.join(path, name))
+             for name in os.listdir(path)
+             if name.startswith(RANK_FOLDER) and name[len(RANK_FOLDER):].isdigit()]
+    return sorted(found)
+
+
+def _load_sharded(path: str, ranks: list[tuple[int, str]], run: int | None) -> ShardedRecords:
+    if run is None:  # the latest run every rank finished
+        numbered = [{n for n, f in run_folders(folder)
+                     if os.path.exists(os.path.join(f, MANIFEST))} for _, folder in ranks]
+        common = set.intersection(*numbered) if all(numbered) else set()
+        run = max(common) if common else None
+    loaded = {rank: _load_one(folder, run) for rank, folder in ranks}
+    first = loaded[ranks[0][0]]
+    context = dict(first.context, rank=None, ranks=[rank for rank, _ in ranks])
+    return ShardedRecords(path, dict(loaded), context,
+                          {rank: rec.mesh_ranks for rank, rec in loaded.items()})
+
+
+def _load_one(path: str, run: int | None) -> SavedRecords:
+    folder = _run_folder(path, run)
     manifest_path = os.path.join(folder, MANIFEST)
     manifest = _read_manifest(manifest_path)
     version = manifest["version"]
@@ -290,10 +340,12 @@ def load_records(path: str | os.PathLike, run: int | None = None) -> SavedRecord
     try:
         for entry in manifest["records"]:
             records._records[entry["key"]] = _record(entry, storage, version)
+            records.note_mesh("records", entry)
         if manifest.get("grads"):
             grads = records.grads
             for entry in manifest["grads"]:
                 grads._records[entry["key"]] = _record(entry, storage, version)
+                records.note_mesh("grads", entry)
         records._parameter_stats_saved = [
             (name, tuple(shape), None if stats is None else _saved_stats(stats, version))
             for name, shape, stats in manifest.get("parameters", [])]
@@ -388,7 +440,9 @@ def _record(entry: dict, data: torch.Tensor | None, format_version: int = FORMAT
         value, version = torch.empty(0, dtype=dtype), -1
     summary = entry.get("summary")
     stats = entry.get("stats")
+    placement = placement_of(entry["placement"])[0] if entry.get("placement") else None
     return Record(entry["key"], entry["op"], shape, dtype, value, bool(entry.get("copied")),
+                  placement=placement,
                   _stats=None if stats is None else _saved_stats(stats, format_version),
                   via=entry.get("via", "graph"),
                   summary=None if summary is None else torch.tensor(summary, dtype=torch.float64),

@@ -1,0 +1,397 @@
+"""Sharded runs on disk: every rank's captures in ``path/rank-R``, full values assembled on read.
+
+``instrument(model, save_to=path)`` and ``save_records(rec, path)`` on every rank of a
+process group write ``path/rank-R/...`` (R: the global rank), each capture with its
+placement (placements, mesh dims, global shape, this rank's coordinate and the global
+ranks of its mesh). :func:`~fxdebug.load_records` of ``path``, in any process (no process
+group), gives :class:`ShardedRecords`: ``rec[key]`` is the full tensor, assembled when first
+read::
+
+    ranks grouped by their mesh      a DTensor on the "tp" mesh of a 2-D world: each tp group
+    within a group, by coordinate    Shard(d): concatenated along d, in mesh-coordinate order;
+                                     Replicate: one copy; Partial: summed (avg, max, min too)
+    across groups / no placement     every group must hold the same bytes (ranks that run the
+                                     same data), else the key cannot be assembled
+
+A key whose pieces cannot be assembled (placement unknown and the ranks' pieces differ,
+a rank missing, placements that disagree) raises :class:`~fxdebug.errors.FxdebugError`
+when read, naming the key and the ranks; ``rec.shards(key)`` gives every rank's piece.
+
+>>> import torch
+>>> pieces = {(0,): torch.tensor([1., 2.]), (1,): torch.tensor([3.])}
+>>> assemble(pieces, ("S(0)",))
+tensor([1., 2., 3.])
+>>> assemble({(0,): torch.ones(2), (1,): torch.ones(2)}, ("P",))
+tensor([2., 2.])
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from typing import Any
+
+import torch
+
+from ..equivalence.compare import default_tolerances
+from ..errors import FxdebugError
+from ..runtime.placement import Placement
+from ..runtime.records import Record, Records
+from ..runtime.stats import Stats
+
+__all__ = ["ShardedRecords", "ShardedRecord", "assemble", "placement_entry", "placement_of",
+           "unassembled", "holding_ranks", "align_wrapped", "RANK_FOLDER"]
+
+RANK_FOLDER = "rank-"
+
+
+# -- the manifest entry ------------------------------------------------------------------
+def placement_entry(placement: Placement, local_shape: tuple[int, ...]) -> dict:
+    """What a manifest keeps of a capture's placement (``local_shape``: the bytes saved)."""
+    mesh_ranks = None
+    mesh = placement.mesh
+    if mesh is not None and hasattr(mesh, "mesh"):
+        mesh_ranks = [int(r) for r in mesh.mesh.flatten().tolist()]
+    return {"placements": list(placement.placements),
+            "mesh_dims": [[name, size] for name, size in placement.mesh_dims],
+            "global_shape": None if placement.global_shape is None else
+            list(placement.global_shape),
+            "local": placement.local, "source": placement.source,
+            "coordinate": list(placement.coordinate), "mesh_ranks": mesh_ranks,
+            "local_shape": list(local_shape)}
+
+
+def placement_of(entry: dict) -> tuple[Placement, tuple[int, ...] | None]:
+    """The :class:`Placement` of a manifest entry (no mesh) and its mesh's global ranks.
+
+    >>> p, ranks = placement_of(placement_entry(Placement(("S(0)",), (("tp", 2),), None, True,
+    ...                                                   "DTensor", (1,)), (3,)))
+    >>> p.text, p.coordinate, ranks
+    ('S(0)@tp', (1,), None)
+    """
+    shape = entry.get("global_shape")
+    ranks = entry.get("mesh_ranks")
+    return (Placement(tuple(entry["placements"]),
+                      tuple((str(name), int(size)) for name, size in entry["mesh_dims"]),
+                      None if shape is None else tuple(int(s) for s in shape),
+                      bool(entry["local"]), str(entry["source"]),
+                      tuple(int(c) for c in entry["coordinate"])),
+            None if ranks is None else tuple(int(r) for r in ranks))
+
+
+# -- assembling --------------------------------------------------------------------------
+def _combine(parts: list[torch.Tensor], text: str, masks: bool) -> torch.Tensor:
+    if text.startswith("S("):
+        return torch.cat(parts, dim=int(text[2:-1]))
+    if masks:  # which elements a rank holds: any copy or term holds them
+        return torch.stack(parts).any(dim=0)
+    if text == "R":
+        return parts[0]
+    stacked = torch.stack(parts)
+    op = "sum" if text == "P" else text[2:-1]
+    if op == "sum":
+        return stacked.sum(dim=0)
+    if op == "avg":
+        return stacked.mean(dim=0)
+    if op in ("max", "min"):
+        return stacked.amax(dim=0) if op == "max" else stacked.amin(dim=0)
+    raise ValueError(f"a pending reduction {text!r} that fxdebug cannot assemble")
+
+
+def assemble(pieces: dict[tuple[int, ...], torch.Tensor], placements: tuple[str, ...],
+             masks: bool = False) -> torch.Tensor:
+    """The full tensor from one piece per mesh coordinate (every coordinate present), mesh
+    dims taken last to first (a DTensor shards along mesh dim 0 first)."""
+    current = dict(pieces)
+    for dim in reversed(range(len(placements))):
+        groups: dict[tuple[int, ...], list[torch.Tensor]] = {}
+        for coordinate in sorted(current):
+            groups.setdefault(coordinate[:dim], []).append(current[coordinate])
+        current = {rest: _combine(parts, placements[dim], masks) for rest, parts in groups.items()}
+    return current[()]
+
+
+@dataclasses.dataclass
+class _Plan:
+    """How one key's pieces make its full value: groups of ranks assembled on their mesh."""
+
+    groups: list[list[int]]                  # ranks per mesh group, each in coordinate order
+    placements: tuple[str, ...]              # empty: each group is one rank's piece as it is
+    coordinates: dict[int, tuple[int, ...]]  # rank -> coordinate on its group's mesh
+    problem: str = ""                        # why the pieces cannot be assembled
+
+
+def _plan(key: str, pieces: dict[int, Record], mesh_ranks: dict[int, Any], ranks: list[int]
+          ) -> _Plan:
+    holders = sorted(pieces)
+    if holders != ranks:
+        return _Plan([], (), {}, f"held by rank(s) {_ranks_text(holders)} only, of ranks "
+                                 f"{_ranks_text(ranks)}")
+    placements = {r: pieces[r].placement for r in holders}
+    known = {r: p for r, p in placements.items() if p is not None and p.known}
+    if not known:  # no placement (data parallel, unsharded) or unknown: copies must agree
+        return _Plan([[r] for r in holders], (), {})
+    if len(known) != len(holders):
+        return _Plan([], (), {}, f"ranks {_ranks_text(sorted(known))} say where their piece "
+                                 f"sits, ranks {_ranks_text(sorted(set(holders) - set(known)))} "
+                                 f"do not")
+    texts = {(p.placements, p.mesh_dims) for p in known.values()}
+    if len(texts) > 1:
+        said = "; ".join(f"rank {r}: {p.text} on {p.mesh_dims}" for r, p in known.items())
+        return _Plan([], (), {}, f"the ranks place it differently ({said})")
+    first = known[holders[0]]
+    size = math.prod(n for _, n in first.mesh_dims)
+    by_mesh: dict[Any, list[int]] = {}
+    for r in holders:
+        by_mesh.setdefault(mesh_ranks.get(r) or tuple(holders), []).append(r)
+    groups = []
+    for members in by_mesh.values():
+        coordinates = sorted(known[r].coordinate for r in members)
+        expected = sorted(_all_coordinates(first.mesh_dims))
+        if len(members) != size or coordinates != expected:
+            return _Plan([], (), {}, f"ranks {_ranks_text(members)} hold coordinates "
+                                     f"{coordinates} of a mesh {first.describe()} that needs "
+                                     f"{size} pieces")
+        groups.append(sorted(members, key=lambda r: known[r].coordinate))
+    return _Plan(groups, first.placements, {r: known[r].coordinate for r in holders})
+
+
+def _all_coordinates(mesh_dims) -> list[tuple[int, ...]]:
+    found: list[tuple[int, ...]] = [()]
+    for _, size in mesh_dims:
+        found = [c + (i,) for c in found for i in range(size)]
+    return found
+
+
+def _ranks_text(ranks) -> str:
+    return ", ".join(str(r) for r in ranks)
+
+
+class ShardedRecord(Record):
+    """One key of a sharded run: ``value`` is the full tensor, assembled when first read from
+    the ranks' pieces (``pieces``: rank -> that rank's :class:`Record`)."""
+
+    def __init__(self, key: str, pieces: dict[int, Record], mesh_ranks: dict[int, Any],
+                 ranks: list[int]) -> None:
+        first = pieces[min(pieces)]
+        self.pieces = pieces
+        self.plan = _plan(key, pieces, mesh_ranks, ranks)
+        self._assembled = False
+        self._problem = self.plan.problem
+        shape = tuple(first.shape)
+        stale = any(p.stale for p in pieces.values())
+        if not self._problem and all(p.value is not None for p in pieces.values()) and not stale:
+            try:  # the full shape, from the pieces' shapes alone (no bytes read)
+                shape = tuple(self._group_value(self.plan.groups[0], meta=True).shape)
+            except (RuntimeError, ValueError) as exc:
+                self._problem = f"its pieces do not fit together ({exc})"
+        placement = first.placement
+        if placement is not None:
+            placement = dataclasses.replace(placement, global_shape=shape, coordinate=())
+        super().__init__(key, first.op, shape, first.dtype, None, first.copied, via=first.via,
+                         placement=placement)
+        if stale:  # a piece was written in place after its capture: never shown
+            self._value, self.version, self._assembled = torch.empty(0, dtype=first.dtype), -1, True
+        elif any(p.value is None for p in pieces.values()):
+            self._assembled = True  # statistics only: nothing to assemble
+            self._problem = self._problem or "statistics only (mode='stats'): pieces not saved"
+
+    _value: torch.Tensor | None
+
+    @property
+    def value(self) -> torch.Tensor | None:
+        if not self._assembled:
+            self._value = self._assemble()
+            self._assembled = True
+        return self._value
+
+    @value.setter
+    def value(self, value: torch.Tensor | None) -> None:
+        self._value = value
+
+    @property
+    def stats(self) -> Stats:
+        if self._stats is None:
+            if self.problem():
+                nan = float("nan")
+                self._stats = Stats(nan, nan, nan, nan, nan, 0, math.prod(self.shape))
+            else:
+                return Record.stats.fget(self)  # type: ignore[attr-defined]
+        return self._stats
+
+    def problem(self) -> str:
+        """Why the full value cannot be assembled ("" where it can); reads the pieces where
+        copies must be compared."""
+        _ = self.value
+        return self._problem
+
+    def error(self) -> FxdebugError:
+        """What reading a key that cannot be assembled raises."""
+        return FxdebugError(
+            f"the capture of {self.key!r} cannot be assembled from its ranks' pieces: "
+            f"{self._problem}. Read each rank's piece with rec.shards({self.key!r}); for a "
+            f"tensor-parallel model give the ParallelStyle use_local_output=False, or capture "
+            f"the ParallelStyle module's output, so its placement is known.")
+
+    def _group_value(self, group: list[int], meta: bool = False) -> torch.Tensor:
+        def piece(rank: int) -> torch.Tensor:
+            value = self.pieces[rank].value
+            assert value is not None  # checked by the caller: statistics-only pieces stop before
+            return torch.empty(value.shape, dtype=value.dtype, device="meta") if meta else value
+        if not self.plan.placements:
+            return piece(group[0])
+        return assemble({self.plan.coordinates[r]: piece(r) for r in group}, self.plan.placements)
+
+    def _assemble(self) -> torch.Tensor | None:
+        if not self._problem:
+            values = [self._group_value(group) for group in self.plan.groups]
+            differ = [group for group, value in zip(self.plan.groups, values)
+                      if value.shape != values[0].shape or not torch.equal(value, values[0])]
+            if not differ:
+                return values[0]
+            how = ("its placement is unknown" if self.plan.placements == ()
+                   else "its mesh groups hold different values")
+            self._problem = (f"{how} and ranks {_ranks_text(self.plan.groups[0])} differ from "
+                             f"ranks {_ranks_text(sorted(r for g in differ for r in g))}")
+        return None
+
+    def holding_ranks(self, elements: torch.Tensor) -> list[int]:
+        """The ranks whose piece holds any of ``elements`` (a bool mask of the full tensor)."""
+        found = []
+        for group in self.plan.groups:
+            for rank in group:
+                if not self.plan.placements:
+                    found.append(rank)
+                    continue
+                masks = {self.plan.coordinates[r]: torch.full(
+                    tuple(self.pieces[r].shape), r == rank, dtype=torch.bool) for r in group}
+                if (assemble(masks, self.plan.placements, masks=True) & elements).any():
+                    found.append(rank)
+        return sorted(found)
+
+
+class ShardedRecords(Records):
+    """The records of a run saved by several ranks (``path/rank-R``), read in one process:
+    ``rec[key]`` is the full value (assembled on first read), ``rec.shards(key)`` every
+    rank's piece, ``rec.ranks`` each rank's own records."""
+
+    def __init__(self, path: str, ranks: dict[int, Records], context: dict,
+                 mesh_ranks: dict[int, dict], section: str = "records",
+                 _of: Records | None = None) -> None:
+        first = ranks[min(ranks)]
+        super().__init__(first._grads_recorded, _of=_of)
+        self.path, self.context, self.ranks = path, context, ranks
+        order: list[str] = []
+        for rank in sorted(ranks):
+            order.extend(k for k in ranks[rank].keys() if k not in ranks[min(ranks)] or
+                         rank == min(ranks))
+        listed = sorted(ranks)
+        for key in dict.fromkeys(order):
+            pieces = {r: rec.record(key) for r, rec in sorted(ranks.items()) if key in rec}
+            self._records[key] = ShardedRecord(
+                key, pieces, {r: mesh_ranks.get(r, {}).get((section, key)) for r in pieces},
+                listed)
+        self.locations = dict(getattr(first, "locations", {}))
+        self.notes.extend(dict.fromkeys(f"rank {r}: {note}" for r, rec in sorted(ranks.items())
+                                        for note in rec.notes))
+        self.step = getattr(first, "step", None)
+        if section == "records" and any(rec._grads is not None and len(rec._grads)
+                                        for rec in ranks.values()):
+            self._grads = ShardedRecords(path, {r: rec._grads if rec._grads is not None
+                                                else Records() for r, rec in ranks.items()},
+                                         context, mesh_ranks, "grads", _of=self)
+
+    def __getitem__(self, key: str):
+        record = self.record(key) if isinstance(key, str) else None
+        if isinstance(record, ShardedRecord) and record.problem():
+            raise record.error()
+        return super().__getitem__(key)
+
+    def shards(self, key: str) -> dict[int, torch.Tensor]:
+        """``{rank: that rank's piece}`` of the capture under ``key``."""
+        record = self.record(key)
+        if not isinstance(record, ShardedRecord):
+            raise KeyError(key)
+        return {rank: piece.value for rank, piece in record.pieces.items()
+                if piece.value is not None}
+
+    def full(self, key: str) -> torch.Tensor:
+        """The full value (already assembled: ``rec[key]``)."""
+        return self[key]
+
+    def __repr__(self) -> str:
+        return (f"ShardedRecords({len(self)} tensors from {self.path}, ranks "
+                f"{_ranks_text(sorted(self.ranks))})")
+
+
+# -- compare_runs ------------------------------------------------------------------------
+def unassembled(a: Record, b: Record) -> str:
+    """Why a key of two runs cannot be compared because a sharded run cannot assemble it."""
+    for name, record in (("a", a), ("b", b)):
+        if isinstance(record, ShardedRecord) and record.problem():
+            return f"not assembled in run {name}: {record.problem()}"
+    return ""
+
+
+def holding_ranks(entries: list, a: Records, b: Records, rtol, atol) -> list:
+    """``entries`` of :func:`compare_runs`, each differing one with ``ranks``: the ranks whose
+    shard holds the differing elements (in either sharded run)."""
+    out = []
+    for entry in entries:
+        ra = a.record(entry.key) if entry.key in a else None
+        rb = b.record(entry.key) if entry.key in b else None
+        sharded = [r for r in (ra, rb) if isinstance(r, ShardedRecord)]
+        if entry.status != "differs" or not sharded or ra is None or rb is None \
+                or ra.value is None or rb.value is None:
+            out.append(entry)
+            continue
+        va, vb = ra.value, rb.value
+        wider = torch.promote_types(va.dtype, vb.dtype)
+        va, vb = va.to(wider), vb.to(wider).to(va.device)
+        if va.is_floating_point() or va.is_complex():
+            rtol_d, atol_d = default_tolerances(ra.dtype, rb.dtype)
+            differing = ~torch.isclose(va, vb, rtol=rtol_d if rtol is None else float(rtol),
+                                       atol=atol_d if atol is None else float(atol),
+                                       equal_nan=True)
+        else:
+            differing = va != vb
+        ranks = sorted({r for record in sharded for r in record.holding_ranks(differing)})
+        out.append(dataclasses.replace(entry, ranks=tuple(ranks)))
+    return out
+
+
+WRAPPER_PREFIX = "module."  # DistributedDataParallel / DataParallel hold the model as .module
+
+
+def align_wrapped(a: Records, b: Records) -> tuple[Records, Records]:
+    """Runs of a model with and without a DDP wrapper: the wrapped run's keys lose the
+    wrapper's ``module.`` (every key of that run has it, no key of the other does).
+
+    >>> from fxdebug.runtime.records import Records
+    >>> a, b = Records(), Records()
+    >>> a.add("fc", "Linear", torch.ones(1)); b.add("module.fc", "Linear", torch.ones(1))
+    >>> [r.keys() for r in align_wrapped(a, b)]
+    [['fc'], ['fc']]
+    """
+    def wrapped(records: Records) -> bool:
+        return len(records) > 0 and all(k.startswith(WRAPPER_PREFIX) or k == "module"
+                                        for k in records.keys())
+
+    if wrapped(a) == wrapped(b):
+        return a, b
+    return (_unwrapped(a), b) if wrapped(a) else (a, _unwrapped(b))
+
+
+def _unwrapped(records: Records) -> Records:
+    out = copy.copy(records)
+    out._records = {}
+    for key, record in records._records.items():
+        moved = copy.copy(record)  # the wrapper's own output keeps its key "module"
+        moved.key = key[len(WRAPPER_PREFIX):] if key.startswith(WRAPPER_PREFIX) else key
+        out._records[moved.key] = moved
+    out.locations = {k[len(WRAPPER_PREFIX):] if k.startswith(WRAPPER_PREFIX) else k: v
+                     for k, v in getattr(records, "locations", {}).items()}
+    if records._grads is not None:
+        out._grads = _unwrapped(records._grads) if len(records._grads) else records._grads
+    return out
