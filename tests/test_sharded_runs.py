@@ -15,31 +15,7 @@ import torch
 
 import fxdebug
 from ranks import on_ranks
-
-D = 8
-
-
-class Block(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(D)
-        self.fc1 = torch.nn.Linear(D, 4 * D)
-        self.fc2 = torch.nn.Linear(4 * D, D)
-
-    def forward(self, x):
-        return x + self.fc2(torch.relu(self.fc1(self.norm(x))))
-
-
-class Net(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = torch.nn.ModuleList(Block() for _ in range(2))
-        self.head = torch.nn.Linear(D, 2)
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
+from tp_models import D, Net
 
 
 def make_model() -> Net:
