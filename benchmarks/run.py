@@ -14,6 +14,8 @@ Runs, each in its own interpreter (so no benchmark warms another's caches)::
                                        in-memory capture and save_to vs eager
     sharded      sharded_steps.py      FSDP2 and tensor-parallel training steps on 2 gloo
                                        ranks, instrumented vs plain
+    host         host_overhead.py      host time per capture on 400 Linear(16,16)/ReLU
+                                       modules at batch 1: every capture kind vs hooks
 
 and prints one GitHub table: benchmark, model, variant, median, the benchmark's
 spread column (min, or max - min of the repeats) and the ratio with what it is a
@@ -54,6 +56,7 @@ BENCHMARKS = [
     ("scaling", "scaling.py", [], ["--quick"]),
     ("save", "save_overhead.py", [], ["--quick"]),
     ("sharded", "sharded_steps.py", [], ["--quick"]),
+    ("host", "host_overhead.py", [], ["--quick"]),
 ]
 
 

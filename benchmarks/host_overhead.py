@@ -1,0 +1,200 @@
+"""Host time per capture: what each capture adds on a deep, narrow model, against plain hooks.
+
+On a GPU a forward at training batch sizes waits for the Python that launches its
+ops, so what a capture costs is host time. This benchmark measures it on the CPU,
+where it shows the same way: a model of ``--layers`` modules (``Linear(16, 16)``
+and ``ReLU`` alternating), batch 1, one thread, so each op's arithmetic is
+negligible and every microsecond added is Python and dispatch.
+
+Each variant is timed in pairs with the plain call it adds to (an eager forward,
+or an eager forward and backward, or a training step), the two interleaved, and
+the median of the differences taken: absolute times move between runs on a shared
+machine, the differences and their ratios much less. ``µs per capture`` is that
+median over the number of captures one call makes (records, or hooked modules),
+and ``vs`` compares it with the simple tool beside it, in the same run:
+
+=========================  ===============================================  ======================
+variant                    one call                                         compared with
+=========================  ===============================================  ======================
+hook: output.detach()      forward hook on every module storing a view      (the yardstick)
+hook: 4 stats as torch ops forward hook storing mean, std, min, max         hook: output.detach()
+tensor mode                ``instrument(m)`` forward                        hook: output.detach()
+stats mode                 ``instrument(m, mode="stats")`` forward          hook: output.detach()
+capture="all"              ``instrument(m, capture="all")`` forward         hook: output.detach()
+register_hook              forward + backward, a hook on every output's     (the yardstick)
+                           gradient
+grads=True                 ``instrument(m, grads=True)`` forward + backward register_hook
+detect_anomaly             forward + backward under ``detect_anomaly``      (per module)
+find_nonfinite             ``find_nonfinite(m, x)`` forward + backward      detect_anomaly
+watch_nonfinite            a training step through the watch + ``check()``  the training step
+=========================  ===============================================  ======================
+
+Run (from the repository root)::
+
+    python benchmarks/host_overhead.py              # 400 modules, 200 pairs per variant
+    python benchmarks/host_overhead.py --quick      # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import warnings
+import statistics
+import time
+from typing import Callable
+
+import torch
+from _common import table
+
+import fxdebug
+
+
+def deep_narrow(layers: int) -> torch.nn.Sequential:
+    """``layers`` modules: ``Linear(16, 16)`` and ``ReLU`` alternating."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(16, 16) if i % 2 == 0 else torch.nn.ReLU()
+                                 for i in range(layers)])
+
+
+def paired(plain: Callable[[], object], variant: Callable[[], object], pairs: int,
+           warmup: int) -> tuple[float, float, float]:
+    """``(median plain s, median variant s, median of the per-pair differences s)``."""
+    for _ in range(warmup):
+        plain()
+        variant()
+    plains, variants, diffs = [], [], []
+    for i in range(pairs):
+        order = (plain, variant) if i % 2 == 0 else (variant, plain)
+        took = {}
+        for fn in order:
+            start = time.perf_counter()
+            fn()
+            took[fn] = time.perf_counter() - start
+        plains.append(took[plain])
+        variants.append(took[variant])
+        diffs.append(took[variant] - took[plain])
+    return statistics.median(plains), statistics.median(variants), statistics.median(diffs)
+
+
+def _forward_hooks(model, hook):
+    return [m.register_forward_hook(hook(name)) for name, m in model.named_modules() if name]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=400)
+    parser.add_argument("--pairs", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="smoke test: 40 modules, 10 pairs")
+    args = parser.parse_args()
+    if args.quick:
+        args.layers, args.pairs, args.warmup = 40, 10, 2
+    torch.set_num_threads(args.threads)
+    model = deep_narrow(args.layers)
+    x = torch.randn(1, 16)
+    modules = args.layers
+    store: dict = {}
+
+    def forward():
+        return model(x)
+
+    def forward_backward():
+        model.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+
+    # forward hooks, the yardsticks
+    def detach_hook(name):
+        def hook(module, inputs, output):
+            store[name] = output.detach()
+        return hook
+
+    def stats_hook(name):
+        def hook(module, inputs, output):
+            v = output.detach()
+            store[name] = (v.mean(), v.std(), v.min(), v.max())
+        return hook
+
+    def grad_hook(name):
+        def hook(module, inputs, output):
+            if output.requires_grad:
+                output.register_hook(lambda g: store.__setitem__(name, g))
+        return hook
+
+    rows = []
+
+    def row(label, plain, variant, captures, yardstick=None, ratio_to=""):
+        base, took, added = paired(plain, variant, args.pairs, args.warmup)
+        per = added / captures * 1e6 if captures else float("nan")
+        rows.append([label, captures, f"{took * 1e3:.3f}", f"{base * 1e3:.3f}",
+                     f"{added * 1e6:.0f}", f"{per:.2f}",
+                     f"{per / yardstick:.2f}x" if yardstick else f"{took / base:.3f}x",
+                     f"{ratio_to} (per capture)" if yardstick else (ratio_to or "plain call")])
+        return per
+
+    def with_hooks(hook, backward=False):
+        hooked = copy.deepcopy(model)  # the plain call keeps a model without hooks
+        _forward_hooks(hooked, hook)
+
+        def run():
+            store.clear()
+            if backward:
+                hooked.zero_grad(set_to_none=True)
+                hooked(x).sum().backward()
+            else:
+                hooked(x)
+        return run
+
+    detach = row("hook: output.detach()", forward, with_hooks(detach_hook), modules)
+    row("hook: 4 stats as torch ops", forward, with_hooks(stats_hook), modules, detach,
+        "hook: output.detach()")
+
+    for label, kwargs in (("tensor mode", {}), ("stats mode", {"mode": "stats"}),
+                          ('capture="all"', {"capture": "all"})):
+        gm = fxdebug.instrument(model, **kwargs)
+        gm(x)
+        count = len(fxdebug.records(gm))
+        row(label, forward, lambda gm=gm: gm(x), count, detach, "hook: output.detach()")
+
+    registered = row("register_hook (fwd + bwd)", forward_backward,
+                     with_hooks(grad_hook, backward=True), modules)
+    gm = fxdebug.instrument(model, grads=True)
+
+    def grads_step():
+        gm.zero_grad(set_to_none=True)
+        gm(x).sum().backward()
+    grads_step()
+    count = len(fxdebug.records(gm).grads)
+    row("grads=True (fwd + bwd)", forward_backward, grads_step, count, registered,
+        "register_hook")
+
+    def anomaly():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Anomaly Detection has been enabled"
+            with torch.autograd.detect_anomaly(check_nan=True):
+                forward_backward()
+    anomaly_per = row("detect_anomaly (fwd + bwd)", forward_backward, anomaly, modules)
+    row("find_nonfinite (fwd + bwd)", forward_backward,
+        lambda: fxdebug.find_nonfinite(model, x), modules, anomaly_per, "detect_anomaly")
+
+    watch = fxdebug.watch_nonfinite(model)
+
+    def watched_step():
+        model.zero_grad(set_to_none=True)
+        watch(x).sum().backward()
+        if watch.check() is not None:
+            raise AssertionError("watch_nonfinite reported a finite step")
+    row("watch_nonfinite step", forward_backward, watched_step, modules, None, "training step")
+
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"{args.layers} modules (Linear(16, 16) / ReLU), batch 1, {args.pairs} pairs "
+          f"(interleaved, median of differences), load avg {os.getloadavg()[0]:.2f}")
+    print()
+    print(table(rows, ["variant", "captures", "median ms", "plain ms", "added µs",
+                       "µs per capture", "ratio", "ratio to"]))
+
+
+if __name__ == "__main__":
+    main()
