@@ -40,6 +40,7 @@ from .passes.base import run_passes
 from .runtime import RECORDER_ATTR, Recorder, Records, capture, capture_stats, tensor_stats
 from .runs.run_writer import RunWriter
 from .runs.saved_runs import load_records
+from .runtime.placement import parameter_pieces
 from .runtime.torch_compat import compiled_inner
 from .partial import instrument_parts, is_partial
 from .tracing import keyed_copy
@@ -342,8 +343,7 @@ def flush(gm: torch.nn.Module) -> None:
 def _flush_writer(gm: torch.nn.Module, writer: RunWriter) -> None:
     """The parameter gradients' statistics go with the latest run; then everything is written."""
     if writer.folder is not None:
-        writer.set_parameters([(name, tuple(p.shape), None if p.grad is None
-                                else tensor_stats(p.grad)) for name, p in gm.named_parameters()])
+        writer.set_parameters(parameter_pieces(gm.named_parameters()))  # DTensor grads: pieces
     writer.flush()
 
 

@@ -40,6 +40,7 @@ import weakref
 import torch
 
 from ..errors import SavedRunError
+from ..runtime.placement import grad_layouts
 from ..runtime.records import Record, Records
 from .saved_runs import (BEFORE_READING, RunFile, load_records, location_of, manifest_of,
                          record_entry, run_context, run_folders, write_manifest)
@@ -71,6 +72,7 @@ class StreamingRecords(Records):
             self._grads = StreamingRecords(self.writer, self.run, self._grads_recorded, "grads",
                                            _of=self)
             self._grads.notes = self.notes
+            self._grads.layouts = grad_layouts(self.layouts)  # tensor parallelism
         return self._grads
 
     def add(self, key: str, op: str, value, *, clone: bool = False, stats_only: bool = False,
@@ -191,7 +193,8 @@ class RunWriter:
         self._enqueue(("record", run, section, record, stream, nbytes))
 
     def set_parameters(self, parameters: list) -> None:
-        """Parameter-gradient statistics for the current run's manifest (see ``records(gm)``)."""
+        """Parameter-gradient statistics for the current run's manifest (see ``records(gm)``):
+        ``(name, shape, stats, piece)`` (:func:`~fxdebug.runtime.placement.parameter_pieces`)."""
         self._enqueue(("parameters", self.run, parameters))
 
     def latest_records(self) -> Records:

@@ -37,7 +37,9 @@ import torch
 from ..errors import SavedRunError
 from ..runtime.records import Record, Records
 from ..runtime.stats import Stats
+from ..runtime.placement import parameter_pieces
 from .sharded import RANK_FOLDER, ShardedRecords, placement_entry, placement_of
+from .sharded_stats import local_shape
 
 __all__ = ["save_records", "load_records", "SavedRecords", "RunFile", "record_entry",
            "run_context", "write_manifest", "manifest_of", "location_of", "run_folders",
@@ -75,6 +77,9 @@ class SavedRecords(Records):
         self._parameter_stats_saved: list[tuple[str, tuple[int, ...], Stats | None]] = []
         # (section, key) -> the global ranks of the mesh a shard sits on (see .sharded)
         self.mesh_ranks: dict[tuple[str, str], tuple[int, ...] | None] = {}
+        # parameter name -> (summary, placement, mesh ranks) of its gradient (placement: of a
+        # DTensor gradient's piece, else None)
+        self.parameter_pieces: dict[str, tuple[torch.Tensor, Any, tuple[int, ...] | None]] = {}
 
     def note_mesh(self, section: str, entry: dict) -> None:
         if entry.get("placement"):
@@ -131,6 +136,11 @@ def record_entry(record: Record, location: str, data: RunFile | None) -> dict:
     if value is not None and record.placement is not None:  # a shard: this rank's piece
         value = record._local(value)
         entry["shape"] = list(value.shape)
+    elif value is None and record.placement is not None and not record.placement.local \
+            and record.placement.known:  # a DTensor's statistics: of this rank's piece
+        entry["shape"] = list(local_shape(tuple(record.shape), record.placement.placements,
+                                          tuple(n for _, n in record.placement.mesh_dims),
+                                          record.placement.coordinate))
     if record.placement is not None:
         entry["placement"] = placement_entry(record.placement, tuple(entry["shape"]))
     if value is not None:
@@ -180,9 +190,21 @@ def manifest_of(context: dict, entries: list, grads: list, data_bytes: int, *,
     """The manifest of a run whose entries are written (:func:`record_entry`)."""
     return {"format": FORMAT, "version": FORMAT_VERSION, "context": context,
             "records": entries, "grads": grads, "grads_recorded": grads_recorded,
-            "parameters": [[name, list(shape), None if stats is None else list(stats)]
-                           for name, shape, stats in parameters],
+            "parameters": [_parameter_entry(*parameter) for parameter in parameters],
             "notes": list(notes), "runs": runs, "data_bytes": data_bytes}
+
+
+def _parameter_entry(name: str, shape, stats, piece=None) -> list:
+    """``[name, shape, stats]`` of a parameter's gradient, then ``{"summary"}`` and, for a
+    DTensor gradient's piece, its ``"placement"`` (``load_records`` of a sharded run
+    assembles the full gradient's statistics from them)."""
+    entry = [name, list(shape), None if stats is None else list(stats)]
+    if piece is not None:
+        placement, summary = piece
+        entry.append({"summary": summary.tolist()} if placement is None else
+                     {"summary": summary.tolist(),
+                      "placement": placement_entry(placement, tuple(shape))})
+    return entry
 
 
 def save_records(records: Records, path: str | os.PathLike, step=None,
@@ -231,9 +253,17 @@ def save_records(records: Records, path: str | os.PathLike, step=None,
     step = getattr(records, "step", None) if step is None else step
     write_manifest(folder, manifest_of(run_context(records.records(), step), entries, grad_entries,
                                        data.offset, grads_recorded=records._grads_recorded,
-                                       parameters=records.parameter_grads(), notes=records.notes,
+                                       parameters=_parameters_of(records), notes=records.notes,
                                        runs=records.runs))
     return top
+
+
+def _parameters_of(records: Records) -> list:
+    """The parameter gradients to save: of the module's own parameters where bound (a DTensor
+    gradient as its piece), else as the records give them."""
+    if records._parameters:
+        return parameter_pieces(records._parameters)
+    return records.parameter_grads()
 
 
 def location_of(locations: dict, key: str) -> str:
@@ -346,9 +376,14 @@ def _load_one(path: str, run: int | None) -> SavedRecords:
             for entry in manifest["grads"]:
                 grads._records[entry["key"]] = _record(entry, storage, version)
                 records.note_mesh("grads", entry)
-        records._parameter_stats_saved = [
-            (name, tuple(shape), None if stats is None else _saved_stats(stats, version))
-            for name, shape, stats in manifest.get("parameters", [])]
+        for name, shape, stats, *piece in manifest.get("parameters", []):
+            records._parameter_stats_saved.append(
+                (name, tuple(shape), None if stats is None else _saved_stats(stats, version)))
+            if piece:  # its summary; a DTensor gradient's piece: its placement (.sharded_stats)
+                placement, mesh = (placement_of(piece[0]["placement"]) if "placement" in piece[0]
+                                   else (None, None))
+                records.parameter_pieces[name] = (
+                    torch.tensor(piece[0]["summary"], dtype=torch.float64), placement, mesh)
         records.locations = {e["key"]: e["location"] for e in manifest["records"]
                              if e.get("location")}
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:

@@ -15,7 +15,12 @@ read::
 
 A key whose pieces cannot be assembled (placement unknown and the ranks' pieces differ,
 a rank missing, placements that disagree) raises :class:`~fxdebug.errors.FxdebugError`
-when read, naming the key and the ranks; ``rec.shards(key)`` gives every rank's piece.
+when read, naming the key and which ranks hold which value (no one rank's is shown);
+``rec.shards(key)`` gives every rank's piece. A run in statistics mode (``mode="stats"``)
+gives the full tensor's statistics, from the pieces' summaries (:mod:`.sharded_stats`:
+shards combined exactly, replicas checked equal, a pending sum ``Partial`` not assembled:
+the statistics of a sum are not its terms'); so do the parameter gradients (DTensor pieces
+under FSDP2 and tensor parallelism).
 
 >>> import torch
 >>> pieces = {(0,): torch.tensor([1., 2.]), (1,): torch.tensor([3.])}
@@ -37,13 +42,17 @@ import torch
 from ..equivalence.compare import default_tolerances
 from ..errors import FxdebugError
 from ..runtime.placement import Placement
-from ..runtime.records import Record, Records
+from ..runtime.records import PLACEMENT_NOTE, Record, Records
 from ..runtime.stats import Stats
+from .sharded_stats import PARTIAL_STATS, agreement_text, assemble_summaries, same_summary
 
 __all__ = ["ShardedRecords", "ShardedRecord", "assemble", "placement_entry", "placement_of",
            "unassembled", "holding_ranks", "align_wrapped", "RANK_FOLDER"]
 
 RANK_FOLDER = "rank-"
+SHARDED_NOTE = ("placement: how the ranks' pieces were assembled (S(d)@mesh dim: concatenated "
+                "along dim d, R: one copy, checked equal, P: summed); shape and statistics are "
+                "the full tensor's; rec.shards(key) gives each rank's piece")
 
 
 # -- the manifest entry ------------------------------------------------------------------
@@ -168,6 +177,16 @@ def _ranks_text(ranks) -> str:
     return ", ".join(str(r) for r in ranks)
 
 
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise the same values (NaN where the other has NaN)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if torch.equal(a, b):
+        return True
+    return (a.is_floating_point() or a.is_complex()) and bool(
+        torch.isclose(a, b, rtol=0, atol=0, equal_nan=True).all())
+
+
 class ShardedRecord(Record):
     """One key of a sharded run: ``value`` is the full tensor, assembled when first read from
     the ranks' pieces (``pieces``: rank -> that rank's :class:`Record`)."""
@@ -181,21 +200,29 @@ class ShardedRecord(Record):
         self._problem = self.plan.problem
         shape = tuple(first.shape)
         stale = any(p.stale for p in pieces.values())
-        if not self._problem and all(p.value is not None for p in pieces.values()) and not stale:
+        stats_only = all(p.value is None for p in pieces.values())
+        if not self._problem and not stale:
             try:  # the full shape, from the pieces' shapes alone (no bytes read)
                 shape = tuple(self._group_value(self.plan.groups[0], meta=True).shape)
             except (RuntimeError, ValueError) as exc:
                 self._problem = f"its pieces do not fit together ({exc})"
         placement = first.placement
         if placement is not None:
-            placement = dataclasses.replace(placement, global_shape=shape, coordinate=())
+            placement = dataclasses.replace(placement, global_shape=shape, coordinate=(),
+                                            assembled=True)
         super().__init__(key, first.op, shape, first.dtype, None, first.copied, via=first.via,
                          placement=placement)
         if stale:  # a piece was written in place after its capture: never shown
             self._value, self.version, self._assembled = torch.empty(0, dtype=first.dtype), -1, True
+        elif stats_only:  # statistics mode: the full tensor's, from the pieces' summaries
+            self._assembled = True
+            if not self._problem:
+                self.summary, self._problem = self._assemble_stats()
         elif any(p.value is None for p in pieces.values()):
-            self._assembled = True  # statistics only: nothing to assemble
-            self._problem = self._problem or "statistics only (mode='stats'): pieces not saved"
+            self._assembled = True
+            self._problem = self._problem or (
+                f"ranks {_ranks_text(r for r, p in pieces.items() if p.value is None)} saved "
+                f"statistics only, the others tensors")
 
     _value: torch.Tensor | None
 
@@ -220,6 +247,12 @@ class ShardedRecord(Record):
                 return Record.stats.fget(self)  # type: ignore[attr-defined]
         return self._stats
 
+    def __repr__(self) -> str:
+        if self.problem():
+            return (f"ShardedRecord({self.key!r}, {self.op}, not assembled from ranks "
+                    f"{_ranks_text(sorted(self.pieces))}: {self._problem})")
+        return super().__repr__().replace("Record(", "ShardedRecord(", 1)
+
     def problem(self) -> str:
         """Why the full value cannot be assembled ("" where it can); reads the pieces where
         copies must be compared."""
@@ -228,17 +261,23 @@ class ShardedRecord(Record):
 
     def error(self) -> FxdebugError:
         """What reading a key that cannot be assembled raises."""
+        if PARTIAL_STATS in self._problem:
+            hint = ("instrument with mode='tensor' (the pieces are then summed), or read the "
+                    "statistics where the sum is reduced (RowwiseParallel's output)")
+        else:
+            hint = ("for a tensor-parallel model give the ParallelStyle use_local_output=False, "
+                    "or capture the ParallelStyle module's output, so its placement is known")
         return FxdebugError(
             f"the capture of {self.key!r} cannot be assembled from its ranks' pieces: "
-            f"{self._problem}. Read each rank's piece with rec.shards({self.key!r}); for a "
-            f"tensor-parallel model give the ParallelStyle use_local_output=False, or capture "
-            f"the ParallelStyle module's output, so its placement is known.")
+            f"{self._problem}. Read each rank's piece with rec.shards({self.key!r}); {hint}.")
 
     def _group_value(self, group: list[int], meta: bool = False) -> torch.Tensor:
         def piece(rank: int) -> torch.Tensor:
-            value = self.pieces[rank].value
-            assert value is not None  # checked by the caller: statistics-only pieces stop before
-            return torch.empty(value.shape, dtype=value.dtype, device="meta") if meta else value
+            record = self.pieces[rank]
+            if meta:  # the shape of the piece saved (statistics mode: of the piece summarized)
+                return torch.empty(record.shape, dtype=record.dtype, device="meta")
+            assert record.value is not None  # checked by the caller: statistics-only stop before
+            return record.value
         if not self.plan.placements:
             return piece(group[0])
         return assemble({self.plan.coordinates[r]: piece(r) for r in group}, self.plan.placements)
@@ -246,15 +285,42 @@ class ShardedRecord(Record):
     def _assemble(self) -> torch.Tensor | None:
         if not self._problem:
             values = [self._group_value(group) for group in self.plan.groups]
-            differ = [group for group, value in zip(self.plan.groups, values)
-                      if value.shape != values[0].shape or not torch.equal(value, values[0])]
-            if not differ:
+            if all(_same_tensor(value, values[0]) for value in values[1:]):
                 return values[0]
-            how = ("its placement is unknown" if self.plan.placements == ()
-                   else "its mesh groups hold different values")
-            self._problem = (f"{how} and ranks {_ranks_text(self.plan.groups[0])} differ from "
-                             f"ranks {_ranks_text(sorted(r for g in differ for r in g))}")
+            self._problem = self._disagreement(values, _same_tensor)
         return None
+
+    def _disagreement(self, values: list, equal) -> str:
+        """Which ranks hold which value, where the groups' values (one per mesh group, or per
+        rank) must be equal and are not: no one rank's is shown."""
+        by_rank = {r: value for group, value in zip(self.plan.groups, values) for r in group}
+        how = ("its placement is unknown (data parallel, or a local tensor)"
+               if self.plan.placements == () else "its mesh groups must hold the same value")
+        held = agreement_text(by_rank, equal)
+        return f"{how}, and the ranks hold {held.count(' | ') + 1} different values: {held}"
+
+    def _assemble_stats(self) -> tuple[torch.Tensor | None, str]:
+        """The full tensor's summary from the pieces' (statistics mode), or why none."""
+        summaries = {r: p.summary for r, p in self.pieces.items()}
+        if any(s is None for s in summaries.values()):
+            return None, ("statistics without their summaries (saved by an older fxdebug): "
+                          "they cannot be combined")
+        values = []
+        for group in self.plan.groups:
+            if not self.plan.placements:
+                values.append(summaries[group[0]])
+                continue
+            coordinates = {self.plan.coordinates[r]: r for r in group}
+            names = tuple(name for name, _ in (self.placement.mesh_dims if self.placement
+                                               else ()))
+            try:
+                values.append(assemble_summaries({c: summaries[r] for c, r in coordinates.items()},
+                                                 self.plan.placements, coordinates, names))
+            except ValueError as exc:
+                return None, f"{exc} (ranks {_ranks_text(group)})"
+        if all(same_summary(value, values[0]) for value in values[1:]):
+            return values[0], ""
+        return None, self._disagreement(values, same_summary)
 
     def holding_ranks(self, elements: torch.Tensor) -> list[int]:
         """The ranks whose piece holds any of ``elements`` (a bool mask of the full tensor)."""
@@ -282,6 +348,7 @@ class ShardedRecords(Records):
         first = ranks[min(ranks)]
         super().__init__(first._grads_recorded, _of=_of)
         self.path, self.context, self.ranks = path, context, ranks
+        self._parameters_assembled: dict[str, ShardedRecord] | None = None
         order: list[str] = []
         for rank in sorted(ranks):
             order.extend(k for k in ranks[rank].keys() if k not in ranks[min(ranks)] or
@@ -308,13 +375,54 @@ class ShardedRecords(Records):
             raise record.error()
         return super().__getitem__(key)
 
-    def shards(self, key: str) -> dict[int, torch.Tensor]:
-        """``{rank: that rank's piece}`` of the capture under ``key``."""
+    def shards(self, key: str) -> dict[int, Any]:
+        """``{rank: that rank's piece}`` of the capture under ``key`` (statistics mode: the
+        piece's :class:`Stats`)."""
         record = self.record(key)
         if not isinstance(record, ShardedRecord):
             raise KeyError(key)
-        return {rank: piece.value for rank, piece in record.pieces.items()
-                if piece.value is not None}
+        return {rank: piece.value if piece.value is not None else piece.stats
+                for rank, piece in record.pieces.items()}
+
+    def parameter_grads(self) -> list[tuple[str, tuple[int, ...], Stats | None]]:
+        """Every parameter gradient's full shape and statistics, from the ranks' pieces
+        (a DTensor gradient's assembled by its placement; any other's, checked equal on every
+        rank); NaN statistics where they cannot be known (see :meth:`table`)."""
+        return [(name, record.shape, record.stats)
+                for name, record in self._parameter_records().items()]
+
+    def _parameter_records(self) -> dict[str, ShardedRecord]:
+        if self._parameters_assembled is None:
+            pieces: dict[str, dict[int, Record]] = {}
+            mesh: dict[str, dict[int, Any]] = {}
+            for rank, records in sorted(self.ranks.items()):
+                saved = getattr(records, "parameter_pieces", {})
+                for name, shape, stats in records.parameter_grads():
+                    summary, placement, mesh_ranks = saved.get(name, (None, None, None))
+                    pieces.setdefault(name, {})[rank] = Record(
+                        name, "parameter gradient", shape, torch.float32, None, False,
+                        _stats=stats, summary=summary, placement=placement)
+                    mesh.setdefault(name, {})[rank] = mesh_ranks
+            self._parameters_assembled = {
+                name: ShardedRecord(name, by_rank, mesh[name], sorted(self.ranks))
+                for name, by_rank in pieces.items()
+                if any(p.summary is not None for p in by_rank.values())}
+        return self._parameters_assembled
+
+    def table(self, wide: bool | None = None, floatfmt: str = ".4g") -> str:
+        """:meth:`Records.table` of the full values, then every key (and parameter gradient)
+        whose pieces cannot be assembled, and why."""
+        lines = [SHARDED_NOTE if line == PLACEMENT_NOTE else line
+                 for line in super().table(wide, floatfmt).split("\n")]
+        sections = [("", self), ("grad ", self._grads if self._grads is not None else Records())]
+        for prefix, records in sections:
+            for record in records.records():
+                if isinstance(record, ShardedRecord) and record.problem():
+                    lines.append(f"not assembled: {prefix}{record.key}: {record.problem()}")
+        for name, record in self._parameter_records().items():
+            if record.problem():
+                lines.append(f"not assembled: parameter gradient {name}: {record.problem()}")
+        return "\n".join(lines)
 
     def full(self, key: str) -> torch.Tensor:
         """The full value (already assembled: ``rec[key]``)."""

@@ -33,9 +33,10 @@ import torch
 
 from ..errors import FxdebugError
 from . import torch_compat
+from .stats import stats_from_summary, summarize
 
 __all__ = ["Placement", "dtensor_placement", "planned_placement", "plan_layouts", "local_value",
-           "full_value", "UNKNOWN_PLACEMENT"]
+           "full_value", "parameter_pieces", "grad_layouts", "UNKNOWN_PLACEMENT"]
 
 UNKNOWN_PLACEMENT = "local?"
 
@@ -52,7 +53,8 @@ class Placement:
     tensor, not a DTensor. ``source``: ``"DTensor"``, the ParallelStyle that produced it, or
     why the placement is unknown. ``coordinate``: this rank's coordinate on the mesh.
     ``known``: False for "local, placement unknown". ``mesh`` (the DeviceMesh, for
-    :meth:`Records.full`) is not pickled.
+    :meth:`Records.full`) is not pickled. ``assembled``: the Record holds the full value
+    assembled from every rank's piece (a sharded run loaded from disk), not this rank's piece.
     """
 
     placements: tuple[str, ...]
@@ -62,6 +64,7 @@ class Placement:
     source: str
     coordinate: tuple[int, ...]
     mesh: Any = dataclasses.field(default=None, compare=False, repr=False)
+    assembled: bool = False
 
     @property
     def known(self) -> bool:
@@ -88,7 +91,23 @@ class Placement:
         mesh = "x".join(f"{name or f'dim{i}'}={size}" for i, (name, size) in
                         enumerate(self.mesh_dims))
         shape = "" if self.global_shape is None else " of " + "x".join(map(str, self.global_shape))
-        return f"{'local ' if self.local else ''}{self.text}{shape} on mesh {mesh}"
+        return (f"{'local ' if self.local else ''}{self.text}{shape} on mesh {mesh}"
+                f"{self.stats_scope()}")
+
+    def stats_scope(self) -> str:
+        """What a Record's statistics describe, where not the full tensor: ``""`` for a
+        replicated or assembled value.
+
+        >>> Placement(("P",), (("tp", 2),), (4,), True, "RowwiseParallel", (0,)).stats_scope()
+        "; statistics of this rank's term of the pending sum"
+        """
+        if self.assembled or not self.sharded:
+            return ""
+        if not self.known:
+            return "; statistics of this rank's tensor"
+        if any(p.startswith("P") for p in self.placements):
+            return "; statistics of this rank's term of the pending sum"
+        return "; statistics of this rank's piece"
 
     def replica_class(self) -> tuple | None:
         """The mesh coordinates along which copies differ: ranks with equal classes must hold
@@ -191,6 +210,28 @@ def planned_placement(layout, tensor: torch.Tensor) -> Placement:
                      coordinate, layout.mesh)
 
 
+def grad_layouts(layouts: dict | None) -> dict | None:
+    """The layouts of the gradients of a tensor-parallel model's captures (``layouts``: the
+    captures', see :func:`plan_layouts`): a plain local tensor's gradient is placed as its
+    value (``DTensor.to_local`` declares it so), a pending sum's as replicated (what
+    ``DTensor.from_local``'s backward hands on).
+
+    >>> grad_layouts(None) is None
+    True
+    """
+    if layouts is None:
+        return None
+    out: dict[str, Any] = {}
+    for key, layout in layouts.items():
+        if isinstance(layout, torch_compat.ParallelLayout) and any(
+                getattr(p, "is_partial", lambda: False)() for p in layout.placements):
+            from torch.distributed.tensor import Replicate
+            placements = tuple(Replicate() if p.is_partial() else p for p in layout.placements)
+            layout = torch_compat.ParallelLayout((layout[0], placements, *layout[2:]))
+        out[key] = layout
+    return out
+
+
 def local_value(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's local piece; any other tensor itself.
 
@@ -241,3 +282,29 @@ def full_value(key: str, value: torch.Tensor, placement: Placement | None) -> to
                                                        placement.placements],
                                 run_check=False, shape=torch.Size(shape), stride=stride)
     return placed.full_tensor()
+
+
+def parameter_pieces(named_parameters) -> list[tuple[str, tuple[int, ...], Any, Any]]:
+    """``(name, shape, Stats or None, piece)`` of every parameter's ``.grad``, without any
+    collective: a DTensor gradient (FSDP2, tensor parallelism) gives its local piece's
+    statistics and shape; ``piece`` = ``(placement or None, summary)`` (None without a
+    gradient), for :func:`~fxdebug.load_records` to assemble the full gradient's statistics
+    from every rank's.
+
+    >>> p = torch.nn.Parameter(torch.ones(2)); p.grad = torch.tensor([1.0, 3.0])
+    >>> [(n, s, stats.mean, piece[0]) for n, s, stats, piece in parameter_pieces([("w", p)])]
+    [('w', (2,), 2.0, None)]
+    """
+    found = []
+    for name, parameter in named_parameters:
+        grad = parameter.grad
+        if grad is None:
+            found.append((name, tuple(parameter.shape), None, None))
+            continue
+        placement: Placement | None = None
+        if type(grad) is not torch.Tensor:
+            placement = dtensor_placement(grad)
+        piece = local_value(grad) if placement is not None else grad
+        summary = summarize(piece.detach(), one_pass=False)
+        found.append((name, tuple(piece.shape), stats_from_summary(summary), (placement, summary)))
+    return found

@@ -22,7 +22,8 @@ import torch
 from ..errors import FxdebugError, StaleCaptureError
 from ..tables.fit_to_width import fit_table, table_width
 from .formatting import dtype_text, shape_text
-from .placement import Placement, dtensor_placement, full_value, local_value, planned_placement
+from .placement import (Placement, dtensor_placement, full_value, grad_layouts, local_value,
+                        parameter_pieces, planned_placement)
 from .records_html import records_table_html
 from . import torch_compat
 from ..tables.report import Report
@@ -184,6 +185,7 @@ class Records(Report):
         """
         if self._grads is None:
             self._grads = Records(self._grads_recorded, _of=self)
+            self._grads.layouts = grad_layouts(self.layouts)  # tensor parallelism
         return self._grads
 
     def bind_parameters(self, named_parameters) -> None:
@@ -191,9 +193,10 @@ class Records(Report):
         self._parameters = list(named_parameters)
 
     def parameter_grads(self) -> list[tuple[str, tuple[int, ...], Stats | None]]:
-        """``(name, shape, Stats of .grad or None)`` for every parameter, in module order."""
-        return [(name, tuple(p.shape), None if p.grad is None else tensor_stats(p.grad))
-                for name, p in self._parameters]
+        """``(name, shape, Stats of .grad or None)`` for every parameter, in module order; a
+        DTensor gradient (FSDP2, tensor parallelism): its local piece's shape and statistics."""
+        return [(name, shape, stats) for name, shape, stats, _ in
+                parameter_pieces(self._parameters)]
 
     # -- writing (called by fxdebug.runtime) -------------------------------------------
     def add(self, key: str, op: str, value: Any, *, clone: bool = False,
