@@ -173,3 +173,69 @@ def _modes(rank, world):
 def test_fsdp2_instrumented_in_train_mode_follows_eval(world):
     assert all(r == {"dropout": True, "functional": True, "batchnorm": True}
                for r in on_ranks(_modes, world))
+
+
+def _hsdp_2x2(rank, world, folder):
+    """HSDP on a 2x2 mesh (replicate x shard): captures, gradients, activation gradients; then
+    a statistics run saved by every rank, with the truth for its parameter gradients."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+
+    def hsdp(model):
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+
+    torch.manual_seed(0)
+    plain = MLP()
+    unsharded, stats_model = copy.deepcopy(plain), copy.deepcopy(plain)
+    twin = hsdp(copy.deepcopy(plain))
+    gm = fxdebug.instrument(hsdp(plain), grads=True)
+    x = batch(rank)
+    reference, _ = hooked_outputs(unsharded)
+    unsharded(x)
+    twin_seen, _ = hooked_outputs(twin, retain=True)
+    twin_out = twin(x)
+    out = gm(x)
+    rec = fxdebug.records(gm)
+    for key in rec.keys():
+        torch.testing.assert_close(rec[key], reference[key], msg=key)
+    out.square().sum().backward()
+    twin_out.square().sum().backward()
+    grads = dict(plain.named_parameters())
+    for name, p in twin.named_parameters():
+        assert grads[name].grad.placements == p.grad.placements, name
+        assert torch.equal(local(grads[name].grad), local(p.grad)), name
+    for key in rec.keys():
+        assert torch.equal(rec.grads[key], twin_seen[key].grad), key
+    stats = fxdebug.instrument(hsdp(stats_model), mode="stats", grads=True, save_to=folder)
+    stats(x).square().sum().backward()
+    fxdebug.flush(stats)
+    # truth: HSDP averages the 4 ranks' gradients: the plain model's on the mean loss
+    torch.manual_seed(0)
+    again = MLP()
+    sum(again(batch(r)).square().sum() for r in range(world)).div(world).backward()
+    torch.distributed.barrier()
+    return (len(rec.keys()), str(grads["blocks.0.fc1.weight"].grad.placements),
+            {n: p.grad for n, p in again.named_parameters()})
+
+
+def test_hsdp_on_a_2x2_mesh_captures_gradients_and_statistics(tmp_path):
+    from fxdebug.runtime.stats import tensor_stats
+    folder = str(tmp_path / "hsdp")
+    results = on_ranks(_hsdp_2x2, 4, folder)
+    assert all(r[0] == 16 for r in results)
+    assert results[0][1] == "(Replicate(), Shard(dim=0))"
+    rec = fxdebug.load_records(folder)  # parameter gradients: pieces assembled on the mesh
+    found = {name: (shape, stats) for name, shape, stats in rec.parameter_grads()}
+    for name, grad in results[0][2].items():
+        expected = tensor_stats(grad)
+        shape, stats = found[name]
+        assert shape == tuple(grad.shape) and stats.numel == expected.numel, name
+        for field in ("mean", "std", "min", "max", "norm"):
+            assert abs(getattr(stats, field) - getattr(expected, field)) <= \
+                1e-5 * abs(getattr(expected, field)) + 1e-6, (name, field)
+    table = rec.table(wide=True)  # each rank its own batch: activations are not one value
+    assert "not assembled: parameter gradient" not in table
+    assert table.count("4 different values: rank 0 | rank 1 | rank 2 | rank 3") == 2 * 16

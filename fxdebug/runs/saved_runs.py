@@ -37,7 +37,6 @@ import torch
 from ..errors import SavedRunError
 from ..runtime.records import Record, Records
 from ..runtime.stats import Stats
-from ..runtime.placement import parameter_pieces
 from .sharded import RANK_FOLDER, ShardedRecords, placement_entry, placement_of
 from .sharded_stats import local_shape
 
@@ -198,7 +197,7 @@ def _parameter_entry(name: str, shape, stats, piece=None) -> list:
     """``[name, shape, stats]`` of a parameter's gradient, then ``{"summary"}`` and, for a
     DTensor gradient's piece, its ``"placement"`` (``load_records`` of a sharded run
     assembles the full gradient's statistics from them)."""
-    entry = [name, list(shape), None if stats is None else list(stats)]
+    entry: list[Any] = [name, list(shape), None if stats is None else list(stats)]
     if piece is not None:
         placement, summary = piece
         entry.append({"summary": summary.tolist()} if placement is None else
@@ -261,9 +260,7 @@ def save_records(records: Records, path: str | os.PathLike, step=None,
 def _parameters_of(records: Records) -> list:
     """The parameter gradients to save: of the module's own parameters where bound (a DTensor
     gradient as its piece), else as the records give them."""
-    if records._parameters:
-        return parameter_pieces(records._parameters)
-    return records.parameter_grads()
+    return records.parameter_grad_pieces() or records.parameter_grads()
 
 
 def location_of(locations: dict, key: str) -> str:

@@ -301,11 +301,11 @@ class ShardedRecord(Record):
 
     def _assemble_stats(self) -> tuple[torch.Tensor | None, str]:
         """The full tensor's summary from the pieces' (statistics mode), or why none."""
-        summaries = {r: p.summary for r, p in self.pieces.items()}
-        if any(s is None for s in summaries.values()):
-            return None, ("statistics without their summaries (saved by an older fxdebug): "
-                          "they cannot be combined")
-        values = []
+        summaries = {r: p.summary for r, p in self.pieces.items() if p.summary is not None}
+        if len(summaries) < len(self.pieces):
+            return None, ("statistics without their summaries (saved by an older fxdebug, or a "
+                          "gradient missing on some ranks): they cannot be combined")
+        values: list[torch.Tensor] = []
         for group in self.plan.groups:
             if not self.plan.placements:
                 values.append(summaries[group[0]])

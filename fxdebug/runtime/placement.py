@@ -295,7 +295,7 @@ def parameter_pieces(named_parameters) -> list[tuple[str, tuple[int, ...], Any, 
     >>> [(n, s, stats.mean, piece[0]) for n, s, stats, piece in parameter_pieces([("w", p)])]
     [('w', (2,), 2.0, None)]
     """
-    found = []
+    found: list[tuple[str, tuple[int, ...], Any, Any]] = []
     for name, parameter in named_parameters:
         grad = parameter.grad
         if grad is None:

@@ -195,8 +195,12 @@ class Records(Report):
     def parameter_grads(self) -> list[tuple[str, tuple[int, ...], Stats | None]]:
         """``(name, shape, Stats of .grad or None)`` for every parameter, in module order; a
         DTensor gradient (FSDP2, tensor parallelism): its local piece's shape and statistics."""
-        return [(name, shape, stats) for name, shape, stats, _ in
-                parameter_pieces(self._parameters)]
+        return [(name, shape, stats) for name, shape, stats, _ in self.parameter_grad_pieces()]
+
+    def parameter_grad_pieces(self) -> list:
+        """:meth:`parameter_grads`, each with its gradient's ``(placement or None, summary)``
+        (what a saved run keeps to assemble a sharded gradient's statistics)."""
+        return parameter_pieces(self._parameters)
 
     # -- writing (called by fxdebug.runtime) -------------------------------------------
     def add(self, key: str, op: str, value: Any, *, clone: bool = False,
