@@ -62,6 +62,7 @@ def _portable(records: Records) -> tuple[Records, dict[tuple[str, str], tuple[in
     out.notes = list(records.notes)
     out.step = records.step
     mesh_ranks: dict[tuple[str, str], tuple[int, ...] | None] = {}
+    saved = getattr(records, "mesh_ranks", {})  # records(gm) of save_to=: read back, no mesh
     for section, source in _sections(records):
         target = out if section == "records" else out.grads
         for key in source.keys():
@@ -73,7 +74,8 @@ def _portable(records: Records) -> tuple[Records, dict[tuple[str, str], tuple[in
                 else:  # a snapshot now: the copy sent has no version counter to follow
                     moved.value, moved.version = local_value(record.value).detach().cpu(), None
             mesh = None if record.placement is None else record.placement.mesh
-            mesh_ranks[(section, key)] = None if mesh is None or not hasattr(mesh, "mesh") \
+            mesh_ranks[(section, key)] = saved.get((section, key)) \
+                if mesh is None or not hasattr(mesh, "mesh") \
                 else tuple(int(r) for r in mesh.mesh.flatten().tolist())
             target._records[key] = moved
     return out, mesh_ranks
@@ -90,4 +92,5 @@ def gathered(records: Records) -> Records:
     ranks = {rank: piece[0] for rank, piece in enumerate(pieces)}
     mesh_ranks = {rank: piece[1] for rank, piece in enumerate(pieces)}
     label = f"Records in memory, gathered from ranks 0-{world - 1}"
-    return ShardedRecords(label, ranks, {}, mesh_ranks)
+    context = dict(getattr(records, "context", None) or {}, rank=None, ranks=list(ranks))
+    return ShardedRecords(label, ranks, context, mesh_ranks)
