@@ -112,8 +112,8 @@ def main(rank: int) -> None:
         print(f"live records, every rank: {live.first_divergence.key} on rank(s) "
               f"{', '.join(map(str, live.first_divergence.ranks))}")
         differing = [e.key for e in bf16_plain.entries if not e.ok]
-        print(f"\ncorrect plan in bfloat16, no reference: ok={bf16_plain.ok}, "
-              f"{len(differing)} keys differ, first {differing[0]}")
+        print(f"\ncorrect plan in bfloat16, no reference: ok={bf16_plain.ok}")
+        print(f"{len(differing)} keys differ, the first {differing[0]}")
         print(bf16_plain.last_bits.describe())
         print(f"with a float64 reference: ok={bf16_judged.ok}")
         print(bf16_judged.reference.describe()[-1])
