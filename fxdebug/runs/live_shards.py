@@ -9,8 +9,9 @@ on its mesh, and a divergence names the ranks whose piece holds it::
 
     gathered(records)   Records with a placement, under a process group of several ranks:
                         ShardedRecords of every rank's pieces (values copied to the CPU);
-                        any other Records (an unsharded run, FSDP2 or DDP captures,
-                        one process): returned as they are, nothing gathered
+                        (``records(gm)`` of ``save_to=`` too: this rank's run read
+                        back); any other Records (an unsharded run, FSDP2 or DDP captures,
+                        one process, a folder another rank or job saved): as they are
 
 Every rank must call it with Records of the same model (the decision to gather is made
 from the Records alone, the same on every rank of a job that runs one model). Each rank
@@ -49,6 +50,10 @@ def is_sharded(records: Records) -> bool:
     """Whether ``records`` are one rank's captures of a sharded model, to be gathered."""
     if isinstance(records, ShardedRecords) or not torch.distributed.is_available() \
             or not torch.distributed.is_initialized() or torch.distributed.get_world_size() < 2:
+        return False
+    context = getattr(records, "context", None)  # a saved run: written by this rank of this job
+    if context is not None and (context.get("rank"), context.get("world_size")) != (
+            torch.distributed.get_rank(), torch.distributed.get_world_size()):
         return False
     return any(record.placement is not None
                for _, section in _sections(records) for record in section.records())
