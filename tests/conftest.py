@@ -46,6 +46,7 @@ LONGEST_FILES = (
     "tests/test_zoo.py",  # 55
     "tests/test_tensor_parallel.py",  # 50-90 (2 and 4 gloo ranks)
     "tests/test_watch_sharded.py",  # 40 (2 gloo ranks)
+    "tests/test_compare_configs.py",  # 15-35 (4 gloo ranks, 6 configurations)
     "tests/test_modes.py",  # 40
     "tests/test_reference.py",  # 35
     "tests/test_watch.py",  # 15-60 (a compiled model: the inductor cache decides)

@@ -63,6 +63,7 @@ from .saved_runs import load_records
 from ..equivalence.compare import compare_tensors, default_tolerances, dtype_text, format_error, shape_text
 from .reference import (REFERENCE_FACTOR, REFERENCE_FLOOR_EPS, STATS_FLOOR_EPS, LastBits,
                         ReferenceCheck, check_reference_keys, reference_errors, reference_floor)
+from .live_shards import gathered
 from .sharded import align_wrapped, holding_ranks, unassembled
 from .rounding import (ROUNDING_FACTOR, RoundingCheck, rounding_dtype, rounding_ratio,
                        stats_rounding_ratio)
@@ -288,6 +289,12 @@ def compare_runs(a, b, rtol: float | None = None, atol: float | None = None, *,
     ``rtol`` / ``atol`` default to ``torch.testing.assert_close``'s for the
     narrower dtype of each pair. Relative errors are taken against run ``a``.
 
+    A run of a sharded model is made whole first: a folder saved by every rank
+    (``path/rank-R``), or, on every rank of a tensor-parallel job, its live
+    ``fxdebug.records(gm)`` (then a collective every rank calls: each rank's pieces are
+    gathered, see :mod:`.live_shards`). Each key is assembled on its mesh, and a
+    differing entry's ``ranks`` are the ranks whose piece holds the differences.
+
     ``reference``: a run (Records or folder) of the same model and input in a more
     precise dtype, typically float64. Then a key diverges only where
     ``err(b, r) > reference_factor * err(a, r) + reference_floor``, with
@@ -449,6 +456,7 @@ def _beyond_text(entry: RunEntry) -> str:
 
 def _open(run, name: str) -> tuple[str, Records]:
     if isinstance(run, Records):
+        run = gathered(run)  # a sharded model's live captures: every rank's pieces (collective)
         return getattr(run, "path", None) or "Records in memory", run
     if isinstance(run, (str, os.PathLike)):
         records = load_records(run)

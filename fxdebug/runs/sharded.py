@@ -450,6 +450,8 @@ def holding_ranks(entries: list, a: Records, b: Records, rtol, atol) -> list:
         ra = a.record(entry.key) if entry.key in a else None
         rb = b.record(entry.key) if entry.key in b else None
         sharded = [r for r in (ra, rb) if isinstance(r, ShardedRecord)]
+        # a run that places its pieces says which rank holds what; copies say "every rank"
+        sharded = [r for r in sharded if r.plan.placements] or sharded
         if entry.status != "differs" or not sharded or ra is None or rb is None \
                 or ra.value is None or rb.value is None:
             out.append(entry)
