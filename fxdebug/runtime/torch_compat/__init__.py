@@ -51,10 +51,11 @@ from .module_internals import (BUFFERS_ATTR, CHILDREN_ATTR, DROPOUT_TYPES,  # no
                                PARAMETERS_ATTR, forward_hooks_readable, global_module_hook_names,
                                global_module_hooks_owner, has_module_hooks, is_persistent_buffer,
                                hook_registrations, hook_registries, run_forward_hooks, run_forward_pre_hooks,
-                               own_buffers, own_children, own_parameters, set_child,
+                               own_buffers, own_children, own_parameters,
+                               parameters_and_buffers, set_child,
                                set_own_buffer)
-from .ops import (TorchDispatchMode, assert_close_tolerances, foreach_copy_,  # noqa: E402
-                  foreach_norm, is_op_overload, is_op_packet, op_schema)
+from .ops import (TorchDispatchMode, assert_close_tolerances, flatten_dense,  # noqa: E402
+                  foreach_copy_, foreach_norm, is_op_overload, is_op_packet, op_schema)
 from .pytree import (tree_flatten, tree_flatten_with_path, tree_is_leaf,  # noqa: E402
                      tree_leaves, tree_unflatten, treespec_parts)
 
@@ -80,10 +81,11 @@ __all__ = [
     "global_module_hook_names", "global_module_hooks_owner", "has_module_hooks",
     "forward_hooks_readable", "hook_registrations", "hook_registries",
     "run_forward_pre_hooks", "run_forward_hooks",
-    "is_persistent_buffer", "own_buffers", "own_children", "own_parameters", "set_child",
+    "is_persistent_buffer", "own_buffers", "own_children", "own_parameters",
+    "parameters_and_buffers", "set_child",
     "set_own_buffer",
     # ops
-    "TorchDispatchMode", "assert_close_tolerances", "foreach_copy_", "foreach_norm",
+    "TorchDispatchMode", "assert_close_tolerances", "flatten_dense", "foreach_copy_", "foreach_norm",
     "is_op_overload", "is_op_packet", "op_schema",
     # pytree
     "tree_flatten", "tree_flatten_with_path", "tree_is_leaf", "tree_leaves",
