@@ -205,20 +205,17 @@ class NonfiniteWatch:
         On a GPU ``_foreach_norm`` is one fused kernel. On the CPU it is a kernel call per
         gradient, so the CPU's dense gradients are copied, up to ``_CHUNK`` values at a time
         per dtype, into one flat tensor each (one call), whose max|g| is taken at once."""
-        grads = self._grads(parameters)
-        if not grads:
-            return None
-        on_cpu = [g for g in grads if g.is_cpu and g.layout == torch.strided]
-        if not on_cpu:
-            return _stacked_max(foreach_norm(grads, math.inf))  # one fused call over all
-        maxima = [torch.linalg.vector_norm(flatten_dense(chunk), math.inf)
-                  for chunk in _chunks(on_cpu)]
-        rest = [g for g in grads if not (g.is_cpu and g.layout == torch.strided)] \
-            if len(on_cpu) < len(grads) else []
+        chunks, rest = _cpu_chunks(self.model.parameters() if parameters is None else parameters)
+        maxima = [torch.linalg.vector_norm(flatten_dense(chunk), math.inf) for chunk in chunks]
+        rest = self._grads(rest)
         if rest:
-            norms = foreach_norm(rest, math.inf)
-            maxima += norms if norms[0].device.type == "cpu" else [_stacked_max(norms)]
-        return maxima
+            norms = foreach_norm(rest, math.inf)  # one fused call over every gradient
+            if norms[0].device.type != "cpu":
+                if not maxima:
+                    return _stacked_max(norms)
+                norms = [_stacked_max(norms)]
+            maxima += norms
+        return maxima or None
 
     def _confirmed(self) -> bool:
         return any(not bool(torch.isfinite(t.detach()).all())
@@ -405,21 +402,34 @@ _CHUNK = 1 << 20
 """Most values the CPU check of gradients copies into one flat tensor (4 MiB of float32)."""
 
 
-def _chunks(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """``grads`` in groups of one dtype of at most ``_CHUNK`` values (a bigger one alone),
-    in order."""
+def _cpu_chunks(parameters) -> tuple[list[list[torch.Tensor]], list[torch.Tensor]]:
+    """``(chunks, rest)``: the plain dense CPU float gradients of ``parameters`` in groups of
+    one dtype of at most ``_CHUNK`` values (a bigger one alone), in order, and the parameters
+    whose gradient is anything else (another device, sparse, a DTensor) for the general
+    check. A tight loop: it runs every step, once per parameter."""
     chunks: list[list[torch.Tensor]] = []
-    open_chunks: dict[torch.dtype, tuple[list[torch.Tensor], list[int]]] = {}
-    for grad in grads:
-        size = grad.numel()
-        found = open_chunks.get(grad.dtype)
-        if found is None or found[1][0] + size > _CHUNK:
-            found = ([], [0])
-            chunks.append(found[0])
-            open_chunks[grad.dtype] = found
-        found[0].append(grad)
-        found[1][0] += size
-    return chunks
+    totals: list[int] = []  # values in each chunk
+    rest: list[torch.Tensor] = []
+    open_chunks: dict[torch.dtype, int] = {}  # dtype -> index of its chunk being filled
+    strided, plain, limit = torch.strided, torch.Tensor, _CHUNK
+    for parameter in parameters:
+        grad = parameter.grad
+        if grad is None:
+            continue
+        if type(grad) is not plain or not grad.is_cpu or grad.layout is not strided:
+            rest.append(parameter)
+            continue
+        size, dtype = grad.numel(), grad.dtype
+        index = open_chunks.get(dtype)
+        if index is None or totals[index] + size > limit:
+            if not (dtype.is_floating_point or dtype.is_complex):
+                continue
+            index = open_chunks[dtype] = len(chunks)
+            chunks.append([])
+            totals.append(0)
+        chunks[index].append(grad)
+        totals[index] += size
+    return [chunk for chunk, total in zip(chunks, totals) if total], rest
 
 
 def _stacked_max(norms: list[torch.Tensor]) -> torch.Tensor:
