@@ -199,14 +199,17 @@ class NonfiniteWatch:
 
     def _grad_max(self, parameters: list[torch.Tensor] | None = None
                   ) -> torch.Tensor | list[torch.Tensor] | None:
-        """max|g| over every parameter gradient (exact: no overflow, NaN where one is NaN);
-        with gradients on the CPU a few partial maxima (a list), cheaper to read than to stack.
+        """A number that is finite when every parameter gradient is: max|g| over them (exact:
+        no overflow, NaN where one is NaN); with gradients on the CPU a few numbers (a list),
+        cheaper to read than to stack.
 
         On a GPU ``_foreach_norm`` is one fused kernel. On the CPU it is a kernel call per
-        gradient, so the CPU's dense gradients are copied, up to ``_CHUNK`` values at a time
-        per dtype, into one flat tensor each (one call), whose max|g| is taken at once."""
+        gradient (and max|g| a slow kernel), so the CPU's dense gradients are copied, up to
+        ``_CHUNK`` values at a time per dtype, into one flat tensor each (one call), and
+        summed in float64: non-finite where a value is; a float64 sum may also overflow on
+        finite values, which check() then clears on the values themselves."""
         chunks, rest = _cpu_chunks(self.model.parameters() if parameters is None else parameters)
-        maxima = [torch.linalg.vector_norm(flatten_dense(chunk), math.inf) for chunk in chunks]
+        maxima = [_sum64(flatten_dense(chunk)) for chunk in chunks]
         rest = self._grads(rest)
         if rest:
             norms = foreach_norm(rest, math.inf)  # one fused call over every gradient
@@ -430,6 +433,14 @@ def _cpu_chunks(parameters) -> tuple[list[list[torch.Tensor]], list[torch.Tensor
         chunks[index].append(grad)
         totals[index] += size
     return [chunk for chunk, total in zip(chunks, totals) if total], rest
+
+
+def _sum64(flat: torch.Tensor) -> torch.Tensor:
+    """The sum of a flat float tensor in float64 (of a complex one, of its real and imaginary
+    parts): non-finite where a value is; finite values of float32 or narrower never overflow it."""
+    if flat.is_complex():
+        flat = torch.view_as_real(flat)
+    return flat.sum(dtype=torch.float64)
 
 
 def _stacked_max(norms: list[torch.Tensor]) -> torch.Tensor:
