@@ -323,3 +323,66 @@ def test_jacobian_norms_of_an_intermediate_output():
     assert est.norms["0"] == pytest.approx(exact, rel=0.15)
     assert est.norms["2"] == 0.0, "the output does not depend on later nodes"
     assert "Rademacher" in est.table()
+
+
+class _MixedOutputs(torch.nn.Module):
+    """Activations of every kind record_grads meets: float, integer, not requiring grad, a
+    leaf (a parameter returned as is), one overwritten in place later."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 6)
+        self.scale = torch.nn.Parameter(torch.full((6,), 2.0))
+        self.pick = _Argmax()
+        self.frozen = torch.nn.Linear(6, 6).requires_grad_(False)
+        self.own = _ReturnsParameter()
+
+    def forward(self, x):
+        h = self.fc(x)
+        index = self.pick(h)                       # integer: no gradient
+        cold = self.frozen(x.detach())             # no grad: no hook
+        y = h * self.own(self.scale) + cold        # a leaf: noted, not hooked
+        y.mul_(3)                                  # in place, after fc's value was hooked
+        return y.sum(1) + index.float()
+
+
+class _Argmax(torch.nn.Module):
+    def forward(self, h):
+        return h.argmax(1)
+
+
+class _ReturnsParameter(torch.nn.Module):
+    def forward(self, p):
+        return p
+
+
+def test_every_kind_of_activation_and_a_user_hook_beside_fxdebugs():
+    torch.manual_seed(0)
+    model = _MixedOutputs()
+    x = torch.randn(4, 6)
+    h = model.fc(x)
+    h.retain_grad()
+    y = h * model.scale + model.frozen(x)
+    y.mul_(3)
+    (y.sum(1) + h.argmax(1).float()).sum().backward()
+    fc_truth = h.grad
+    model.zero_grad(set_to_none=True)
+
+    gm = fxdebug.instrument(model, grads=True)
+    seen, handles = [], []
+    # a user's hooks on the same activation, one removed again: fxdebug's hook stays
+    gm.get_submodule("fc").register_forward_hook(
+        lambda _m, _i, out: handles.append(out.register_hook(lambda g: seen.append(g))))
+    gm.get_submodule("fc").register_forward_hook(
+        lambda _m, _i, out: out.register_hook(lambda g: seen.append(g * 0)).remove())
+    out = gm(x)
+    out.sum().backward(retain_graph=True)
+    rec = fxdebug.records(gm)
+    assert rec.grads.keys() == ["fc"], rec.grads.keys()  # pick: integer, frozen, own: a leaf
+    torch.testing.assert_close(rec.grads["fc"], fc_truth)
+    assert len(seen) == 1 and torch.equal(seen[0], fc_truth)
+    assert any("own: a leaf tensor" in note for note in rec.notes), rec.notes
+    handles[0].remove()  # the user's handle removes the user's hook only
+    out.sum().backward()
+    torch.testing.assert_close(fxdebug.records(gm).grads["fc"], fc_truth)
+    assert len(seen) == 1

@@ -311,3 +311,71 @@ def test_a_replay_that_does_not_reproduce_says_so_and_what_to_do():
     assert "state outside the parameters, buffers, RNG state and inputs" in table
     assert "verdict: all finite" not in table and "verdict: NOT REPRODUCED" in table
     assert "NOT REPRODUCED" in repr(watch) and watch.check() is report
+
+
+class _ManyGradients(torch.nn.Module):
+    """Gradients of two dtypes, more than one chunk of the CPU check, one that turns NaN."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(6)])
+        self.wide = torch.nn.Linear(4, 40)  # more values than a (shrunk) chunk: checked alone
+        self.gate = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+
+    def forward(self, x):
+        h = self.wide(self.layers(x)).sum(1)
+        return h + (torch.sqrt(self.gate) * 0).sum().float()  # gate's gradient: NaN at 0
+
+
+@pytest.mark.parametrize("chunk", [8, 1 << 20])
+def test_parameter_gradient_nan_found_in_any_chunk(monkeypatch, chunk):
+    from fxdebug.nonfinite import watch as watch_module
+    monkeypatch.setattr(watch_module, "_CHUNK", chunk)
+    torch.manual_seed(0)
+    model = _ManyGradients()
+    watch = fxdebug.watch_nonfinite(model)
+    x = torch.randn(2, 4)
+    watch(x).sum().backward()
+    assert watch.check() is None
+    model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        model.gate[1] = 0.0
+    out = watch(x)
+    assert torch.isfinite(out).all()
+    out.sum().backward()
+    # independent: autograd's own gradient of gate
+    assert torch.isnan(model.gate.grad).any()
+    report = watch.check()
+    assert report is not None and report.flagged == "gradients NaN"
+    assert "gate" in report.flagged_detail
+    assert "gate (1/3)" in str(report)  # the replay names the parameter and its NaN count
+
+
+class _GrowsInForward(torch.nn.Module):
+    """Registers a parameter during its first forward (a lazily built part)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 2)
+        self.extra = None
+
+    def forward(self, x):
+        if self.extra is None:
+            self.extra = torch.nn.Parameter(torch.zeros(3))
+        return self.fc(x).sum() + (torch.sqrt(self.extra) * 0).sum()
+
+
+def test_parameter_registered_during_the_step_is_checked():
+    model = _GrowsInForward()
+    watch = fxdebug.watch_nonfinite(model)
+    out = watch(torch.ones(1, 2))
+    assert torch.isfinite(out)
+    out.backward()
+    assert torch.isnan(model.extra.grad).all()  # autograd's own: d sqrt(0) * 0 is NaN
+    report = watch.check()
+    assert report is not None and "extra" in report.flagged_detail
+    # the registration hooks the watch held during the step are gone
+    from torch.nn.modules import module as torch_module
+    assert watch._registrations.handles == []
+    assert not any(hook is watch._registrations for hook in
+                   vars(torch_module).get("_global_parameter_registration_hooks", {}).values())

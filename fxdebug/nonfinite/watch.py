@@ -37,14 +37,18 @@ import contextlib
 import dataclasses
 import inspect
 import math
+import weakref
 from typing import Any, Callable
 
 import torch
+from torch.nn.modules.module import (register_module_module_registration_hook,
+                                     register_module_parameter_registration_hook)
 
 from ..errors import FxdebugError, TraceFailure
 from ..runtime import clone_inputs, flatten_tensors
 from ..tables.report import REPR_LIMIT
-from ..runtime.torch_compat import compiled_backend, compiled_inner, foreach_copy_, foreach_norm
+from ..runtime.torch_compat import (compiled_backend, compiled_inner, flatten_dense,
+                                    foreach_copy_, foreach_norm, parameters_and_buffers)
 from ..frontend import trace
 from .nonfinite import NonfiniteReport, find_nonfinite
 from ..distributed.rank_group import RankGroup, distributed_ready, unwrap
@@ -98,6 +102,9 @@ class NonfiniteWatch:
         self._kept_groups: list[list[int]] = []  # their indices, by dtype and device
         self._outputs: list[torch.Tensor] = []
         self._out_sum: torch.Tensor | None = None
+        self._parameters: list[torch.Tensor] | None = None  # the model's, as the step began
+        self._registrations = _Registrations()
+        weakref.finalize(self, self._registrations.stop)
 
     def __repr__(self) -> str:
         """One line: the model, the steps watched, the first non-finite report's verdict.
@@ -124,6 +131,11 @@ class NonfiniteWatch:
         # DDP averages this step's gradients (identical on every rank) unless in no_sync()
         synced = (self.wrapper == "DistributedDataParallel" and torch.is_grad_enabled()
                   and getattr(self.model, "require_backward_grad_sync", False) is True)
+        # one walk of the module tree per step: the parameters whose gradients check() reads
+        # (a module or parameter registered from here to check(): check() walks again)
+        self._registrations.start()
+        parameters, buffers = parameters_and_buffers(self.model)
+        self._parameters = parameters
         if self.wrapper:  # DDP broadcasts buffers before its module runs: snapshot them there
             self._buffers = None
             handle = self.module.register_forward_pre_hook(self._snapshot_buffers)
@@ -134,7 +146,7 @@ class NonfiniteWatch:
             if self._buffers is None:  # the wrapper called its module's forward directly
                 self._snapshot_buffers()
         else:
-            self._snapshot_buffers()
+            self._snapshot(buffers)
             output = self.model(*args, **kwargs)
         self._outputs = ([output] if type(output) is torch.Tensor else
                          [t for _, t in flatten_tensors(output)])
@@ -147,9 +159,14 @@ class NonfiniteWatch:
         return output
 
     def _snapshot_buffers(self, *_) -> None:
-        """Copy the buffers into tensors kept from step to step: one fused copy per dtype and
-        device (given a mixed list, torch copies tensor by tensor: a launch per BatchNorm buffer)."""
-        buffers = [b.detach() for b in self.module.buffers()]
+        """Copy the buffers into tensors kept from step to step (a forward pre-hook)."""
+        self._snapshot(list(self.module.buffers()))
+
+    def _snapshot(self, buffers: list[torch.Tensor]) -> None:
+        """Copy ``buffers`` (``self.module.buffers()``) into tensors kept from step to step: one
+        fused copy per dtype and device (given a mixed list, torch copies tensor by tensor: a
+        launch per BatchNorm buffer)."""
+        buffers = [b.detach() for b in buffers]
         kept = self._kept
         if len(kept) != len(buffers) or any(
                 k.shape != b.shape or k.dtype != b.dtype or k.device != b.device
@@ -163,9 +180,10 @@ class NonfiniteWatch:
             foreach_copy_([kept[i] for i in group], [buffers[i] for i in group])
         self._buffers = kept
 
-    def _grads(self) -> list[torch.Tensor]:
+    def _grads(self, parameters: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """The float gradients of ``parameters`` (default: the model's, walked now)."""
         grads = []
-        for p in self.model.parameters():
+        for p in self.model.parameters() if parameters is None else parameters:
             grad = p.grad
             if grad is not None and _is_float(grad):
                 if type(grad) is not torch.Tensor and hasattr(grad, "to_local"):
@@ -179,18 +197,28 @@ class NonfiniteWatch:
         a model's forward runs collectives, so every rank replays its step together."""
         return sharded_parameter(self.module)
 
-    def _grad_max(self) -> torch.Tensor | list[torch.Tensor] | None:
-        """max|g| over every parameter gradient (exact: no overflow, NaN where one is NaN);
-        on the CPU the per-gradient values, which are cheaper to read than to stack."""
-        grads = self._grads()
-        if not grads:
-            return None
-        norms = foreach_norm(grads, math.inf)  # one fused call over every gradient
-        if norms[0].device.type == "cpu":
-            return norms
-        device = norms[0].device
-        return torch.stack([n if n.dtype == torch.float32 and n.device == device
-                            else n.to(device, torch.float32) for n in norms]).max()
+    def _grad_max(self, parameters: list[torch.Tensor] | None = None
+                  ) -> torch.Tensor | list[torch.Tensor] | None:
+        """A number that is finite when every parameter gradient is: max|g| over them (exact:
+        no overflow, NaN where one is NaN); with gradients on the CPU a few numbers (a list),
+        cheaper to read than to stack.
+
+        On a GPU ``_foreach_norm`` is one fused kernel. On the CPU it is a kernel call per
+        gradient (and max|g| a slow kernel), so the CPU's dense gradients are copied, up to
+        ``_CHUNK`` values at a time per dtype, into one flat tensor each (one call), and
+        summed in float64: non-finite where a value is; a float64 sum may also overflow on
+        finite values, which check() then clears on the values themselves."""
+        chunks, rest = _cpu_chunks(self.model.parameters() if parameters is None else parameters)
+        maxima = [_sum64(flatten_dense(chunk)) for chunk in chunks]
+        rest = self._grads(rest)
+        if rest:
+            norms = foreach_norm(rest, math.inf)  # one fused call over every gradient
+            if norms[0].device.type != "cpu":
+                if not maxima:
+                    return _stacked_max(norms)
+                norms = [_stacked_max(norms)]
+            maxima += norms
+        return maxima or None
 
     def _confirmed(self) -> bool:
         return any(not bool(torch.isfinite(t.detach()).all())
@@ -247,7 +275,10 @@ class NonfiniteWatch:
         if self._rng is None:
             raise FxdebugError("NonfiniteWatch.check() before any step: call watch(inputs) "
                                "(instead of model(inputs)), then backward(), then check().")
-        grads = self._grad_max()
+        parameters = self._parameters
+        if self._registrations.stop() or parameters is None:
+            parameters = None  # the module tree may have changed since the step began: walk it
+        grads = self._grad_max(parameters)
         if self._flags is not None:
             flagged = self._flags.flagged(self._out_sum, grads)
             if flagged:
@@ -341,6 +372,82 @@ class NonfiniteWatch:
                 grads="outputs" not in flagged)  # only gradients flagged: compare them
         except Exception as exc:  # reported, with its type: the watch's finding stands
             report.compiled_error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+class _Registrations:
+    """Whether torch registered a module or a parameter anywhere (every module's
+    ``register_parameter``, ``add_module``, ``setattr``) between :meth:`start` and :meth:`stop`:
+    the watch then walks the model again instead of using the walk the step began with.
+    torch's public global registration hooks, held only during a step."""
+
+    def __init__(self) -> None:
+        self.handles: list = []
+        self.seen = False
+
+    def __call__(self, *_) -> None:  # a registration hook: changes nothing
+        self.seen = True
+
+    def start(self) -> None:
+        self.seen = False
+        if not self.handles:
+            self.handles = [register_module_parameter_registration_hook(self),
+                            register_module_module_registration_hook(self)]
+
+    def stop(self) -> bool:
+        """Remove the hooks; whether a registration happened since :meth:`start`."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        return self.seen
+
+
+_CHUNK = 1 << 20
+"""Most values the CPU check of gradients copies into one flat tensor (4 MiB of float32)."""
+
+
+def _cpu_chunks(parameters) -> tuple[list[list[torch.Tensor]], list[torch.Tensor]]:
+    """``(chunks, rest)``: the plain dense CPU float gradients of ``parameters`` in groups of
+    one dtype of at most ``_CHUNK`` values (a bigger one alone), in order, and the parameters
+    whose gradient is anything else (another device, sparse, a DTensor) for the general
+    check. A tight loop: it runs every step, once per parameter."""
+    chunks: list[list[torch.Tensor]] = []
+    totals: list[int] = []  # values in each chunk
+    rest: list[torch.Tensor] = []
+    open_chunks: dict[torch.dtype, int] = {}  # dtype -> index of its chunk being filled
+    strided, plain, limit = torch.strided, torch.Tensor, _CHUNK
+    for parameter in parameters:
+        grad = parameter.grad
+        if grad is None:
+            continue
+        if type(grad) is not plain or not grad.is_cpu or grad.layout is not strided:
+            rest.append(parameter)
+            continue
+        size, dtype = grad.numel(), grad.dtype
+        index = open_chunks.get(dtype)
+        if index is None or totals[index] + size > limit:
+            if not (dtype.is_floating_point or dtype.is_complex):
+                continue
+            index = open_chunks[dtype] = len(chunks)
+            chunks.append([])
+            totals.append(0)
+        chunks[index].append(grad)
+        totals[index] += size
+    return [chunk for chunk, total in zip(chunks, totals) if total], rest
+
+
+def _sum64(flat: torch.Tensor) -> torch.Tensor:
+    """The sum of a flat float tensor in float64 (of a complex one, of its real and imaginary
+    parts): non-finite where a value is; finite values of float32 or narrower never overflow it."""
+    if flat.is_complex():
+        flat = torch.view_as_real(flat)
+    return flat.sum(dtype=torch.float64)
+
+
+def _stacked_max(norms: list[torch.Tensor]) -> torch.Tensor:
+    """The max of 0-dim norms on one device, as float32 on the first's device (one kernel)."""
+    device = norms[0].device
+    return torch.stack([n if n.dtype == torch.float32 and n.device == device
+                        else n.to(device, torch.float32) for n in norms]).max()
 
 
 def _kinds(nan, inf) -> str:

@@ -26,6 +26,7 @@ from torch.overrides import TorchFunctionMode
 from ..errors import FxdebugError
 from .nodes import Recorder, emit_if_tracing
 from .records import Records
+from .torch_compat import add_tensor_hook
 from .values import flatten_tensors, map_tensors
 
 __all__ = ["PASSES_THROUGH", "GradEdit", "own_value", "record_grads", "edit_grads", "edited_parameter",
@@ -79,10 +80,20 @@ def record_grads(recorder: Recorder, value, key: str, op: str, stats_only: bool 
     in-place op rewrites the tensor. Nothing is done under ``torch.no_grad()``.
     A leaf tensor (one the caller owns) never gets a hook: the GradHooks pass
     records inputs through :func:`own_value`; a leaf met here is noted.
+    This runs once per hooked activation, so the usual value, one plain tensor,
+    takes a short way (no walk of the value, no re-tracing check, torch's hook
+    dict filled directly: :func:`~fxdebug.runtime.torch_compat.add_tensor_hook`).
     """
     if is_compiling():  # torch.compile traces: register the hooks eagerly (a graph break)
         from .compiled_grads import register_grad_hooks  # imports dynamo: only when compiling
         register_grad_hooks(record_grads, recorder, value, key, op, stats_only)
+        return None
+    if type(value) is torch.Tensor:  # one plain tensor (never an fx Proxy)
+        if value.requires_grad and torch.is_grad_enabled():
+            if value.grad_fn is None:
+                _note_leaf(recorder.latest, key)
+            else:
+                add_tensor_hook(value, _StoreGrad(recorder.latest, key, op, stats_only))
         return None
     kwargs = {"stats_only": True} if stats_only else {}
     emitted = emit_if_tracing(record_grads, (recorder, value, key, op), kwargs)
@@ -94,11 +105,15 @@ def record_grads(recorder: Recorder, value, key: str, op: str, stats_only: bool 
             if not tensor.requires_grad:
                 continue
             if tensor.is_leaf:
-                records.notes.append(f"{name}: a leaf tensor of the caller (an input or a "
-                                     f"parameter); its gradient is its .grad, not recorded")
+                _note_leaf(records, name)
                 continue
-            tensor.register_hook(_StoreGrad(records, name, op, stats_only))
+            add_tensor_hook(tensor, _StoreGrad(records, name, op, stats_only))
     return None
+
+
+def _note_leaf(records: Records, name: str) -> None:
+    records.notes.append(f"{name}: a leaf tensor of the caller (an input or a "
+                         f"parameter); its gradient is its .grad, not recorded")
 
 
 class GradEdit(torch.nn.Module):

@@ -9,7 +9,8 @@ import torch
 __all__ = ["BUFFERS_ATTR", "CHILDREN_ATTR", "DROPOUT_TYPES", "PARAMETERS_ATTR",
            "global_module_hook_names", "global_module_hooks_owner", "has_module_hooks",
            "forward_hooks_readable", "hook_registrations", "hook_registries", "run_forward_pre_hooks", "run_forward_hooks",
-           "is_persistent_buffer", "own_buffers", "own_children", "own_parameters", "set_child",
+           "is_persistent_buffer", "own_buffers", "own_children", "own_parameters",
+           "parameters_and_buffers", "set_child",
            "set_own_buffer"]
 
 PARAMETERS_ATTR, BUFFERS_ATTR, CHILDREN_ATTR = "_parameters", "_buffers", "_modules"
@@ -58,6 +59,54 @@ def own_children(module: torch.nn.Module) -> dict:
         return {name: child for name, child in module.named_modules(remove_duplicate=False)
                 if name and "." not in name}
     return found
+
+
+def parameters_and_buffers(module: torch.nn.Module) -> tuple[list, list]:
+    """``(list(module.parameters()), list(module.buffers()))`` in one walk of the module tree,
+    same tensors, same order (modules depth first, each module and each tensor once), at
+    about a quarter of their host time: reads ``_modules``, ``_parameters`` and ``_buffers``
+    (2.9.1, 2.14.1) directly; where one is gone, the public ``parameters()`` and ``buffers()``.
+
+    >>> shared = torch.nn.BatchNorm1d(2)
+    >>> net = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(2, 2), shared),
+    ...                           torch.nn.BatchNorm1d(2), shared)
+    >>> found = parameters_and_buffers(net)
+    >>> [list(map(id, tensors)) for tensors in found] == [list(map(id, net.parameters())),
+    ...                                                   list(map(id, net.buffers()))]
+    True
+    """
+    parameters: list = []
+    buffers: list = []
+    seen_modules: set[int] = set()
+    seen_parameters: set[int] = set()
+    seen_buffers: set[int] = set()
+    stack = [module]
+    pop, push = stack.pop, stack.extend  # (this runs every training step: kept tight)
+    try:
+        while stack:
+            current = pop()
+            if current is None or id(current) in seen_modules:  # shared: met first earlier
+                continue
+            seen_modules.add(id(current))
+            registries = current.__dict__
+            own = registries[PARAMETERS_ATTR]
+            if own:
+                for tensor in own.values():
+                    if tensor is not None and id(tensor) not in seen_parameters:
+                        seen_parameters.add(id(tensor))
+                        parameters.append(tensor)
+            own = registries[BUFFERS_ATTR]
+            if own:
+                for tensor in own.values():
+                    if tensor is not None and id(tensor) not in seen_buffers:
+                        seen_buffers.add(id(tensor))
+                        buffers.append(tensor)
+            children = registries[CHILDREN_ATTR]
+            if children:
+                push(reversed(children.values()))
+    except KeyError:
+        return list(module.parameters()), list(module.buffers())
+    return parameters, buffers
 
 
 def set_child(parent: torch.nn.Module, name: str, child: torch.nn.Module) -> None:

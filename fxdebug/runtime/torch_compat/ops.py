@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode  # no public twin (2.9.1, 2.14.1)
 
-__all__ = ["TorchDispatchMode", "assert_close_tolerances", "foreach_copy_", "foreach_norm",
+__all__ = ["TorchDispatchMode", "assert_close_tolerances", "flatten_dense", "foreach_copy_", "foreach_norm",
            "is_op_overload", "is_op_packet", "op_schema"]
 
 
@@ -63,6 +63,22 @@ def foreach_norm(tensors: list[torch.Tensor], ord: float = 2.0) -> list[torch.Te
     if fused is not None:
         return list(fused(tensors, ord))
     return [torch.linalg.vector_norm(t, ord) for t in tensors]
+
+
+def flatten_dense(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors' values one after another in a new 1-D tensor (one dtype, one device).
+
+    ``torch._utils._flatten_dense_tensors`` (checked on 2.9.1 and 2.14.1): one call that
+    copies every tensor in C++ (on the CPU several times cheaper than a call per tensor).
+    Where it is gone, ``torch.cat`` of each tensor reshaped (the same values).
+
+    >>> flatten_dense([torch.ones(2, 2), torch.zeros(1)])
+    tensor([1., 1., 1., 1., 0.])
+    """
+    fused = getattr(getattr(torch, "_utils", None), "_flatten_dense_tensors", None)
+    if fused is not None:
+        return fused(tensors)
+    return torch.cat([t.reshape(-1) for t in tensors])
 
 
 def foreach_copy_(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
