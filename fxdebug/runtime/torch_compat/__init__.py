@@ -35,7 +35,7 @@ from ..torch_version import MINIMUM_TORCH, require_torch, torch_version  # re-ex
 require_torch(MINIMUM_TORCH, "fxdebug")  # before any private name below can fail on an old torch
 
 from .autograd import (saved_tensor_has_unpack_hooks, saved_tensor_names,  # noqa: E402
-                       tensor_version)
+                       tensor_version, tensor_versions)
 from .dtensor import (ParallelLayout, distribute_module_applied,  # noqa: E402
                       parallel_output_layout)
 from .dynamo import (compiled_backend, compiled_inner, dynamo_frame_id,  # noqa: E402
@@ -53,8 +53,8 @@ from .module_internals import (BUFFERS_ATTR, CHILDREN_ATTR, DROPOUT_TYPES,  # no
                                hook_registrations, hook_registries, run_forward_hooks, run_forward_pre_hooks,
                                own_buffers, own_children, own_parameters, set_child,
                                set_own_buffer)
-from .ops import (TorchDispatchMode, assert_close_tolerances, foreach_copy_,  # noqa: E402
-                  foreach_norm, is_op_overload, is_op_packet, op_schema)
+from .ops import (TorchDispatchMode, assert_close_tolerances, flatten_dense,  # noqa: E402
+                  foreach_copy_, foreach_norm, is_op_overload, is_op_packet, op_schema)
 from .pytree import (tree_flatten, tree_flatten_with_path, tree_is_leaf,  # noqa: E402
                      tree_leaves, tree_unflatten, treespec_parts)
 
@@ -62,7 +62,7 @@ __all__ = [
     # torch_version
     "MINIMUM_TORCH", "require_torch", "torch_version",
     # autograd
-    "saved_tensor_has_unpack_hooks", "saved_tensor_names", "tensor_version",
+    "saved_tensor_has_unpack_hooks", "saved_tensor_names", "tensor_version", "tensor_versions",
     # dtensor
     "ParallelLayout", "distribute_module_applied", "parallel_output_layout",
     # dynamo
@@ -83,7 +83,7 @@ __all__ = [
     "is_persistent_buffer", "own_buffers", "own_children", "own_parameters", "set_child",
     "set_own_buffer",
     # ops
-    "TorchDispatchMode", "assert_close_tolerances", "foreach_copy_", "foreach_norm",
+    "TorchDispatchMode", "assert_close_tolerances", "flatten_dense", "foreach_copy_", "foreach_norm",
     "is_op_overload", "is_op_packet", "op_schema",
     # pytree
     "tree_flatten", "tree_flatten_with_path", "tree_is_leaf", "tree_leaves",

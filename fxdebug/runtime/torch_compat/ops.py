@@ -7,8 +7,22 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode  # no public twin (2.9.1, 2.14.1)
 
-__all__ = ["TorchDispatchMode", "assert_close_tolerances", "foreach_copy_", "foreach_norm",
-           "is_op_overload", "is_op_packet", "op_schema"]
+__all__ = ["TorchDispatchMode", "assert_close_tolerances", "flatten_dense", "foreach_copy_",
+           "foreach_norm", "is_op_overload", "is_op_packet", "op_schema"]
+
+
+def flatten_dense(tensors) -> torch.Tensor:
+    """Every value of ``tensors`` (one dtype), in order, as one 1-D tensor: one C++ call, not a
+    ``reshape`` per tensor (``torch._C._nn.flatten_dense_tensors``, 2.9.1 and 2.14.1; where it is
+    gone: ``torch.cat`` of reshapes, the same values).
+
+    >>> flatten_dense([torch.ones(2, 2), torch.zeros(1)]).tolist()
+    [1.0, 1.0, 1.0, 1.0, 0.0]
+    """
+    flatten = getattr(getattr(torch._C, "_nn", None), "flatten_dense_tensors", None)
+    if flatten is not None:
+        return flatten(list(tensors))
+    return torch.cat([tensor.reshape(-1) for tensor in tensors])
 
 
 def is_op_packet(value) -> bool:
