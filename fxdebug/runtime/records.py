@@ -27,7 +27,7 @@ from .records_html import records_table_html
 from . import torch_compat
 from ..tables.report import Report
 from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
-from .stats_batch import BATCH_DTYPES, MAX_PENDING_NUMEL, finish_pending
+from .stats_batch import BATCH_DTYPES, MAX_PENDING_NUMEL, finish_pending, summarize_small
 from .stats_kernel import MIN_NUMEL
 from .values import flatten_tensors
 
@@ -275,7 +275,7 @@ class Records(Report):
                 if old is not None and old.summary is None and self._pending:
                     self.flush_stats()  # a pending summary of the same key: taken first
                 local = tensor if placement is None else local_value(tensor)
-                summary = self._summary(local) if reuse else summarize(local)
+                summary = self._summary(local) if reuse else _summarize(local)
                 old = self._records.get(name) if self.accumulating else None
                 if old is not None and old.summary is not None:
                     summary = combine(old.summary, summary)
@@ -353,7 +353,7 @@ class Records(Report):
         version = torch_compat.tensor_version(tensor)
         if seen is not None and seen[0]() is tensor and version is not None and seen[1] == version:
             return seen[2]
-        summary = summarize(tensor)
+        summary = _summarize(tensor)
         try:
             self._summaries[id(tensor)] = (weakref.ref(tensor), version, summary)
         except TypeError:  # a tensor subclass without weak references: no reuse
@@ -572,6 +572,13 @@ class Records(Report):
 
 
 _new_record = object.__new__
+
+
+def _summarize(tensor: torch.Tensor) -> torch.Tensor:
+    """A stats-mode capture's summary: a small tensor's as in a batch of captures (the same
+    numbers either way), others by :func:`~fxdebug.runtime.stats.summarize`."""
+    small = summarize_small(tensor)
+    return summarize(tensor) if small is None else small
 
 
 def _version_of(tensor: torch.Tensor) -> int | None:

@@ -44,7 +44,7 @@ from .stats import combine
 from .stats_kernel import MIN_NUMEL
 from . import torch_compat
 
-__all__ = ["batch_summaries", "capturing", "finish_pending", "MAX_PENDING_NUMEL",
+__all__ = ["batch_summaries", "batchable", "capturing", "finish_pending", "summarize_small", "MAX_PENDING_NUMEL",
            "BATCH_DTYPES"]
 
 MAX_PENDING_NUMEL = 1 << 21
@@ -61,6 +61,17 @@ _PLANS_KEPT = 64
 _LOCK = threading.Lock()
 _INF = float("inf")
 _NAN = float("nan")
+
+
+def batchable(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s summary is :func:`batch_summaries`' (small, plain, real dtype).
+
+    >>> batchable(torch.ones(3)), batchable(torch.ones(1 << 20)), batchable(torch.ones(2, dtype=torch.cfloat))
+    (True, False, False)
+    """
+    return (type(tensor) is torch.Tensor and tensor.numel() < MIN_NUMEL
+            and tensor.dtype in BATCH_DTYPES and tensor.layout == torch.strided
+            and not tensor.is_meta)
 
 
 def capturing(device: torch.device) -> bool:
@@ -123,11 +134,20 @@ def batch_summaries(tensors: list[torch.Tensor]) -> torch.Tensor:
                                 torch.full_like(numel, _INF), torch.full_like(numel, -_INF),
                                 empty, torch.zeros_like(numel), numel], dim=1)
         values = _flat_float64(tensors)
-        if device.type == "cpu":
-            summaries, check = _all_finite(values, lengths, numel, total)
-            if math.isfinite(float(check)):  # no NaN, Inf, empty tensor or overflow
-                return summaries
-        return _masked(values, lengths, numel, total)
+        if device.type != "cpu":
+            return _masked(values, lengths, numel, total)
+        summaries, check = _all_finite(values, lengths, numel, total)
+        if math.isfinite(float(check.sum())):  # no NaN, Inf, empty tensor or overflow
+            return summaries
+        # the tensors that have one take the masked ops: each tensor's summary is the same
+        # whatever else is in the batch
+        redo = [int(i) for i in torch.nonzero(~torch.isfinite(check)).reshape(-1)]
+        again = [tensors[i] for i in redo]
+        sizes_again = tuple(sizes[i] for i in redo)
+        lengths = torch.tensor(sizes_again, dtype=torch.int64)
+        masked = _masked(_flat_float64(again), lengths, lengths.to(torch.float64),
+                         sum(sizes_again))
+        return summaries.index_copy(0, torch.tensor(redo, dtype=torch.int64), masked)
 
 
 def _segment(data: torch.Tensor, lengths: torch.Tensor, reduce: str = "sum",
@@ -137,7 +157,7 @@ def _segment(data: torch.Tensor, lengths: torch.Tensor, reduce: str = "sum",
 
 
 def _all_finite(values, lengths, numel, total) -> tuple[torch.Tensor, torch.Tensor]:
-    """The summaries where every value is finite, and a number that is finite only if so."""
+    """The summaries where every value is finite, and per tensor a number finite only if so."""
     low = _segment(values, lengths, "min", _INF)
     high = _segment(values, lengths, "max", -_INF)
     mean = _segment(values, lengths) / numel
@@ -147,7 +167,7 @@ def _all_finite(values, lengths, numel, total) -> tuple[torch.Tensor, torch.Tens
     m2 = (sums[:, 1] - sums[:, 0] * sums[:, 0] / numel).clamp(min=0)
     summaries = torch.stack([numel, mean + sums[:, 0] / numel, m2, low, high, sums[:, 2],
                              torch.zeros_like(numel), numel], dim=1)
-    return summaries, (high - low).sum() + sums[:, 1].sum()
+    return summaries, high - low + sums[:, 1]
 
 
 def _masked(values, lengths, numel, total) -> torch.Tensor:
@@ -174,6 +194,16 @@ def _masked(values, lengths, numel, total) -> torch.Tensor:
     m2 = ((sums[:, 1] - sums[:, 0] * sums[:, 0] / safe) * scale * scale).clamp(min=0)
     mean = torch.where(count > 0, mean + sums[:, 0] * scale / safe, _NAN)
     return torch.stack([count, mean, m2, low, high, zeros, numel - count, numel], dim=1)
+
+
+def summarize_small(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The summary of one :func:`batchable` tensor as :func:`batch_summaries` gives it (the same
+    numbers, whether it was summarized alone or in a batch); None for any other tensor.
+
+    >>> summarize_small(torch.tensor([0.0, 2.0])).tolist()
+    [2.0, 1.0, 2.0, 0.0, 2.0, 1.0, 0.0, 2.0]
+    """
+    return batch_summaries([tensor])[0] if batchable(tensor) else None
 
 
 def finish_pending(tensors: list[torch.Tensor], versions: list, previous: list,
