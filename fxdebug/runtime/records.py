@@ -26,8 +26,8 @@ from .placement import Placement, dtensor_placement, full_value, local_value, pl
 from .records_html import records_table_html
 from . import torch_compat
 from ..tables.report import Report
-from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
-from .stats_batch import BATCH_DTYPES, MAX_PENDING_NUMEL, finish_pending, summarize_small
+from .stats import Stats, combine, stats_from_summaries, stats_from_summary, tensor_stats
+from .stats_batch import BATCH_DTYPES, MAX_PENDING_NUMEL, capture_summary, finish_pending
 from .stats_kernel import MIN_NUMEL
 from .values import flatten_tensors
 
@@ -153,7 +153,7 @@ class BatchedStatsRecord(Record):
     _batch: list = [None]
     _row = 0
 
-    @property  # type: ignore[override]
+    @property
     def summary(self) -> torch.Tensor | None:
         found = self.__dict__.get("_summary")
         if found is None and self._batch[0] is not None:
@@ -218,11 +218,8 @@ class Records(Report):
         return state
 
     def __setstate__(self, state) -> None:
-        self.__dict__.update(state)
-        self.__dict__.setdefault("_pending", [])
-        self.__dict__.setdefault("_pending_numel", 0)
-        self.__dict__.setdefault("_graphed", False)
-        self.__dict__["_batch"] = [None]
+        self.__dict__.update({"_pending": [], "_pending_numel": 0, "_graphed": False, **state,
+                              "_batch": [None]})
 
     def start_run(self) -> None:
         """Accumulating statistics: the next run's summaries merge into these (see ``add``)."""
@@ -275,7 +272,7 @@ class Records(Report):
                 if old is not None and old.summary is None and self._pending:
                     self.flush_stats()  # a pending summary of the same key: taken first
                 local = tensor if placement is None else local_value(tensor)
-                summary = self._summary(local) if reuse else _summarize(local)
+                summary = self._summary(local) if reuse else capture_summary(local)
                 old = self._records.get(name) if self.accumulating else None
                 if old is not None and old.summary is not None:
                     summary = combine(old.summary, summary)
@@ -341,11 +338,11 @@ class Records(Report):
                 for index, row in zip(indices, rows.unbind(0)):
                     records[index].summary = row
         for index in stale:
-            record = records[index]
-            if self._records.get(record.key) is record:
-                fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(Record)}
+            lost: Record = records[index]
+            if self._records.get(lost.key) is lost:
+                fields = {f.name: getattr(lost, f.name) for f in dataclasses.fields(Record)}
                 fields["summary"] = None
-                self._records[record.key] = StaleStatsRecord(**fields)
+                self._records[lost.key] = StaleStatsRecord(**fields)
 
     def _summary(self, tensor: torch.Tensor) -> torch.Tensor:
         """``summarize(tensor)``, reused when this very tensor, unchanged, was summarized this run."""
@@ -353,7 +350,7 @@ class Records(Report):
         version = torch_compat.tensor_version(tensor)
         if seen is not None and seen[0]() is tensor and version is not None and seen[1] == version:
             return seen[2]
-        summary = _summarize(tensor)
+        summary = capture_summary(tensor)
         try:
             self._summaries[id(tensor)] = (weakref.ref(tensor), version, summary)
         except TypeError:  # a tensor subclass without weak references: no reuse
@@ -572,13 +569,6 @@ class Records(Report):
 
 
 _new_record = object.__new__
-
-
-def _summarize(tensor: torch.Tensor) -> torch.Tensor:
-    """A stats-mode capture's summary: a small tensor's as in a batch of captures (the same
-    numbers either way), others by :func:`~fxdebug.runtime.stats.summarize`."""
-    small = summarize_small(tensor)
-    return summarize(tensor) if small is None else small
 
 
 def _version_of(tensor: torch.Tensor) -> int | None:

@@ -40,11 +40,11 @@ from contextlib import nullcontext
 import torch
 
 from ..errors import FxdebugError
-from .stats import combine
+from .stats import combine, summarize
 from .stats_kernel import MIN_NUMEL
 from . import torch_compat
 
-__all__ = ["batch_summaries", "batchable", "capturing", "finish_pending", "summarize_small", "MAX_PENDING_NUMEL",
+__all__ = ["batch_summaries", "batchable", "capturing", "capture_summary", "finish_pending", "summarize_small", "MAX_PENDING_NUMEL",
            "BATCH_DTYPES"]
 
 MAX_PENDING_NUMEL = 1 << 21
@@ -206,8 +206,20 @@ def summarize_small(tensor: torch.Tensor) -> torch.Tensor | None:
     return batch_summaries([tensor])[0] if batchable(tensor) else None
 
 
+def capture_summary(tensor: torch.Tensor) -> torch.Tensor:
+    """A stats-mode capture's summary: a small tensor's as in a batch of captures (the same
+    numbers either way), others by :func:`~fxdebug.runtime.stats.summarize`.
+
+    >>> capture_summary(torch.ones(1 << 16)).tolist()
+    [65536.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 65536.0]
+    """
+    small = summarize_small(tensor)
+    return summarize(tensor) if small is None else small
+
+
 def finish_pending(tensors: list[torch.Tensor], versions: list, previous: list,
-                   accumulating: bool = False) -> tuple[list[tuple[int, torch.Tensor]], list[int], bool]:
+                   accumulating: bool = False
+                   ) -> tuple[list[tuple[list[int], torch.Tensor]], list[int], bool]:
     """The summaries of pending captures: ``(groups, stale, graphed)``.
 
     ``groups`` holds ``(indices, K x 8 rows)`` per device (one group where all
