@@ -92,14 +92,28 @@ class Capture(Pass):
         aliases = AliasAnalysis(gm)
 
         def call(target):
-            if self.mode == "stats":
-                return runtime.capture_stats, {}
             clone = aliases.written_after(target.nodes, target.anchor)
-            return runtime.capture, ({"clone": True} if clone else {})
+            function = runtime.capture_stats if self.mode == "stats" else runtime.capture
+            return function, ({"clone": True} if clone else {})
 
         insert_per_target(gm, recorder, targets, self.name, "capture", "capture", call)
+        if self.mode == "stats":
+            _flush_after_last_capture(gm)
         _note_layouts(gm, targets)
         return True
+
+
+def _flush_after_last_capture(gm: fx.GraphModule) -> None:
+    """The last ``capture_stats`` node of the graph computes the statistics of the forward's
+    small captures together (see :mod:`fxdebug.runtime.stats_batch`)."""
+    last = None
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is runtime.capture_stats:
+            if node.kwargs.get("flush"):
+                node.kwargs = {k: v for k, v in node.kwargs.items() if k != "flush"}
+            last = node
+    if last is not None:
+        last.kwargs = {**last.kwargs, "flush": True}
 
 
 def _note_layouts(gm: fx.GraphModule, targets) -> None:

@@ -158,14 +158,30 @@ def capture(recorder: Recorder, value, key: str, op: str, clone: bool = False):
 
 
 @has_side_effect
-def capture_stats(recorder: Recorder, value, key: str, op: str):
-    """Keep only summary statistics of ``value`` under ``key`` (constant memory per node)."""
+def capture_stats(recorder: Recorder, value, key: str, op: str, clone: bool = False,
+                  flush: bool = False):
+    """Keep only summary statistics of ``value`` under ``key`` (constant memory per node).
+
+    A small tensor's statistics are computed together with the others' when
+    the last capture of the forward (``flush=True``, set by the capture pass)
+    has run (:mod:`.stats_batch`); ``clone=True`` (a later in-place op writes
+    to the value) keeps a copy of it until then.
+    """
     if is_compiling():  # torch.compile traces: a custom op summarizes the compiled value
         compiled_capture(recorder, value, key, op, True)
         return None
     if not isinstance(value, torch.Tensor):  # fx re-tracing hands over a Proxy
-        emitted = emit_if_tracing(capture_stats, (recorder, value, key, op), {})
+        kwargs = {"clone": clone} if clone else {}
+        if flush:
+            kwargs["flush"] = True
+        emitted = emit_if_tracing(capture_stats, (recorder, value, key, op), kwargs)
         if emitted is not None:
             return emitted
-    recorder.latest.add(key, op, value, stats_only=True)
+    records = recorder.latest
+    if type(value) is torch.Tensor and type(records) is Records:
+        records.add_stats(key, op, value, clone)
+    else:
+        records.add(key, op, value, stats_only=True)
+    if flush:
+        records.flush_stats()
     return None

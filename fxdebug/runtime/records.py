@@ -27,7 +27,9 @@ from .placement import (Placement, dtensor_placement, full_value, grad_layouts, 
 from .records_html import records_table_html
 from . import torch_compat
 from ..tables.report import Report
-from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
+from .stats import Stats, combine, stats_from_summaries, stats_from_summary, tensor_stats
+from .stats_batch import BATCH_DTYPES, MAX_PENDING_NUMEL, capture_summary, finish_pending
+from .stats_kernel import MIN_NUMEL
 from .values import flatten_tensors
 
 __all__ = ["Records", "Record", "Stats", "tensor_stats"]
@@ -131,6 +133,46 @@ class Record:
         return local.numel() * local.element_size()
 
 
+@dataclasses.dataclass(repr=False)
+class StaleStatsRecord(Record):
+    """A stats-mode capture whose tensor was written in place before its statistics were taken
+    (by code fxdebug could not see): it shows no statistics rather than those of the new values."""
+
+    @property
+    def stale(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"Record({self.key!r}, {self.op}, {shape_text(self.shape)} {dtype_text(self.dtype)}, stale)"
+
+
+class BatchedStatsRecord(Record):
+    """A stats-mode capture whose summary is a row of the statistics of many captures computed
+    together (:mod:`fxdebug.runtime.stats_batch`): row ``_row`` of ``_batch[0]``, taken when
+    first read."""
+
+    _batch: list = [None]
+    _row = 0
+
+    @property
+    def summary(self) -> torch.Tensor | None:
+        found = self.__dict__.get("_summary")
+        if found is None and self._batch[0] is not None:
+            found = self.__dict__["_summary"] = self._batch[0][self._row]
+        return found
+
+    @summary.setter
+    def summary(self, value: torch.Tensor | None) -> None:
+        self.__dict__["_summary"] = value
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state["_summary"] = self.summary  # its own row, not the whole batch
+        state.pop("_batch", None)
+        state.pop("_row", None)
+        return state
+
+
 class Records(Report):
     """Ordered store of captured values, indexable by key.
 
@@ -154,6 +196,12 @@ class Records(Report):
         # Summaries taken this run, by tensor identity: a container module's output is
         # usually its last child's, and its statistics are not computed twice.
         self._summaries: dict[int, tuple[weakref.ref, int | None, torch.Tensor]] = {}
+        # stats mode: (record, tensor, version, previous summary) of small captures whose
+        # summaries are computed together (flush_stats); _graphed: filled by a CUDA graph replay
+        self._pending: list[tuple[Record, torch.Tensor, int | None, Any]] = []
+        self._pending_numel = 0
+        self._batch: list[torch.Tensor | None] = [None]  # the rows of the pending summaries
+        self._graphed = False
         self.runs = 1
         self.accumulating = False
         # file:line of each key's code (set by fxdebug.records(gm), kept by saved runs)
@@ -164,12 +212,19 @@ class Records(Report):
         self.layouts: dict[str, Any] | None = None
 
     def __getstate__(self):
+        self.flush_stats()
         state = dict(self.__dict__)
         state["_summaries"] = {}  # weak references: this run's reuse cache, not data
+        state["_batch"] = [None]
         return state
+
+    def __setstate__(self, state) -> None:
+        self.__dict__.update({"_pending": [], "_pending_numel": 0, "_graphed": False, **state,
+                              "_batch": [None]})
 
     def start_run(self) -> None:
         """Accumulating statistics: the next run's summaries merge into these (see ``add``)."""
+        self.flush_stats()
         self._summaries.clear()
         self.runs += 1
         if self._grads is not None:
@@ -220,8 +275,11 @@ class Records(Report):
             if placement is None and layouts is not None:  # a plain tensor of a TP model
                 placement = planned_placement(layouts.get(key) if name == key else None, tensor)
             if stats_only:
+                old = self._records.get(name)
+                if old is not None and old.summary is None and self._pending:
+                    self.flush_stats()  # a pending summary of the same key: taken first
                 local = tensor if placement is None else local_value(tensor)
-                summary = self._summary(local) if reuse else summarize(local)
+                summary = self._summary(local) if reuse else capture_summary(local)
                 old = self._records.get(name) if self.accumulating else None
                 if old is not None and old.summary is not None:
                     summary = combine(old.summary, summary)
@@ -235,13 +293,71 @@ class Records(Report):
             self._records.pop(name, None)
             self._records[name] = record
 
+    def add_stats(self, key: str, op: str, tensor: torch.Tensor, clone: bool = False) -> None:
+        """Stats mode's capture of one tensor (``capture_stats``): a small one's summary waits
+        for :meth:`flush_stats`, with its tensor's version counter (a copy where ``clone``, set
+        where a later in-place op of the graph writes it); others as ``add(stats_only=True)``.
+        Runs once per capture: kept to a few attribute reads."""
+        if (self.layouts is not None or tensor.numel() >= MIN_NUMEL or tensor.is_meta
+                or tensor.dtype not in BATCH_DTYPES or tensor.layout is not torch.strided
+                or type(tensor) is not torch.Tensor):
+            self.add(key, op, tensor, stats_only=True)
+            return
+        version = _version_of(tensor)
+        if clone or version is None:  # an inference tensor has no version counter: a copy
+            tensor = tensor.detach().clone()
+            version = _version_of(tensor)
+        pending = self._pending
+        old = self._records.pop(key, None)
+        if old is not None and self.accumulating:
+            if old.summary is None and not old.stale:
+                self.flush_stats()
+                pending = self._pending
+            previous = "stale" if old.stale else old.summary
+        else:
+            previous = None
+        record = _new_record(BatchedStatsRecord)  # as Record(...), without its __init__: faster
+        record.__dict__ = {"key": key, "op": op, "shape": tensor.shape, "dtype": tensor.dtype,
+                           "value": None, "copied": False, "_batch": self._batch,
+                           "_row": len(pending)}
+        self._records[key] = record
+        pending.append((record, tensor, version, previous))
+        self._pending_numel += tensor.numel()
+        if self._pending_numel > MAX_PENDING_NUMEL:
+            self.flush_stats()
+
+    def flush_stats(self) -> None:
+        """Compute every pending summary together (:mod:`.stats_batch`); a capture whose tensor
+        was written in place since becomes a :class:`StaleStatsRecord`."""
+        pending = self._pending
+        if not pending:
+            return
+        batch = self._batch
+        self._pending, self._pending_numel, self._batch = [], 0, [None]
+        records, tensors, versions, previous = zip(*pending)
+        groups, stale, graphed = finish_pending(list(tensors), list(versions), list(previous),
+                                                self.accumulating)
+        self._graphed = self._graphed or graphed
+        if len(groups) == 1:
+            batch[0] = groups[0][1]  # each record reads its row when first asked
+        else:
+            for indices, rows in groups:
+                for index, row in zip(indices, rows.unbind(0)):
+                    records[index].summary = row
+        for index in stale:
+            lost: Record = records[index]
+            if self._records.get(lost.key) is lost:
+                fields = {f.name: getattr(lost, f.name) for f in dataclasses.fields(Record)}
+                fields["summary"] = None
+                self._records[lost.key] = StaleStatsRecord(**fields)
+
     def _summary(self, tensor: torch.Tensor) -> torch.Tensor:
         """``summarize(tensor)``, reused when this very tensor, unchanged, was summarized this run."""
         seen = self._summaries.get(id(tensor))
         version = torch_compat.tensor_version(tensor)
         if seen is not None and seen[0]() is tensor and version is not None and seen[1] == version:
             return seen[2]
-        summary = summarize(tensor)
+        summary = capture_summary(tensor)
         try:
             self._summaries[id(tensor)] = (weakref.ref(tensor), version, summary)
         except TypeError:  # a tensor subclass without weak references: no reuse
@@ -250,6 +366,11 @@ class Records(Report):
 
     def _read_stats(self) -> None:
         """Read every pending summary at once (one host read per device), after the run."""
+        self.flush_stats()
+        if self._graphed:  # a CUDA graph replay rewrote the summaries: read them again
+            for record in self._records.values():
+                if record.summary is not None:
+                    record._stats = None
         pending = [(r, r.summary) for r in self._records.values()
                    if r._stats is None and r.summary is not None]
         read = stats_from_summaries([summary for _, summary in pending])
@@ -296,10 +417,14 @@ class Records(Report):
         """The :class:`Record` (value, shape, dtype, stats) stored under ``key``."""
         if not isinstance(key, str):
             raise TypeError(_key_type_message(key))
+        self.flush_stats()
         try:
-            return self._records[key]
+            record = self._records[key]
         except KeyError:
             raise KeyError(self._missing(key)) from None
+        if self._graphed and record.summary is not None:
+            record._stats = None  # a CUDA graph replay rewrote it: read it again
+        return record
 
     def _missing(self, key: str) -> str:
         if self._of is not None and not self._records:
@@ -339,6 +464,9 @@ class Records(Report):
 
     def records(self) -> list[Record]:
         """All :class:`Record` objects in execution order."""
+        self.flush_stats()
+        if self._graphed:
+            self._read_stats()
         return list(self._records.values())
 
     @property
@@ -445,6 +573,9 @@ class Records(Report):
         """The table as HTML, for Jupyter (non-finite rows marked)."""
         return (f"<div><p>{len(self._records)} tensors captured, "
                 f"{_human_bytes(self.nbytes)} held</p>{records_table_html(self)}</div>")
+
+
+_new_record = object.__new__
 
 
 def _version_of(tensor: torch.Tensor) -> int | None:

@@ -211,6 +211,8 @@ def _summarize_masked(t: torch.Tensor, numel: int) -> torch.Tensor:
 def combine(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
     """The summary of two tensors' values together (Chan et al.'s parallel formula).
 
+    Summaries may be stacked: rows of ``first`` merge with the rows of ``second``.
+
     >>> a, b = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 0.0, 4.0])
     >>> both = stats_from_summary(combine(summarize(a), summarize(b)))
     >>> whole = stats_from_summary(summarize(torch.cat([a, b])))
@@ -218,18 +220,19 @@ def combine(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
     True
     """
     second = second.to(first.device)
-    n_a, n_b = first[0], second[0]
+    n_a, n_b = first[..., 0], second[..., 0]
     count = n_a + n_b
     safe = count.clamp(min=1)
-    mean_a = torch.where(n_a > 0, first[1], 0.0)
-    mean_b = torch.where(n_b > 0, second[1], 0.0)
+    mean_a = torch.where(n_a > 0, first[..., 1], 0.0)
+    mean_b = torch.where(n_b > 0, second[..., 1], 0.0)
     delta = mean_b - mean_a
     mean = mean_a + delta * n_b / safe
-    m2 = (torch.where(n_a > 0, first[2], 0.0) + torch.where(n_b > 0, second[2], 0.0)
+    m2 = (torch.where(n_a > 0, first[..., 2], 0.0) + torch.where(n_b > 0, second[..., 2], 0.0)
           + delta * delta * n_a * n_b / safe)
-    return torch.stack([count, mean, m2, torch.minimum(first[3], second[3]),
-                        torch.maximum(first[4], second[4]), first[5] + second[5],
-                        first[6] + second[6], first[7] + second[7]])
+    return torch.stack([count, mean, m2, torch.minimum(first[..., 3], second[..., 3]),
+                        torch.maximum(first[..., 4], second[..., 4]),
+                        first[..., 5] + second[..., 5], first[..., 6] + second[..., 6],
+                        first[..., 7] + second[..., 7]], dim=-1)
 
 
 def _stats(values: list[float]) -> Stats:

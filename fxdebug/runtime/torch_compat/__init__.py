@@ -35,7 +35,7 @@ from ..torch_version import MINIMUM_TORCH, require_torch, torch_version  # re-ex
 require_torch(MINIMUM_TORCH, "fxdebug")  # before any private name below can fail on an old torch
 
 from .autograd import (add_tensor_hook, saved_tensor_has_unpack_hooks,  # noqa: E402
-                       saved_tensor_names, tensor_version)
+                       saved_tensor_names, tensor_version, tensor_versions)
 from .dtensor import (ParallelLayout, distribute_module_applied,  # noqa: E402
                       parallel_output_layout)
 from .dynamo import (compiled_backend, compiled_inner, dynamo_frame_id,  # noqa: E402
@@ -64,6 +64,7 @@ __all__ = [
     "MINIMUM_TORCH", "require_torch", "torch_version",
     # autograd
     "add_tensor_hook", "saved_tensor_has_unpack_hooks", "saved_tensor_names", "tensor_version",
+    "tensor_versions",
     # dtensor
     "ParallelLayout", "distribute_module_applied", "parallel_output_layout",
     # dynamo

@@ -10,7 +10,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 __all__ = ["add_tensor_hook", "saved_tensor_has_unpack_hooks", "saved_tensor_names",
-           "tensor_version"]
+           "tensor_version", "tensor_versions"]
 
 
 def tensor_version(tensor: torch.Tensor) -> int | None:
@@ -56,6 +56,19 @@ def add_tensor_hook(tensor: torch.Tensor, hook) -> None:
 _HOOK_DICT = (hasattr(torch.Tensor, "_backward_hooks") and isinstance(
     getattr(RemovableHandle, "next_id", None), int) and hasattr(
     (torch.ones(1, requires_grad=True) * 1).grad_fn, "_register_hook_dict"))
+
+
+def tensor_versions(tensors) -> list[int | None]:
+    """:func:`tensor_version` of each tensor, in one call (``tensor._version``, 2.9.1, 2.14.1).
+
+    >>> a = torch.zeros(1); before = tensor_versions([a]); _ = a.add_(1)
+    >>> tensor_versions([a])[0] - before[0]
+    1
+    """
+    try:
+        return [tensor._version for tensor in tensors]
+    except (RuntimeError, AttributeError):
+        return [tensor_version(tensor) for tensor in tensors]
 
 
 _SAVED_NAMES: dict[type, tuple[str, ...]] = {}

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode  # no public twin (2.9.1, 2.14.1)
 
-__all__ = ["TorchDispatchMode", "assert_close_tolerances", "flatten_dense", "foreach_copy_", "foreach_norm",
-           "is_op_overload", "is_op_packet", "op_schema"]
+__all__ = ["TorchDispatchMode", "assert_close_tolerances", "flatten_dense", "foreach_copy_",
+           "foreach_norm", "is_op_overload", "is_op_packet", "op_schema"]
 
 
 def is_op_packet(value) -> bool:
