@@ -1,0 +1,174 @@
+"""Stats mode inside ``torch.compile``: statistics as graph ops, handed out once per graph.
+
+While dynamo traces ``capture_stats`` (:func:`.compiled_ops.compiled_capture`),
+each tensor's summary (the eight float64 numbers of :mod:`.stats`) is written
+as plain torch ops on the value, so inductor fuses the reductions into the
+kernels around it, and nothing runs in Python per capture::
+
+    torch.compile(fxdebug.instrument(model, mode="stats"))(x)
+      dynamo traces gm.forward:
+      ├─ begin_run                        fxdebug::begin_run op; sink.pending = ()
+      ├─ capture_stats(recorder, v, ...)  per tensor t of v: graph_summary(t), then
+      │                                   sink.pending += ((key, op, shape, dtype, summary),)
+      │                                   (a value graph ops cannot summarize: today's
+      │                                    fxdebug::capture op, and a place in the order)
+      └─ end of the graph (or a graph break): dynamo stores sink.pending once, its
+         summaries being outputs of the graph (its side-effect replay)
+    reading the Records (any access), or the next run's begin_run
+      └─ CompiledRecords files one Record per key, in capture order
+
+The summary takes the mean of the finite values in float64, then the sum of
+their deviations from it and of the squares, scaled by the largest magnitude
+and corrected by their sum (as :func:`.stats._summarize_masked`): exact to
+float64 rounding for a large mean with a small spread, NaN and Inf among the
+values, and values near the float32 or float64 overflow, with no branch on
+the data. The Records object of a compiled run is a :class:`CompiledRecords`;
+it fills itself from the recorder's sink the first time it is read.
+
+>>> s = graph_summary(torch.tensor([1.0, 3.0, float("inf"), 0.0]))
+>>> [round(v, 4) for v in s.tolist()]
+[3.0, 1.3333, 4.6667, 0.0, 3.0, 1.0, 1.0, 4.0]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .records import Record, Records
+from .stats import combine
+
+__all__ = ["graph_summary", "summarizable_in_graph", "StatsSink", "CompiledRecords", "SINK_ATTR"]
+
+# The attribute of a Recorder that holds its StatsSink.
+SINK_ATTR = "fxdebug_stats_sink"
+_INF = float("inf")
+_NAN = float("nan")
+
+
+def summarizable_in_graph(tensor: Any) -> bool:
+    """Whether graph ops can summarize ``tensor`` (a plain, strided, non-empty tensor).
+
+    >>> summarizable_in_graph(torch.ones(2)), summarizable_in_graph(torch.ones(0))
+    (True, False)
+    """
+    return (isinstance(tensor, torch.Tensor) and type(tensor) in (torch.Tensor, torch.nn.Parameter)
+            and tensor.layout == torch.strided and not tensor.is_quantized
+            and tensor.device.type != "meta" and tensor.numel() > 0)
+
+
+def graph_summary(tensor: torch.Tensor) -> torch.Tensor:
+    """The summary of ``tensor`` (see :mod:`.stats`) as torch ops, with no branch on the values.
+
+    >>> [round(v, 4) for v in graph_summary(torch.tensor([2, 0, 4])).tolist()]
+    [3.0, 2.0, 8.0, 0.0, 4.0, 1.0, 0.0, 3.0]
+    """
+    value = tensor.detach()
+    if value.is_complex():
+        value = value.abs()
+    wide = value.to(torch.float64)
+    finite = torch.isfinite(wide)
+    count = finite.sum(dtype=torch.float64)
+    safe = count.clamp(min=1)
+    first = torch.where(finite, wide, 0.0).sum() / safe
+    low = torch.where(finite, wide, _INF).amin()
+    high = torch.where(finite, wide, -_INF).amax()
+    zeros = (wide == 0).sum(dtype=torch.float64)
+    # deviations from the first mean, scaled so their squares cannot overflow, corrected by
+    # their sum: exact to float64 rounding whatever the order of the sums
+    scale = torch.maximum(low.abs(), high.abs())
+    scale = torch.where(torch.isfinite(scale) & (scale > 0), scale, 1.0)
+    deviation = torch.where(finite, (wide - first) / scale, 0.0)
+    total = deviation.sum()
+    squares = (deviation * deviation).sum()
+    m2 = ((squares - total * total / safe) * scale * scale).clamp(min=0)
+    mean = torch.where(count > 0, first + total * scale / safe, _NAN)
+    numel = torch.full_like(count, float(value.numel()))
+    return torch.stack([count, mean, m2, low, high, zeros, numel - count, numel])
+
+
+class StatsSink:
+    """Where one Recorder's compiled graphs leave their summaries (see the module docstring).
+
+    ``pending``: ``((key, op, shape, dtype, summary or None), ...)`` of the latest
+    run, stored by the compiled code; ``records``: the Records of that run;
+    ``stale``: the ``pending`` of the run before, already filed; ``taken``: how
+    many entries of ``pending`` are filed.
+    """
+
+    def __init__(self) -> None:
+        self.pending: tuple | None = None
+        self.records: CompiledRecords | None = None
+        self.stale: tuple | None = None
+        self.taken = 0
+
+    def __getstate__(self) -> dict:  # the values of a run belong to that run
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def start(self, records: Records) -> None:
+        """A compiled forward starts: file the previous run's summaries, then collect for ``records``."""
+        if self.records is not None:
+            self.fill(self.records)
+        self.stale, self.taken = self.pending, 0
+        if type(records) is Records:  # (a saved run's StreamingRecords never gets here)
+            records.__class__ = CompiledRecords
+        if isinstance(records, CompiledRecords):
+            records.__dict__["_fxdebug_sink"] = self
+            self.records = records
+        else:
+            self.records = None
+
+    def fill(self, records: "CompiledRecords") -> None:
+        """File the summaries the compiled code left since the last fill into ``records``."""
+        pending = self.pending
+        if records is not self.records or pending is None or pending is self.stale \
+                or self.taken >= len(pending):
+            return
+        store = records.__dict__["_records"]
+        accumulating = records.accumulating
+        for key, op, shape, dtype, summary in pending[self.taken:]:
+            if summary is None:  # filed by the fxdebug::capture op: its place in the order
+                kept = store.pop(key, None)
+                if kept is not None:
+                    store[key] = kept
+                continue
+            old = store.pop(key, None) if accumulating else None
+            if old is not None and old.summary is not None:
+                summary = combine(old.summary, summary)
+            store.pop(key, None)
+            store[key] = Record(key, op, tuple(shape), dtype, None, False, summary=summary)
+        self.taken = len(pending)
+
+
+class CompiledRecords(Records):
+    """The Records of a compiled forward: filled from the recorder's sink when first read.
+
+    >>> from fxdebug.runtime import Recorder
+    >>> import fxdebug
+    >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), mode="stats")
+    >>> _ = torch.compile(gm, backend="aot_eager", fullgraph=True)(torch.tensor([-1.0, 3.0]))
+    >>> rec = fxdebug.records(gm)
+    >>> type(rec).__name__, rec["0"].mean, rec["0"].zeros_pct
+    ('CompiledRecords', 1.5, 50.0)
+    """
+
+    @property  # type: ignore[override]
+    def _records(self) -> dict[str, Record]:
+        sink = self.__dict__.get("_fxdebug_sink")
+        if sink is not None and sink.records is self:
+            sink.fill(self)
+        return self.__dict__["_records"]
+
+    @_records.setter
+    def _records(self, value: dict[str, Record]) -> None:
+        self.__dict__["_records"] = value
+
+    def __getstate__(self):
+        self._records  # noqa: B018 - filled before it is copied
+        state = super().__getstate__()
+        state.pop("_fxdebug_sink", None)
+        return state
