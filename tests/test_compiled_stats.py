@@ -5,11 +5,16 @@ taken in float64 over the finite values (tests/test_stats.py's ``truth``). Priva
 names (dynamo's compile counter) only count graphs here.
 """
 
+import math
+
+import pytest
 import torch
 import torch._dynamo.testing
 
 import fxdebug
-from test_stats import assert_stats_equal, truth
+from fxdebug.runtime import stats_from_summary
+from fxdebug.runtime.compiled_stats import graph_summary
+from test_stats import ADVERSARIAL, adversarial, assert_stats_equal, truth
 
 
 class LargeMean(torch.nn.Module):  # a mean a million times the spread
@@ -127,8 +132,14 @@ class Breaks(torch.nn.Module):
         return x * 2
 
 
+class Empty(torch.nn.Module):  # graph ops do not summarize an empty tensor: fxdebug::capture does
+    def forward(self, x):
+        return x[..., :0]
+
+
 def test_graph_break_and_values_graph_ops_cannot_summarize_keep_eager_order_and_values():
-    model = torch.nn.Sequential(torch.nn.Linear(6, 6), Breaks(), NonFinite(), Indices()).eval()
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), Breaks(), NonFinite(), Empty(),
+                                torch.nn.Flatten(0)).eval()
     gm = fxdebug.instrument(fxdebug.trace(model, leaf_modules=[Breaks]), mode="stats")
     counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(gm, backend=counter)
@@ -140,8 +151,11 @@ def test_graph_break_and_values_graph_ops_cannot_summarize_keep_eager_order_and_
         eager = fxdebug.instrument(model, mode="stats")
         eager(x)
         records = fxdebug.records(gm)
-        assert records.keys() == fxdebug.records(eager).keys() == ["0", "1", "2", "3"]
-        assert_records_match(records, hooked_truth(model, x))
+        assert records.keys() == fxdebug.records(eager).keys() == ["0", "1", "2", "3", "4"]
+        outputs = hooked_outputs(model, x)
+        assert_records_match(records, {key: truth(value) for key, value in outputs.items()
+                                       if value.numel()})
+        assert records["3"].numel == records["4"].numel == 0 == records["3"].nonfinite
     assert frames[0] == frames[1] > 1  # graphs around the break, compiled once
 
 
@@ -158,3 +172,22 @@ def test_accumulated_statistics_under_compile_equal_eager_accumulation():
     outputs = [hooked_outputs(model, x) for x in runs]  # all runs' values together:
     assert_records_match(records, {key: truth(torch.cat([run[key] for run in outputs]))
                                    for key in outputs[0]})
+
+
+@pytest.mark.parametrize("case", ADVERSARIAL)
+def test_graph_ops_match_float64_on_the_adversarial_inputs(case):
+    """The ops compiled graphs run, here run eagerly (inductor runs them above): float64's answer."""
+    x = adversarial(case)
+    assert_stats_equal(stats_from_summary(graph_summary(x)), truth(x), x.dtype)
+
+
+@pytest.mark.parametrize("mean", [0.0, 1000.0])
+def test_no_finite_value_where_the_shift_is_read_gives_the_std_or_nan_never_a_wrong_one(mean):
+    x = mean + 1e-3 * torch.randn(10_000, generator=torch.Generator().manual_seed(8))
+    x[[10_000 * i // 8 for i in range(8)]] = float("nan")  # the places the shift is read at
+    stats, expected = stats_from_summary(graph_summary(x)), truth(x)
+    assert stats.nonfinite == 8 and stats.min == expected["min"] and stats.max == expected["max"]
+    if mean == 0.0:  # a shift of 0 is close enough to these values
+        assert_stats_equal(stats, expected, x.dtype)
+    else:  # a shift of 0 is too far: no std rather than an imprecise one
+        assert math.isnan(stats.std) and math.isclose(stats.mean, expected["mean"], rel_tol=1e-9)

@@ -164,20 +164,23 @@ def compiled_begin_run(recorder) -> None:
     Called while dynamo traces (see :func:`compiled_capture` for an example).
     """
     _OPS["begin_run"](_TOKEN, getattr(recorder, ID_ATTR))
-    if _in_graph_stats(recorder):
-        getattr(recorder, SINK_ATTR).pending = ()  # this run's summaries (.compiled_stats)
+    sink = getattr(recorder, SINK_ATTR, None)
+    if sink is not None:
+        sink.pending = ()  # this run's summaries (.compiled_stats)
 
 
 def _in_graph_stats(recorder) -> bool:
     """Whether compiled statistics of ``recorder`` are taken by graph ops (read while dynamo traces:
-    a saved run, a tensor-parallel model or a part of a partial model takes the op per capture)."""
-    return (type(recorder).__name__ == "Recorder" and getattr(recorder, SINK_ATTR, None) is not None
+    a saved run or a tensor-parallel model takes the op per capture)."""
+    return (getattr(recorder, SINK_ATTR, None) is not None
             and getattr(recorder, "run_writer", None) is None
             and getattr(recorder, "layouts", None) is None)
 
 
-def compiled_capture(recorder, value: Any, key: str, op: str, stats_only: bool) -> None:
-    """``capture``/``capture_stats`` as dynamo records them: one op per tensor of ``value``.
+def compiled_capture(recorder, value: Any, key: str, op: str, stats_only: bool,
+                     in_graph: bool = False) -> None:
+    """``capture``/``capture_stats`` as dynamo records them: one op per tensor of ``value``,
+    or, for statistics with ``in_graph`` (a Recorder whose runs are plain Records), graph ops.
 
     >>> import fxdebug
     >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU(inplace=True)))
@@ -190,15 +193,16 @@ def compiled_capture(recorder, value: Any, key: str, op: str, stats_only: bool) 
     number = getattr(recorder, ID_ATTR)
     skipped: list = []
     tensors = flatten_tensors(value, key, skipped)  # Records.add's keys, read while dynamo traces
-    in_graph = stats_only and _in_graph_stats(recorder)
+    in_graph = in_graph and stats_only and _in_graph_stats(recorder)
     sink = getattr(recorder, SINK_ATTR, None)
     for name, tensor in tensors:
+        entry: tuple
         if in_graph and summarizable_in_graph(tensor):  # graph ops; no Python when it runs
             entry = (name, op, tuple(tensor.shape), tensor.dtype, graph_summary(tensor))
         else:
             _OPS["capture"](_TOKEN, tensor, number, name, op, stats_only)
             entry = (name, op, None, None, None)  # its place in the order of the Records
-        if in_graph:
+        if in_graph and sink is not None:
             sink.pending = (sink.pending or ()) + (entry,)
     for text in skipped:
         _OPS["note"](_TOKEN, number, text)

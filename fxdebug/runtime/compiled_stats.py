@@ -17,12 +17,19 @@ kernels around it, and nothing runs in Python per capture::
     reading the Records (any access), or the next run's begin_run
       └─ CompiledRecords files one Record per key, in capture order
 
-The summary takes the mean of the finite values in float64, then the sum of
-their deviations from it and of the squares, scaled by the largest magnitude
-and corrected by their sum (as :func:`.stats._summarize_masked`): exact to
-float64 rounding for a large mean with a small spread, NaN and Inf among the
-values, and values near the float32 or float64 overflow, with no branch on
-the data. The Records object of a compiled run is a :class:`CompiledRecords`;
+One pass over the value, which inductor fuses into the kernel that computes
+it: count, min, max and zeros of the finite values, and the sums of their
+deviations from a *shift* and of the squares, in float64. The shift is the
+first finite one of a few values read at fixed places of the tensor (NaN and
+Inf count as a deviation of exactly 0), so ``M2 = squares - total**2 / count``
+cannot cancel: a shift that is itself one of the values lies at most
+``sqrt(M2)`` from the mean, so the squares are at most ``count * M2`` and
+float64 rounding leaves ``M2`` within ``count * 2**-53`` of itself (a large
+mean with a small spread, values near float32's overflow: their squares are
+finite in float64). Where no pick is finite the shift is 0; if that leaves
+``M2`` imprecise, the std is NaN, never a wrong number. float64 values take
+two passes, scaled by their largest magnitude (as
+:func:`.stats._summarize_masked`) so their squares cannot overflow. The Records object of a compiled run is a :class:`CompiledRecords`;
 it fills itself from the recorder's sink the first time it is read.
 
 >>> s = graph_summary(torch.tensor([1.0, 3.0, float("inf"), 0.0]))
@@ -67,23 +74,65 @@ def graph_summary(tensor: torch.Tensor) -> torch.Tensor:
     value = tensor.detach()
     if value.is_complex():
         value = value.abs()
-    wide = value.to(torch.float64)
-    finite = torch.isfinite(wide)
-    count = finite.sum(dtype=torch.float64)
+    if value.dtype == torch.float64:
+        return _two_pass_scaled(value)
+    if not value.is_floating_point():  # integers, bools: exact in float64, squares finite
+        value = value.to(torch.float64)
+    finite = torch.isfinite(value)
+    shift = _shift(value)
+    # deviations from the shift, NaN and Inf replaced by the shift itself (exactly 0), in float64
+    deviation = torch.where(finite, value, shift).to(torch.float64) - shift.to(torch.float64)
+    counter = torch.int32 if value.numel() < 2 ** 31 else torch.int64  # int32: narrower vectors
+    count = finite.sum(dtype=counter).to(torch.float64)
     safe = count.clamp(min=1)
-    first = torch.where(finite, wide, 0.0).sum() / safe
-    low = torch.where(finite, wide, _INF).amin()
-    high = torch.where(finite, wide, -_INF).amax()
-    zeros = (wide == 0).sum(dtype=torch.float64)
-    # deviations from the first mean, scaled so their squares cannot overflow, corrected by
-    # their sum: exact to float64 rounding whatever the order of the sums
-    scale = torch.maximum(low.abs(), high.abs())
-    scale = torch.where(torch.isfinite(scale) & (scale > 0), scale, 1.0)
-    deviation = torch.where(finite, (wide - first) / scale, 0.0)
     total = deviation.sum()
     squares = (deviation * deviation).sum()
-    m2 = ((squares - total * total / safe) * scale * scale).clamp(min=0)
-    mean = torch.where(count > 0, first + total * scale / safe, _NAN)
+    m2 = (squares - total * total / safe).clamp(min=0)
+    # a shift that is one of the finite values adds at most count * M2 to the squares; only a
+    # shift of 0 (every pick not finite) can be far from the values: no std then, never a wrong one
+    m2 = torch.where(squares <= _PRECISE_RATIO * m2, m2, _NAN)
+    low = torch.where(finite, value, _INF).amin().to(torch.float64)
+    high = torch.where(finite, value, -_INF).amax().to(torch.float64)
+    zeros = (value == 0).sum(dtype=counter).to(torch.float64)
+    mean = torch.where(count > 0, shift.to(torch.float64) + total / safe, _NAN)
+    numel = torch.full_like(count, float(value.numel()))
+    return torch.stack([count, mean, m2, low, high, zeros, numel - count, numel])
+
+
+# M2 is kept where the squared deviations from the shift are at most this many times M2: float64
+# rounding then leaves it within some 1e-7 of itself, whatever the order of the sums.
+_PRECISE_RATIO = float(2 ** 30)
+_PICKS = 8  # values looked at for the shift, spread over the tensor
+
+
+def _shift(value: torch.Tensor) -> torch.Tensor:
+    """The first finite one of a few values spread over ``value`` (0 if none is): read at their
+    index, so inductor computes them where the value is computed and the sums stay one pass."""
+    flat = value.reshape(-1)
+    numel = flat.numel()
+    shift = torch.zeros((), dtype=value.dtype, device=value.device)
+    for i in reversed(range(_PICKS)):
+        pick = flat[numel * i // _PICKS]
+        shift = torch.where(torch.isfinite(pick), pick, shift)
+    return shift
+
+
+def _two_pass_scaled(value: torch.Tensor) -> torch.Tensor:
+    """float64 values: the mean of the finite ones, then their deviations from it, scaled by the
+    largest magnitude so their squares cannot overflow."""
+    finite = torch.isfinite(value)
+    count = finite.sum().to(torch.float64)
+    safe = count.clamp(min=1)
+    mean = torch.where(finite, value, 0.0).sum() / safe
+    low = torch.where(finite, value, _INF).amin()
+    high = torch.where(finite, value, -_INF).amax()
+    scale = torch.maximum(low.abs(), high.abs())
+    scale = torch.where(torch.isfinite(scale) & (scale > 0), scale, 1.0)
+    deviation = torch.where(finite, (value - mean) * (1.0 / scale), 0.0)
+    total = deviation.sum()
+    m2 = ((deviation * deviation).sum() - total * total / safe).clamp(min=0) * scale * scale
+    zeros = (value == 0).sum().to(torch.float64)
+    mean = torch.where(count > 0, mean + total * scale / safe, _NAN)
     numel = torch.full_like(count, float(value.numel()))
     return torch.stack([count, mean, m2, low, high, zeros, numel - count, numel])
 
@@ -156,7 +205,7 @@ class CompiledRecords(Records):
     ('CompiledRecords', 1.5, 50.0)
     """
 
-    @property  # type: ignore[override]
+    @property
     def _records(self) -> dict[str, Record]:
         sink = self.__dict__.get("_fxdebug_sink")
         if sink is not None and sink.records is self:

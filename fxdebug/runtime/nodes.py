@@ -160,8 +160,8 @@ def capture(recorder: Recorder, value, key: str, op: str, clone: bool = False):
 @has_side_effect
 def capture_stats(recorder: Recorder, value, key: str, op: str):
     """Keep only summary statistics of ``value`` under ``key`` (constant memory per node)."""
-    if is_compiling():  # torch.compile traces: a custom op summarizes the compiled value
-        compiled_capture(recorder, value, key, op, True)
+    if is_compiling():  # torch.compile traces: graph ops summarize the compiled value
+        compiled_capture(recorder, value, key, op, True, in_graph=type(recorder) is Recorder)
         return None
     if not isinstance(value, torch.Tensor):  # fx re-tracing hands over a Proxy
         emitted = emit_if_tracing(capture_stats, (recorder, value, key, op), {})
