@@ -46,7 +46,8 @@ import torch
 from .records import Record, Records
 from .stats import combine
 
-__all__ = ["graph_summary", "summarizable_in_graph", "StatsSink", "CompiledRecords", "SINK_ATTR"]
+__all__ = ["graph_summary", "summarizable_in_graph", "StatsSink", "CompiledRecords", "SINK_ATTR",
+           "file_entries"]
 
 # The attribute of a Recorder that holds its StatsSink.
 SINK_ATTR = "fxdebug_stats_sink"
@@ -159,10 +160,18 @@ class StatsSink:
         self.__init__()  # type: ignore[misc]
 
     def start(self, records: Records) -> None:
-        """A compiled forward starts: file the previous run's summaries, then collect for ``records``."""
-        if self.records is not None:
-            self.fill(self.records)
-        self.stale, self.taken = self.pending, 0
+        """A compiled forward starts: hand the previous run's summaries to its Records (filed when
+        they are read; at once where the same Records accumulates), then collect for ``records``."""
+        previous, pending = self.records, self.pending
+        if previous is not None and pending is not None and pending is not self.stale \
+                and self.taken < len(pending):
+            if previous is records:  # accumulating: this run's summaries merge into the same ones
+                self.fill(previous)
+            else:
+                previous.__dict__["_fxdebug_rest"] = pending[self.taken:]
+        if previous is not None and previous is not records:
+            previous.__dict__["_fxdebug_sink"] = None
+        self.stale, self.taken = pending, 0
         if type(records) is Records:  # (a saved run's StreamingRecords never gets here)
             records.__class__ = CompiledRecords
         if isinstance(records, CompiledRecords):
@@ -177,29 +186,33 @@ class StatsSink:
         if records is not self.records or pending is None or pending is self.stale \
                 or self.taken >= len(pending):
             return
-        store = records.__dict__["_records"]
-        accumulating = records.accumulating
-        for key, op, shape, dtype, summary in pending[self.taken:]:
-            if summary is None:  # filed by the fxdebug::capture op: its place in the order
-                kept = store.pop(key, None)
-                if kept is not None:
-                    store[key] = kept
-                continue
-            old = store.pop(key, None) if accumulating else None
-            if old is not None and old.summary is not None:
-                summary = combine(old.summary, summary)
-            store.pop(key, None)
-            store[key] = Record(key, op, tuple(shape), dtype, None, False, summary=summary)
+        file_entries(records, pending[self.taken:])
         self.taken = len(pending)
+
+
+def file_entries(records: Records, entries: tuple) -> None:
+    """One Record per ``(key, op, shape, dtype, summary)``, in order; a summary of None is a
+    capture the fxdebug::capture op filed already: it only takes its place in the order."""
+    store = records.__dict__["_records"]
+    accumulating = records.accumulating
+    for key, op, shape, dtype, summary in entries:
+        if summary is None:
+            kept = store.pop(key, None)
+            if kept is not None:
+                store[key] = kept
+            continue
+        old = store.pop(key, None)
+        if accumulating and old is not None and old.summary is not None:
+            summary = combine(old.summary, summary)
+        store[key] = Record(key, op, tuple(shape), dtype, None, False, summary=summary)
 
 
 class CompiledRecords(Records):
     """The Records of a compiled forward: filled from the recorder's sink when first read.
 
-    >>> from fxdebug.runtime import Recorder
     >>> import fxdebug
     >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), mode="stats")
-    >>> _ = torch.compile(gm, backend="aot_eager", fullgraph=True)(torch.tensor([-1.0, 3.0]))
+    >>> _ = torch.compile(gm, backend="aot_eager")(torch.tensor([-1.0, 3.0]))
     >>> rec = fxdebug.records(gm)
     >>> type(rec).__name__, rec["0"].mean, rec["0"].zeros_pct
     ('CompiledRecords', 1.5, 50.0)
@@ -207,10 +220,14 @@ class CompiledRecords(Records):
 
     @property
     def _records(self) -> dict[str, Record]:
-        sink = self.__dict__.get("_fxdebug_sink")
+        state = self.__dict__
+        rest = state.pop("_fxdebug_rest", None)
+        if rest is not None:  # the summaries of this run, handed over when the next one started
+            file_entries(self, rest)
+        sink = state.get("_fxdebug_sink")
         if sink is not None and sink.records is self:
             sink.fill(self)
-        return self.__dict__["_records"]
+        return state["_records"]
 
     @_records.setter
     def _records(self, value: dict[str, Record]) -> None:
@@ -220,4 +237,5 @@ class CompiledRecords(Records):
         self._records  # noqa: B018 - filled before it is copied
         state = super().__getstate__()
         state.pop("_fxdebug_sink", None)
+        state.pop("_fxdebug_rest", None)
         return state
