@@ -28,6 +28,11 @@ Run (from the repository root)::
     python benchmarks/capture_overhead.py                    # resnet18,resnet50 at 1x3x224x224
     python benchmarks/capture_overhead.py --quick            # smoke test: 1x3x64x64, 5 repeats
     python benchmarks/capture_overhead.py --models resnet50 --input 8,3,224,224 --repeats 50
+    python benchmarks/capture_overhead.py --compiled --models resnet50 --input 4,3,224,224 --repeats 5
+
+``--compiled`` times ``torch.compile(fxdebug.instrument(model, mode="stats"))`` against
+``torch.compile(model)`` instead (inductor, both compiled before timing; the first compile of
+resnet50 takes a minute or more on a small CPU), and counts the graphs dynamo made of each.
 """
 
 from __future__ import annotations
@@ -109,10 +114,45 @@ def bench_model(name, shape, repeats, warmup, device="cpu"):
           f"(the in-place ReLU after bn1 overwrites a detached view; fxdebug copies there)")
 
 
+def bench_compiled(name, shape, repeats, warmup, device="cpu"):
+    """``torch.compile`` of the model against ``torch.compile`` of its stats-mode instrumented copy."""
+    model = torchvision.models.get_model(name, weights=None).eval().to(device)
+    x = torch.randn(shape, device=device)
+    gm = fxdebug.instrument(deepcopy(model), mode="stats").eval()
+    graphs = {"torch.compile(model)": [], "torch.compile(fxdebug stats)": []}
+
+    def counting(label):
+        def backend(graph, example_inputs):
+            graphs[label].append(graph)
+            return torch._inductor.compile(graph, example_inputs)
+        return backend
+    variants = {"torch.compile(model)": torch.compile(deepcopy(model),
+                                                      backend=counting("torch.compile(model)")),
+                "torch.compile(fxdebug stats)": torch.compile(
+                    gm, backend=counting("torch.compile(fxdebug stats)"))}
+    with torch.no_grad():
+        times = interleaved({v: partial(fn, x) for v, fn in variants.items()},
+                            repeats=repeats, warmup=warmup)
+        count = len(fxdebug.records(gm))
+    base = median(times["torch.compile(model)"])
+    rows = [[v, f"{median(t) * 1e3:.2f}", f"{min(t) * 1e3:.2f}", f"{median(t) / base:.2f}x",
+             len(graphs[v]), count if "fxdebug" in v else ""] for v, t in times.items()]
+    print(f"\n### {name}, compiled (inductor)\n")
+    print(table(rows, ["variant", "median ms", "min ms", "vs torch.compile(model) (median)",
+                       "dynamo graphs", "captured tensors"]))
+
+
 def main():
     args = parse_args(__doc__, models="resnet18,resnet50", input="1,3,224,224", repeats=30,
-                      warmup=3)
+                      warmup=3, extra=lambda parser: parser.add_argument(
+                          "--compiled", action="store_true",
+                          help="torch.compile(instrument(model, mode='stats')) against "
+                               "torch.compile(model)"))
     print(header(args))
+    if args.compiled:
+        for name in args.models:
+            bench_compiled(name, args.shape, args.repeats, args.warmup, args.device)
+        return
     print("'hooks detach (seed code)' is what hand-written seed code does; it is wrong where a "
           "later in-place op overwrites the stored output (see the bn1 line).")
     for name in args.models:

@@ -6,9 +6,12 @@ Call tree::
       dynamo traces gm.forward; each node function sees torch.compiler.is_compiling():
       ├─ begin_run(recorder, inputs)        -> fxdebug::begin_run(token, recorder id)
       ├─ capture(recorder, v, key, op)      -> fxdebug::capture(token, t, id, key, op, False)
-      ├─ capture_stats(recorder, v, ...)    -> fxdebug::capture(token, t, id, key, op, True)
-      │                                        (one per tensor t of v, keys as Records.add
-      │                                        names them; fxdebug::note for a skipped leaf)
+      ├─ capture_stats(recorder, v, ...)    -> the statistics of each tensor t of v as graph
+      │                                        ops, handed out once per graph (.compiled_stats);
+      │                                        fxdebug::capture(token, t, id, key, op, True) for
+      │                                        a t graph ops cannot summarize (keys as
+      │                                        Records.add names them; fxdebug::note for a
+      │                                        skipped leaf)
       └─ record_grads(recorder, v, ...)     -> compiled_grads.register_grad_hooks: runs
                                                eagerly (torch.compiler.disable: a graph break)
     the compiled code runs
@@ -43,6 +46,7 @@ from typing import Any
 
 import torch
 
+from .compiled_stats import SINK_ATTR, StatsSink, graph_summary, summarizable_in_graph
 from .records import Records
 from .values import flatten_tensors
 
@@ -70,6 +74,7 @@ def register_recorder(recorder) -> int:
     number = next(_IDS)
     _RECORDERS[number] = recorder
     object.__setattr__(recorder, ID_ATTR, number)
+    object.__setattr__(recorder, SINK_ATTR, StatsSink())  # where compiled statistics go
     return number
 
 
@@ -105,7 +110,11 @@ def start_run(recorder) -> None:
 
 
 def _begin_run(token: torch.Tensor, recorder: int) -> None:
-    start_run(_recorder(recorder))
+    found = _recorder(recorder)
+    start_run(found)
+    sink = getattr(found, SINK_ATTR, None)
+    if sink is not None:
+        sink.start(found.latest)
 
 
 def _capture(token: torch.Tensor, value: torch.Tensor, recorder: int, key: str, op: str,
@@ -155,10 +164,23 @@ def compiled_begin_run(recorder) -> None:
     Called while dynamo traces (see :func:`compiled_capture` for an example).
     """
     _OPS["begin_run"](_TOKEN, getattr(recorder, ID_ATTR))
+    sink = getattr(recorder, SINK_ATTR, None)
+    if sink is not None:
+        sink.pending = ()  # this run's summaries (.compiled_stats)
 
 
-def compiled_capture(recorder, value: Any, key: str, op: str, stats_only: bool) -> None:
-    """``capture``/``capture_stats`` as dynamo records them: one op per tensor of ``value``.
+def _in_graph_stats(recorder) -> bool:
+    """Whether compiled statistics of ``recorder`` are taken by graph ops (read while dynamo traces:
+    a saved run or a tensor-parallel model takes the op per capture)."""
+    return (getattr(recorder, SINK_ATTR, None) is not None
+            and getattr(recorder, "run_writer", None) is None
+            and getattr(recorder, "layouts", None) is None)
+
+
+def compiled_capture(recorder, value: Any, key: str, op: str, stats_only: bool,
+                     in_graph: bool = False) -> None:
+    """``capture``/``capture_stats`` as dynamo records them: one op per tensor of ``value``,
+    or, for statistics with ``in_graph`` (a Recorder whose runs are plain Records), graph ops.
 
     >>> import fxdebug
     >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU(inplace=True)))
@@ -171,7 +193,16 @@ def compiled_capture(recorder, value: Any, key: str, op: str, stats_only: bool) 
     number = getattr(recorder, ID_ATTR)
     skipped: list = []
     tensors = flatten_tensors(value, key, skipped)  # Records.add's keys, read while dynamo traces
+    in_graph = in_graph and stats_only and _in_graph_stats(recorder)
+    sink = getattr(recorder, SINK_ATTR, None)
     for name, tensor in tensors:
-        _OPS["capture"](_TOKEN, tensor, number, name, op, stats_only)
+        entry: tuple
+        if in_graph and summarizable_in_graph(tensor):  # graph ops; no Python when it runs
+            entry = (name, op, tuple(tensor.shape), tensor.dtype, graph_summary(tensor))
+        else:
+            _OPS["capture"](_TOKEN, tensor, number, name, op, stats_only)
+            entry = (name, op, None, None, None)  # its place in the order of the Records
+        if in_graph and sink is not None:
+            sink.pending = (sink.pending or ()) + (entry,)
     for text in skipped:
         _OPS["note"](_TOKEN, number, text)

@@ -167,8 +167,8 @@ def capture_stats(recorder: Recorder, value, key: str, op: str, clone: bool = Fa
     has run (:mod:`.stats_batch`); ``clone=True`` (a later in-place op writes
     to the value) keeps a copy of it until then.
     """
-    if is_compiling():  # torch.compile traces: a custom op summarizes the compiled value
-        compiled_capture(recorder, value, key, op, True)
+    if is_compiling():  # torch.compile traces: graph ops summarize the compiled value
+        compiled_capture(recorder, value, key, op, True, in_graph=type(recorder) is Recorder)
         return None
     if not isinstance(value, torch.Tensor):  # fx re-tracing hands over a Proxy
         kwargs = {"clone": clone} if clone else {}

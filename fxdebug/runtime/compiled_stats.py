@@ -1,0 +1,241 @@
+"""Stats mode inside ``torch.compile``: statistics as graph ops, handed out once per graph.
+
+While dynamo traces ``capture_stats`` (:func:`.compiled_ops.compiled_capture`),
+each tensor's summary (the eight float64 numbers of :mod:`.stats`) is written
+as plain torch ops on the value, so inductor fuses the reductions into the
+kernels around it, and nothing runs in Python per capture::
+
+    torch.compile(fxdebug.instrument(model, mode="stats"))(x)
+      dynamo traces gm.forward:
+      ├─ begin_run                        fxdebug::begin_run op; sink.pending = ()
+      ├─ capture_stats(recorder, v, ...)  per tensor t of v: graph_summary(t), then
+      │                                   sink.pending += ((key, op, shape, dtype, summary),)
+      │                                   (a value graph ops cannot summarize: today's
+      │                                    fxdebug::capture op, and a place in the order)
+      └─ end of the graph (or a graph break): dynamo stores sink.pending once, its
+         summaries being outputs of the graph (its side-effect replay)
+    reading the Records (any access), or the next run's begin_run
+      └─ CompiledRecords files one Record per key, in capture order
+
+One pass over the value, which inductor fuses into the kernel that computes
+it: count, min, max and zeros of the finite values, and the sums of their
+deviations from a *shift* and of the squares, in float64. The shift is the
+first finite one of a few values read at fixed places of the tensor (NaN and
+Inf count as a deviation of exactly 0), so ``M2 = squares - total**2 / count``
+cannot cancel: a shift that is itself one of the values lies at most
+``sqrt(M2)`` from the mean, so the squares are at most ``count * M2`` and
+float64 rounding leaves ``M2`` within ``count * 2**-53`` of itself (a large
+mean with a small spread, values near float32's overflow: their squares are
+finite in float64). Where no pick is finite the shift is 0; if that leaves
+``M2`` imprecise, the std is NaN, never a wrong number. float64 values take
+two passes, scaled by their largest magnitude (as
+:func:`.stats._summarize_masked`) so their squares cannot overflow. The Records object of a compiled run is a :class:`CompiledRecords`;
+it fills itself from the recorder's sink the first time it is read.
+
+>>> s = graph_summary(torch.tensor([1.0, 3.0, float("inf"), 0.0]))
+>>> [round(v, 4) for v in s.tolist()]
+[3.0, 1.3333, 4.6667, 0.0, 3.0, 1.0, 1.0, 4.0]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .records import Record, Records
+from .stats import combine
+
+__all__ = ["graph_summary", "summarizable_in_graph", "StatsSink", "CompiledRecords", "SINK_ATTR",
+           "file_entries"]
+
+# The attribute of a Recorder that holds its StatsSink.
+SINK_ATTR = "fxdebug_stats_sink"
+_INF = float("inf")
+_NAN = float("nan")
+
+
+def summarizable_in_graph(tensor: Any) -> bool:
+    """Whether graph ops can summarize ``tensor`` (a plain, strided, non-empty tensor).
+
+    >>> summarizable_in_graph(torch.ones(2)), summarizable_in_graph(torch.ones(0))
+    (True, False)
+    """
+    return (isinstance(tensor, torch.Tensor) and type(tensor) in (torch.Tensor, torch.nn.Parameter)
+            and tensor.layout == torch.strided and not tensor.is_quantized
+            and tensor.device.type != "meta" and tensor.numel() > 0)
+
+
+def graph_summary(tensor: torch.Tensor) -> torch.Tensor:
+    """The summary of ``tensor`` (see :mod:`.stats`) as torch ops, with no branch on the values.
+
+    >>> [round(v, 4) for v in graph_summary(torch.tensor([2, 0, 4])).tolist()]
+    [3.0, 2.0, 8.0, 0.0, 4.0, 1.0, 0.0, 3.0]
+    """
+    value = tensor.detach()
+    if value.is_complex():
+        value = value.abs()
+    if value.dtype == torch.float64:
+        return _two_pass_scaled(value)
+    if not value.is_floating_point():  # integers, bools: exact in float64, squares finite
+        value = value.to(torch.float64)
+    finite = torch.isfinite(value)
+    shift = _shift(value)
+    # deviations from the shift, NaN and Inf replaced by the shift itself (exactly 0), in float64
+    deviation = torch.where(finite, value, shift).to(torch.float64) - shift.to(torch.float64)
+    counter = torch.int32 if value.numel() < 2 ** 31 else torch.int64  # int32: narrower vectors
+    count = finite.sum(dtype=counter).to(torch.float64)
+    safe = count.clamp(min=1)
+    total = deviation.sum()
+    squares = (deviation * deviation).sum()
+    m2 = (squares - total * total / safe).clamp(min=0)
+    # a shift that is one of the finite values adds at most count * M2 to the squares; only a
+    # shift of 0 (every pick not finite) can be far from the values: no std then, never a wrong one
+    m2 = torch.where(squares <= _PRECISE_RATIO * m2, m2, _NAN)
+    low = torch.where(finite, value, _INF).amin().to(torch.float64)
+    high = torch.where(finite, value, -_INF).amax().to(torch.float64)
+    zeros = (value == 0).sum(dtype=counter).to(torch.float64)
+    mean = torch.where(count > 0, shift.to(torch.float64) + total / safe, _NAN)
+    numel = torch.full_like(count, float(value.numel()))
+    return torch.stack([count, mean, m2, low, high, zeros, numel - count, numel])
+
+
+# M2 is kept where the squared deviations from the shift are at most this many times M2: float64
+# rounding then leaves it within some 1e-7 of itself, whatever the order of the sums.
+_PRECISE_RATIO = float(2 ** 30)
+_PICKS = 8  # values looked at for the shift, spread over the tensor
+
+
+def _shift(value: torch.Tensor) -> torch.Tensor:
+    """The first finite one of a few values spread over ``value`` (0 if none is): read at their
+    index, so inductor computes them where the value is computed and the sums stay one pass."""
+    flat = value.reshape(-1)
+    numel = flat.numel()
+    shift = torch.zeros((), dtype=value.dtype, device=value.device)
+    for i in reversed(range(_PICKS)):
+        pick = flat[numel * i // _PICKS]
+        shift = torch.where(torch.isfinite(pick), pick, shift)
+    return shift
+
+
+def _two_pass_scaled(value: torch.Tensor) -> torch.Tensor:
+    """float64 values: the mean of the finite ones, then their deviations from it, scaled by the
+    largest magnitude so their squares cannot overflow."""
+    finite = torch.isfinite(value)
+    count = finite.sum().to(torch.float64)
+    safe = count.clamp(min=1)
+    mean = torch.where(finite, value, 0.0).sum() / safe
+    low = torch.where(finite, value, _INF).amin()
+    high = torch.where(finite, value, -_INF).amax()
+    scale = torch.maximum(low.abs(), high.abs())
+    scale = torch.where(torch.isfinite(scale) & (scale > 0), scale, 1.0)
+    deviation = torch.where(finite, (value - mean) * (1.0 / scale), 0.0)
+    total = deviation.sum()
+    m2 = ((deviation * deviation).sum() - total * total / safe).clamp(min=0) * scale * scale
+    zeros = (value == 0).sum().to(torch.float64)
+    mean = torch.where(count > 0, mean + total * scale / safe, _NAN)
+    numel = torch.full_like(count, float(value.numel()))
+    return torch.stack([count, mean, m2, low, high, zeros, numel - count, numel])
+
+
+class StatsSink:
+    """Where one Recorder's compiled graphs leave their summaries (see the module docstring).
+
+    ``pending``: ``((key, op, shape, dtype, summary or None), ...)`` of the latest
+    run, stored by the compiled code; ``records``: the Records of that run;
+    ``stale``: the ``pending`` of the run before, already filed; ``taken``: how
+    many entries of ``pending`` are filed.
+    """
+
+    def __init__(self) -> None:
+        self.pending: tuple | None = None
+        self.records: CompiledRecords | None = None
+        self.stale: tuple | None = None
+        self.taken = 0
+
+    def __getstate__(self) -> dict:  # the values of a run belong to that run
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def start(self, records: Records) -> None:
+        """A compiled forward starts: hand the previous run's summaries to its Records (filed when
+        they are read; at once where the same Records accumulates), then collect for ``records``."""
+        previous, pending = self.records, self.pending
+        if previous is not None and pending is not None and pending is not self.stale \
+                and self.taken < len(pending):
+            if previous is records:  # accumulating: this run's summaries merge into the same ones
+                self.fill(previous)
+            else:
+                previous.__dict__["_fxdebug_rest"] = pending[self.taken:]
+        if previous is not None and previous is not records:
+            previous.__dict__["_fxdebug_sink"] = None
+        self.stale, self.taken = pending, 0
+        if type(records) is Records:  # (a saved run's StreamingRecords never gets here)
+            records.__class__ = CompiledRecords
+        if isinstance(records, CompiledRecords):
+            records.__dict__["_fxdebug_sink"] = self
+            self.records = records
+        else:
+            self.records = None
+
+    def fill(self, records: "CompiledRecords") -> None:
+        """File the summaries the compiled code left since the last fill into ``records``."""
+        pending = self.pending
+        if records is not self.records or pending is None or pending is self.stale \
+                or self.taken >= len(pending):
+            return
+        file_entries(records, pending[self.taken:])
+        self.taken = len(pending)
+
+
+def file_entries(records: Records, entries: tuple) -> None:
+    """One Record per ``(key, op, shape, dtype, summary)``, in order; a summary of None is a
+    capture the fxdebug::capture op filed already: it only takes its place in the order."""
+    store = records.__dict__["_records"]
+    accumulating = records.accumulating
+    for key, op, shape, dtype, summary in entries:
+        if summary is None:
+            kept = store.pop(key, None)
+            if kept is not None:
+                store[key] = kept
+            continue
+        old = store.pop(key, None)
+        if accumulating and old is not None and old.summary is not None:
+            summary = combine(old.summary, summary)
+        store[key] = Record(key, op, tuple(shape), dtype, None, False, summary=summary)
+
+
+class CompiledRecords(Records):
+    """The Records of a compiled forward: filled from the recorder's sink when first read.
+
+    >>> import fxdebug
+    >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), mode="stats")
+    >>> _ = torch.compile(gm, backend="aot_eager")(torch.tensor([-1.0, 3.0]))
+    >>> rec = fxdebug.records(gm)
+    >>> type(rec).__name__, rec["0"].mean, rec["0"].zeros_pct
+    ('CompiledRecords', 1.5, 50.0)
+    """
+
+    @property
+    def _records(self) -> dict[str, Record]:
+        state = self.__dict__
+        rest = state.pop("_fxdebug_rest", None)
+        if rest is not None:  # the summaries of this run, handed over when the next one started
+            file_entries(self, rest)
+        sink = state.get("_fxdebug_sink")
+        if sink is not None and sink.records is self:
+            sink.fill(self)
+        return state["_records"]
+
+    @_records.setter
+    def _records(self, value: dict[str, Record]) -> None:
+        self.__dict__["_records"] = value
+
+    def __getstate__(self):
+        self._records  # noqa: B018 - filled before it is copied
+        state = super().__getstate__()
+        state.pop("_fxdebug_sink", None)
+        state.pop("_fxdebug_rest", None)
+        return state

@@ -1,0 +1,193 @@
+"""Stats mode under torch.compile: statistics computed by graph ops, equal to float64's answer.
+
+Ground truth: eager forward hooks clone every module's output, and its statistics are
+taken in float64 over the finite values (tests/test_stats.py's ``truth``). Private torch
+names (dynamo's compile counter) only count graphs here.
+"""
+
+import math
+
+import pytest
+import torch
+import torch._dynamo.testing
+
+import fxdebug
+from fxdebug.runtime import stats_from_summary
+from fxdebug.runtime.compiled_stats import graph_summary
+from test_stats import ADVERSARIAL, adversarial, assert_stats_equal, truth
+
+
+class LargeMean(torch.nn.Module):  # a mean a million times the spread
+    def forward(self, x):
+        return 1000.0 + 1e-3 * x
+
+
+class NearOverflow(torch.nn.Module):  # float32 values near 3e38: their squares overflow float32
+    def forward(self, x):
+        return 3e38 - 1e33 * torch.sigmoid(x)
+
+
+class NonFinite(torch.nn.Module):  # NaN (log of a negative), -Inf (log 0), Inf (1 / 0)
+    def forward(self, x):
+        return torch.log(x) + 1.0 / (x > -0.5).float()
+
+
+class HalfPrecision(torch.nn.Module):
+    def forward(self, x):
+        return (100.0 + x).to(torch.bfloat16)
+
+
+class Indices(torch.nn.Module):
+    def forward(self, x):
+        return x.argmax(-1)
+
+
+class Branches(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.relu = torch.nn.ReLU(inplace=True)
+        self.large = LargeMean()
+        self.over = NearOverflow()
+        self.bad = NonFinite()
+        self.bf16 = HalfPrecision()
+        self.indices = Indices()
+
+    def forward(self, x):
+        y = self.conv(x)
+        z = self.relu(self.bn(y))
+        return (self.large(y), self.over(y), self.bad(y), self.bf16(y), self.indices(y),
+                z.mean((2, 3)))
+
+
+def hooked_truth(model, x):
+    """Every module's output, cloned by a forward hook in an eager run: its float64 statistics."""
+    return {name: truth(value) for name, value in hooked_outputs(model, x).items()}
+
+
+def hooked_outputs(model, x):
+    """Every module's output, cloned by a forward hook in an eager run."""
+    outputs = {}
+    handles = [m.register_forward_hook(lambda m, a, o, name=name: outputs.update({name: o.clone()}))
+               for name, m in model.named_modules() if name]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return outputs
+
+
+def assert_records_match(records, expected):
+    assert set(expected) <= set(records.keys()), (records.keys(), list(expected))
+    for key, want in expected.items():
+        record = records.record(key)
+        assert_stats_equal(record.stats, want, record.dtype)
+
+
+def inputs(seed):
+    return torch.randn(2, 3, 12, 12, generator=torch.Generator().manual_seed(seed))
+
+
+def test_inductor_statistics_equal_float64_with_no_graph_break_and_no_python_per_capture():
+    model = Branches().eval()
+    gm = fxdebug.instrument(model, mode="stats")
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    compiled = torch.compile(gm, backend=counter, fullgraph=True)
+    held = []
+    for seed in (1, 2):  # records after each call are that call's values
+        x = inputs(seed)
+        with torch.no_grad():
+            compiled(x)
+        held.append((fxdebug.records(gm), hooked_truth(model, x)))
+    for records, expected in held:
+        assert type(records).__name__ == "CompiledRecords"
+        assert_records_match(records, expected)
+    assert counter.frame_count == 1  # one graph, compiled once: no break, no recompile
+    ops = {str(node.target) for graph in counter.graphs for node in graph.graph.nodes}
+    assert not any("fxdebug.capture" in op for op in ops), ops  # no op per capture
+    eager = fxdebug.instrument(model, mode="stats")
+    with torch.no_grad():
+        eager(inputs(2))
+    assert held[1][0].keys() == fxdebug.records(eager).keys()  # the same keys, in eager's order
+
+
+def test_records_not_read_before_the_next_call_keep_their_own_call():
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(), LargeMean()).eval()
+    gm = fxdebug.instrument(model, mode="stats")
+    compiled = torch.compile(gm, backend="aot_eager", fullgraph=True)
+    first, second = torch.randn(3, 6), 5 * torch.randn(3, 6)
+    compiled(first)
+    unread = fxdebug.records(gm)  # not read until the next call ran
+    compiled(second)
+    assert_records_match(fxdebug.records(gm), hooked_truth(model, second))
+    assert_records_match(unread, hooked_truth(model, first))
+
+
+class Breaks(torch.nn.Module):
+    def forward(self, x):
+        torch._dynamo.graph_break()
+        return x * 2
+
+
+class Empty(torch.nn.Module):  # graph ops do not summarize an empty tensor: fxdebug::capture does
+    def forward(self, x):
+        return x[..., :0]
+
+
+def test_graph_break_and_values_graph_ops_cannot_summarize_keep_eager_order_and_values():
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), Breaks(), NonFinite(), Empty(),
+                                torch.nn.Flatten(0)).eval()
+    gm = fxdebug.instrument(fxdebug.trace(model, leaf_modules=[Breaks]), mode="stats")
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(gm, backend=counter)
+    frames = []
+    for seed in (3, 4):
+        x = torch.randn(5, 6, generator=torch.Generator().manual_seed(seed))
+        compiled(x)
+        frames.append(counter.frame_count)
+        eager = fxdebug.instrument(model, mode="stats")
+        eager(x)
+        records = fxdebug.records(gm)
+        assert records.keys() == fxdebug.records(eager).keys() == ["0", "1", "2", "3", "4"]
+        outputs = hooked_outputs(model, x)
+        assert_records_match(records, {key: truth(value) for key, value in outputs.items()
+                                       if value.numel()})
+        assert records["3"].numel == records["4"].numel == 0 == records["3"].nonfinite
+    assert frames[0] == frames[1] > 1  # graphs around the break, compiled once
+
+
+def test_accumulated_statistics_under_compile_equal_eager_accumulation():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    runs = [torch.randn(3, 4, generator=torch.Generator().manual_seed(s)) for s in (5, 6, 7)]
+    gm = fxdebug.instrument(fxdebug.trace(model), mode="stats")
+    compiled = torch.compile(gm, backend="aot_eager", fullgraph=True)
+    fxdebug.accumulate_stats(gm)
+    for x in runs:
+        compiled(x)
+    records = fxdebug.records(gm)
+    assert records.runs == 3
+    outputs = [hooked_outputs(model, x) for x in runs]  # all runs' values together:
+    assert_records_match(records, {key: truth(torch.cat([run[key] for run in outputs]))
+                                   for key in outputs[0]})
+
+
+@pytest.mark.parametrize("case", ADVERSARIAL)
+def test_graph_ops_match_float64_on_the_adversarial_inputs(case):
+    """The ops compiled graphs run, here run eagerly (inductor runs them above): float64's answer."""
+    x = adversarial(case)
+    assert_stats_equal(stats_from_summary(graph_summary(x)), truth(x), x.dtype)
+
+
+@pytest.mark.parametrize("mean", [0.0, 1000.0])
+def test_no_finite_value_where_the_shift_is_read_gives_the_std_or_nan_never_a_wrong_one(mean):
+    x = mean + 1e-3 * torch.randn(10_000, generator=torch.Generator().manual_seed(8))
+    x[[10_000 * i // 8 for i in range(8)]] = float("nan")  # the places the shift is read at
+    stats, expected = stats_from_summary(graph_summary(x)), truth(x)
+    assert stats.nonfinite == 8 and stats.min == expected["min"] and stats.max == expected["max"]
+    if mean == 0.0:  # a shift of 0 is close enough to these values
+        assert_stats_equal(stats, expected, x.dtype)
+    else:  # a shift of 0 is too far: no std rather than an imprecise one
+        assert math.isnan(stats.std) and math.isclose(stats.mean, expected["mean"], rel_tol=1e-9)
