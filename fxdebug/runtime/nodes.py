@@ -54,6 +54,11 @@ class Recorder(torch.nn.Module):
     []
     """
 
+    # set by instrument(..., save_to=) and fxdebug.set_step; read by every forward's begin_run
+    # (class defaults: nn.Module finds a missing attribute only after a costly failed lookup)
+    run_writer = None
+    step = None
+
     def __init__(self) -> None:
         super().__init__()
         self.notes: list[str] = []  # what the passes want every run's Records to say
@@ -73,7 +78,7 @@ class Recorder(torch.nn.Module):
     @latest.setter
     def latest(self, records: Records) -> None:
         self._per_thread.records = records
-        self._started_last = records
+        self.__dict__["_started_last"] = records  # what nn.Module.__setattr__ does, without its checks
 
     def forward(self, *args, **kwargs):
         raise TypeError("Recorder holds fxdebug's Records and is not callable; "
@@ -147,6 +152,13 @@ def capture(recorder: Recorder, value, key: str, op: str, clone: bool = False):
     """
     if is_compiling():  # torch.compile traces: a custom op records the compiled value
         compiled_capture(recorder, value, key, op, False)
+        return None
+    if type(value) is torch.Tensor:  # the common case: one plain tensor
+        records = recorder.latest
+        if type(records) is Records:  # (a part's recorder hands over a view that renames keys)
+            records.add_tensor(key, op, value, clone)
+        else:
+            records.add(key, op, value, clone=clone)
         return None
     if not isinstance(value, torch.Tensor):  # fx re-tracing hands over a Proxy
         emitted = emit_if_tracing(capture, (recorder, value, key, op),

@@ -29,6 +29,7 @@ from . import torch_compat
 from ..tables.report import Report
 from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
 from .values import flatten_tensors
+from .torch_compat import read_version
 
 __all__ = ["Records", "Record", "Stats", "tensor_stats"]
 
@@ -163,6 +164,13 @@ class Records(Report):
         # fxdebug.runtime.placement.plan_layouts); None for a model without it
         self.layouts: dict[str, Any] | None = None
 
+    # whether add() is Records.add (add_tensor builds its Record directly only then)
+    _plain_add = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._plain_add = cls.add is Records.add
+
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_summaries"] = {}  # weak references: this run's reuse cache, not data
@@ -234,6 +242,35 @@ class Records(Report):
                                 placement=placement)
             self._records.pop(name, None)
             self._records[name] = record
+
+    def add_tensor(self, key: str, op: str, tensor: torch.Tensor, clone: bool = False) -> None:
+        """``add(key, op, tensor, clone=clone)`` for the value a capture node hands over most
+        often: one plain ``torch.Tensor`` of a model without tensor parallelism. The same
+        Record, without ``add``'s walk of nested values and placements (it goes to ``add``
+        for anything else, and where a subclass of Records overrides ``add``).
+
+        >>> rec = Records(); t = torch.ones(2)
+        >>> rec.add_tensor("y", "relu", t); torch.equal(rec["y"], t), rec.record("y").copied
+        (True, False)
+        """
+        if type(tensor) is not torch.Tensor or self.layouts is not None or not self._plain_add:
+            self.add(key, op, tensor, clone=clone)
+            return
+        record = _new_record(Record)  # the fields add() sets; the others keep their defaults
+        if clone:
+            record.value, record.version = tensor.detach().clone(), None
+        else:
+            record.value = tensor.detach()
+            try:
+                record.version = read_version(tensor)
+            except (RuntimeError, AttributeError):  # an inference tensor has no version counter
+                record.version = None
+        record.key, record.op, record.copied = key, op, clone
+        record.shape, record.dtype = tuple(tensor.shape), tensor.dtype
+        records = self._records
+        if key in records:  # captured again in this run: it moves to the end, as in add()
+            del records[key]
+        records[key] = record
 
     def _summary(self, tensor: torch.Tensor) -> torch.Tensor:
         """``summarize(tensor)``, reused when this very tensor, unchanged, was summarized this run."""
@@ -445,6 +482,9 @@ class Records(Report):
         """The table as HTML, for Jupyter (non-finite rows marked)."""
         return (f"<div><p>{len(self._records)} tensors captured, "
                 f"{_human_bytes(self.nbytes)} held</p>{records_table_html(self)}</div>")
+
+
+_new_record = object.__new__
 
 
 def _version_of(tensor: torch.Tensor) -> int | None:
