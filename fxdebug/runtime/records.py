@@ -145,7 +145,10 @@ class Records(Report):
     """
 
     def __init__(self, grads_recorded: bool | None = None, *, _of: "Records | None" = None) -> None:
-        self._records: dict[str, Record] = {}
+        self._settled: dict[str, Record] = {}  # read through _records, which settles first
+        # captures add_tensor took this run and no reader asked for yet: (key, op, kept tensor,
+        # copied, version) each, made into Records on the first read (_settle)
+        self._pending: list[tuple] = []
         self.notes: list[str] = []
         self._grads: Records | None = None
         self._parameters: list[tuple[str, torch.nn.Parameter]] = []
@@ -171,10 +174,44 @@ class Records(Report):
         super().__init_subclass__(**kwargs)
         cls._plain_add = cls.add is Records.add
 
+    @property
+    def _records(self) -> dict[str, Record]:
+        """Every Record, by key, in capture order."""
+        if self._pending:
+            self._settle()
+        return self._settled
+
+    @_records.setter
+    def _records(self, records: dict[str, Record]) -> None:
+        self._settled, self._pending = records, []
+
+    def _settle(self) -> None:
+        """Make the captures add_tensor took into Records (the same add() makes), in order."""
+        pending = self._pending
+        count = len(pending)  # (a capture another thread appends meanwhile stays pending)
+        records = self._settled
+        for key, op, kept, copied, version in pending[:count]:
+            record = _new_record(Record)  # add()'s fields; the others keep their defaults
+            record.key, record.op, record.shape, record.dtype = key, op, tuple(kept.shape), kept.dtype
+            record.value, record.copied, record.version = kept, copied, version
+            records.pop(key, None)  # captured again in this run: it moves to the end
+            records[key] = record
+        del pending[:count]
+
     def __getstate__(self):
+        if self._pending:
+            self._settle()
         state = dict(self.__dict__)
+        state["_pending"] = []  # (a copy never shares it)
         state["_summaries"] = {}  # weak references: this run's reuse cache, not data
         return state
+
+    def __setstate__(self, state) -> None:
+        state = dict(state)
+        if "_records" in state:  # pickled by an fxdebug that kept no pending captures
+            state["_settled"] = state.pop("_records")
+        state.setdefault("_pending", [])
+        self.__dict__.update(state)
 
     def start_run(self) -> None:
         """Accumulating statistics: the next run's summaries merge into these (see ``add``)."""
@@ -247,7 +284,9 @@ class Records(Report):
         """``add(key, op, tensor, clone=clone)`` for the value a capture node hands over most
         often: one plain ``torch.Tensor`` of a model without tensor parallelism. The same
         Record, without ``add``'s walk of nested values and placements (it goes to ``add``
-        for anything else, and where a subclass of Records overrides ``add``).
+        for anything else, and where a subclass of Records overrides ``add``). It keeps the
+        view (or copy) and the version counter now and makes the Record on the first read:
+        a forward whose Records nobody reads builds none.
 
         >>> rec = Records(); t = torch.ones(2)
         >>> rec.add_tensor("y", "relu", t); torch.equal(rec["y"], t), rec.record("y").copied
@@ -256,21 +295,14 @@ class Records(Report):
         if type(tensor) is not torch.Tensor or self.layouts is not None or not self._plain_add:
             self.add(key, op, tensor, clone=clone)
             return
-        record = _new_record(Record)  # the fields add() sets; the others keep their defaults
         if clone:
-            record.value, record.version = tensor.detach().clone(), None
-        else:
-            record.value = tensor.detach()
-            try:
-                record.version = read_version(tensor)
-            except (RuntimeError, AttributeError):  # an inference tensor has no version counter
-                record.version = None
-        record.key, record.op, record.copied = key, op, clone
-        record.shape, record.dtype = tuple(tensor.shape), tensor.dtype
-        records = self._records
-        if key in records:  # captured again in this run: it moves to the end, as in add()
-            del records[key]
-        records[key] = record
+            self._pending.append((key, op, tensor.detach().clone(), True, None))
+            return
+        try:
+            version = read_version(tensor)
+        except (RuntimeError, AttributeError):  # an inference tensor has no version counter
+            version = None
+        self._pending.append((key, op, tensor.detach(), False, version))
 
     def _summary(self, tensor: torch.Tensor) -> torch.Tensor:
         """``summarize(tensor)``, reused when this very tensor, unchanged, was summarized this run."""

@@ -204,8 +204,11 @@ def _compile_forward(code: str, globals_: dict, filename: str):
     return namespace["forward"]
 
 
+_CHILDREN = torch_compat.CHILDREN_ATTR
+
+
 class _Child:
-    """``gm.<name>`` for a child module of ``gm``: ``gm._modules[name]`` read directly.
+    """``gm.<name>`` for a child module of ``gm``, read from where nn.Module registers it.
 
     The generated ``forward`` reads each child it calls (``getattr(self, "0")``,
     ``self.layer1``); nn.Module finds children only in ``__getattr__``, after a failed
@@ -225,15 +228,15 @@ class _Child:
         if instance is None:
             return self
         try:
-            return instance.__dict__["_modules"][self.name]
-        except KeyError:
+            return instance.__dict__[_CHILDREN][self.name]
+        except KeyError:  # not a child (or torch keeps them elsewhere): nn.Module answers
             raise AttributeError(self.name) from None
 
 
 def _look_up_children_fast(cls: type, gm: fx.GraphModule) -> None:
     """A :class:`_Child` on ``gm``'s own class for each child module whose name the class
     does not use otherwise."""
-    for name in gm.__dict__.get("_modules", {}):
+    for name in torch_compat.own_children(gm):
         if not hasattr(cls, name):
             setattr(cls, name, _Child(name))
 
