@@ -140,3 +140,18 @@ def test_a_child_replaced_or_removed_on_the_instrumented_module():
     delattr(gm, "1")
     with pytest.raises(AttributeError, match="'1'"):
         getattr(gm, "1")
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_torch_export_of_an_instrumented_module_keeps_its_capture_ops(strict):
+    # torch.export traces with fake tensors (non-strict) or through dynamo (strict): neither
+    # may take the eager fast path, each capture becomes fxdebug's op in the exported graph
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    gm = fxdebug.instrument(model, capture="all")
+    exported = torch.export.export(gm, (torch.randn(1, 2),), strict=strict)
+    captures = [node for node in exported.graph.nodes
+                if node.target is torch.ops.fxdebug.capture.default]
+    assert len(captures) == 3  # input, 0, 1
+    x = torch.randn(1, 2)  # (exported for this batch size)
+    assert torch.equal(exported.module()(x), model(x))
+    assert torch.equal(fxdebug.records(gm)["1"], model(x))  # the exported ops recorded the run

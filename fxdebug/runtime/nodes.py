@@ -25,7 +25,7 @@ import threading
 
 import torch
 import torch.fx as fx
-from torch.compiler import is_compiling
+from torch.compiler import is_compiling, is_dynamo_compiling
 from torch.fx.node import has_side_effect, map_aggregate
 
 from .compiled_ops import (ID_ATTR, compiled_begin_run, compiled_capture, register_recorder,
@@ -150,15 +150,17 @@ def capture(recorder: Recorder, value, key: str, op: str, clone: bool = False):
     ``torch.compile`` the compiled code's value is always copied (see
     :mod:`.compiled_ops`).
     """
-    if is_compiling():  # torch.compile traces: a custom op records the compiled value
-        compiled_capture(recorder, value, key, op, False)
-        return None
-    if type(value) is torch.Tensor:  # the common case: one plain tensor
+    if type(value) is torch.Tensor and not is_dynamo_compiling():
+        # the common case, first: one plain tensor in an eager forward (torch.export and
+        # AOTAutograd, which also count as compiling, trace with fake tensors, never plain ones)
         records = recorder.latest
         if type(records) is Records:  # (a part's recorder hands over a view that renames keys)
             records.add_tensor(key, op, value, clone)
         else:
             records.add(key, op, value, clone=clone)
+        return None
+    if is_compiling():  # torch.compile traces: a custom op records the compiled value
+        compiled_capture(recorder, value, key, op, False)
         return None
     if not isinstance(value, torch.Tensor):  # fx re-tracing hands over a Proxy
         emitted = emit_if_tracing(capture, (recorder, value, key, op),
