@@ -31,6 +31,7 @@ from torch.fx.node import has_side_effect, map_aggregate
 from .compiled_ops import (ID_ATTR, compiled_begin_run, compiled_capture, register_recorder,
                            start_run)
 from .records import Records
+from .torch_compat import read_version
 
 __all__ = ["Recorder", "RECORDER_ATTR", "begin_run", "capture", "capture_stats",
            "emit_if_tracing"]
@@ -154,10 +155,16 @@ def capture(recorder: Recorder, value, key: str, op: str, clone: bool = False):
         # the common case, first: one plain tensor in an eager forward (torch.export and
         # AOTAutograd, which also count as compiling, trace with fake tensors, never plain ones)
         records = recorder.latest
-        if type(records) is Records:  # (a part's recorder hands over a view that renames keys)
-            records.add_tensor(key, op, value, clone)
-        else:
+        if type(records) is not Records:  # a part's recorder: a view that renames keys
             records.add(key, op, value, clone=clone)
+        elif clone or records.layouts is not None:
+            records.add_tensor(key, op, value, clone)
+        else:  # records.add_tensor(key, op, value), inlined: this runs once per capture
+            try:
+                version = read_version(value)
+            except (RuntimeError, AttributeError):  # an inference tensor has no version counter
+                version = None
+            records.pending.append((key, op, value.detach(), False, version))
         return None
     if is_compiling():  # torch.compile traces: a custom op records the compiled value
         compiled_capture(recorder, value, key, op, False)

@@ -146,9 +146,10 @@ class Records(Report):
 
     def __init__(self, grads_recorded: bool | None = None, *, _of: "Records | None" = None) -> None:
         self._settled: dict[str, Record] = {}  # read through _records, which settles first
-        # captures add_tensor took this run and no reader asked for yet: (key, op, kept tensor,
-        # copied, version) each, made into Records on the first read (_settle)
-        self._pending: list[tuple] = []
+        # captures add_tensor (and the capture node, inlined) took this run that no reader
+        # asked for yet: (key, op, kept tensor, copied, version) each, made into Records on
+        # the first read (_settle)
+        self.pending: list[tuple] = []
         self.notes: list[str] = []
         self._grads: Records | None = None
         self._parameters: list[tuple[str, torch.nn.Parameter]] = []
@@ -177,17 +178,17 @@ class Records(Report):
     @property
     def _records(self) -> dict[str, Record]:
         """Every Record, by key, in capture order."""
-        if self._pending:
+        if self.pending:
             self._settle()
         return self._settled
 
     @_records.setter
     def _records(self, records: dict[str, Record]) -> None:
-        self._settled, self._pending = records, []
+        self._settled, self.pending = records, []
 
     def _settle(self) -> None:
         """Make the captures add_tensor took into Records (the same add() makes), in order."""
-        pending = self._pending
+        pending = self.pending
         count = len(pending)  # (a capture another thread appends meanwhile stays pending)
         records = self._settled
         for key, op, kept, copied, version in pending[:count]:
@@ -199,10 +200,10 @@ class Records(Report):
         del pending[:count]
 
     def __getstate__(self):
-        if self._pending:
+        if self.pending:
             self._settle()
         state = dict(self.__dict__)
-        state["_pending"] = []  # (a copy never shares it)
+        state["pending"] = []  # (a copy never shares it)
         state["_summaries"] = {}  # weak references: this run's reuse cache, not data
         return state
 
@@ -210,7 +211,7 @@ class Records(Report):
         state = dict(state)
         if "_records" in state:  # pickled by an fxdebug that kept no pending captures
             state["_settled"] = state.pop("_records")
-        state.setdefault("_pending", [])
+        state.setdefault("pending", [])
         self.__dict__.update(state)
 
     def start_run(self) -> None:
@@ -296,13 +297,13 @@ class Records(Report):
             self.add(key, op, tensor, clone=clone)
             return
         if clone:
-            self._pending.append((key, op, tensor.detach().clone(), True, None))
+            self.pending.append((key, op, tensor.detach().clone(), True, None))
             return
         try:
             version = read_version(tensor)
         except (RuntimeError, AttributeError):  # an inference tensor has no version counter
             version = None
-        self._pending.append((key, op, tensor.detach(), False, version))
+        self.pending.append((key, op, tensor.detach(), False, version))
 
     def _summary(self, tensor: torch.Tensor) -> torch.Tensor:
         """``summarize(tensor)``, reused when this very tensor, unchanged, was summarized this run."""
