@@ -96,17 +96,20 @@ def start_run(recorder) -> None:
     >>> start_run(rec); rec.latest is before
     False
     """
-    if recorder.latest.accumulating:
-        recorder.latest.start_run()  # statistics merge over runs (fxdebug.accumulate_stats)
-    elif getattr(recorder, "run_writer", None) is not None:  # instrument(..., save_to=path)
-        recorder.latest = recorder.run_writer.start_run(getattr(recorder, "records_grads", None),
-                                                        getattr(recorder, "notes", ()),
-                                                        getattr(recorder, "step", None))
+    latest = recorder.latest
+    writer = getattr(recorder, "run_writer", None)
+    if latest.accumulating:
+        latest.start_run()  # statistics merge over runs (fxdebug.accumulate_stats)
+    elif writer is not None:  # instrument(..., save_to=path)
+        latest = recorder.latest = writer.start_run(getattr(recorder, "records_grads", None),
+                                                    getattr(recorder, "notes", ()),
+                                                    getattr(recorder, "step", None))
     else:
-        recorder.latest = Records(grads_recorded=getattr(recorder, "records_grads", None))
-        recorder.latest.notes.extend(getattr(recorder, "notes", ()))
-        recorder.latest.step = getattr(recorder, "step", None)  # fxdebug.set_step
-    recorder.latest.layouts = getattr(recorder, "layouts", None)  # tensor parallelism
+        latest = Records(grads_recorded=getattr(recorder, "records_grads", None))
+        latest.notes.extend(getattr(recorder, "notes", ()))
+        latest.step = getattr(recorder, "step", None)  # fxdebug.set_step
+        recorder.latest = latest
+    latest.layouts = getattr(recorder, "layouts", None)  # tensor parallelism
 
 
 def _begin_run(token: torch.Tensor, recorder: int) -> None:

@@ -193,7 +193,7 @@ class StatsSink:
 def file_entries(records: Records, entries: tuple) -> None:
     """One Record per ``(key, op, shape, dtype, summary)``, in order; a summary of None is a
     capture the fxdebug::capture op filed already: it only takes its place in the order."""
-    store = records.__dict__["_records"]
+    store = Records._records.fget(records)  # type: ignore[attr-defined]  # (not the sink's fill)
     accumulating = records.accumulating
     for key, op, shape, dtype, summary in entries:
         if summary is None:
@@ -227,11 +227,11 @@ class CompiledRecords(Records):
         sink = state.get("_fxdebug_sink")
         if sink is not None and sink.records is self:
             sink.fill(self)
-        return state["_records"]
+        return Records._records.fget(self)  # type: ignore[attr-defined]
 
     @_records.setter
     def _records(self, value: dict[str, Record]) -> None:
-        self.__dict__["_records"] = value
+        Records._records.fset(self, value)  # type: ignore[attr-defined]
 
     def __getstate__(self):
         self._records  # noqa: B018 - filled before it is copied

@@ -25,12 +25,13 @@ import threading
 
 import torch
 import torch.fx as fx
-from torch.compiler import is_compiling
+from torch.compiler import is_compiling, is_dynamo_compiling
 from torch.fx.node import has_side_effect, map_aggregate
 
 from .compiled_ops import (ID_ATTR, compiled_begin_run, compiled_capture, register_recorder,
                            start_run)
 from .records import Records
+from .torch_compat import read_version
 
 __all__ = ["Recorder", "RECORDER_ATTR", "begin_run", "capture", "capture_stats",
            "emit_if_tracing"]
@@ -54,6 +55,11 @@ class Recorder(torch.nn.Module):
     []
     """
 
+    # set by instrument(..., save_to=) and fxdebug.set_step; read by every forward's begin_run
+    # (class defaults: nn.Module finds a missing attribute only after a costly failed lookup)
+    run_writer = None
+    step = None
+
     def __init__(self) -> None:
         super().__init__()
         self.notes: list[str] = []  # what the passes want every run's Records to say
@@ -73,7 +79,7 @@ class Recorder(torch.nn.Module):
     @latest.setter
     def latest(self, records: Records) -> None:
         self._per_thread.records = records
-        self._started_last = records
+        self.__dict__["_started_last"] = records  # what nn.Module.__setattr__ does, without its checks
 
     def forward(self, *args, **kwargs):
         raise TypeError("Recorder holds fxdebug's Records and is not callable; "
@@ -145,6 +151,21 @@ def capture(recorder: Recorder, value, key: str, op: str, clone: bool = False):
     ``torch.compile`` the compiled code's value is always copied (see
     :mod:`.compiled_ops`).
     """
+    if type(value) is torch.Tensor and not is_dynamo_compiling():
+        # the common case, first: one plain tensor in an eager forward (torch.export and
+        # AOTAutograd, which also count as compiling, trace with fake tensors, never plain ones)
+        records = recorder.latest
+        if type(records) is not Records:  # a part's recorder: a view that renames keys
+            records.add(key, op, value, clone=clone)
+        elif clone or records.layouts is not None:
+            records.add_tensor(key, op, value, clone)
+        else:  # records.add_tensor(key, op, value), inlined: this runs once per capture
+            try:
+                version = read_version(value)
+            except (RuntimeError, AttributeError):  # an inference tensor has no version counter
+                version = None
+            records.pending.append((key, op, value.detach(), False, version))
+        return None
     if is_compiling():  # torch.compile traces: a custom op records the compiled value
         compiled_capture(recorder, value, key, op, False)
         return None

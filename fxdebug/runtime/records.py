@@ -22,15 +22,17 @@ import torch
 from ..errors import FxdebugError, StaleCaptureError
 from ..tables.fit_to_width import fit_table, table_width
 from .formatting import dtype_text, shape_text
-from .placement import (Placement, dtensor_placement, full_value, grad_layouts, local_value,
+from .placement import (dtensor_placement, full_value, grad_layouts, local_value,
                         parameter_pieces, planned_placement)
+from .record import BatchedStatsRecord, Record, StaleStatsRecord, _new_record, _version_of
 from .records_html import records_table_html
 from . import torch_compat
 from ..tables.report import Report
-from .stats import Stats, combine, stats_from_summaries, stats_from_summary, tensor_stats
+from .stats import Stats, combine, stats_from_summaries, tensor_stats
 from .stats_batch import BATCH_DTYPES, MAX_PENDING_NUMEL, capture_summary, finish_pending
 from .stats_kernel import MIN_NUMEL
 from .values import flatten_tensors
+from .torch_compat import read_version
 
 __all__ = ["Records", "Record", "Stats", "tensor_stats"]
 
@@ -43,134 +45,6 @@ PLACEMENT_NOTE = ("placement: S(d)@mesh dim = sharded along dim d (statistics ar
                   "piece; shape too, unless a DTensor), R = replicated, P = a pending sum, local? = a local tensor "
                   "whose placement is unknown; rec.full(key) assembles the full value (every "
                   "rank calls it)")
-
-
-@dataclasses.dataclass
-class Record:
-    """One captured tensor.
-
-    ``value`` is the tensor in tensor mode (``None`` in stats mode, where
-    ``summary`` holds its statistics on the tensor's device, see
-    :mod:`fxdebug.runtime.stats`);
-    ``copied`` says whether it is a copy (taken because a later in-place op
-    writes to it) or a view of the model's own activation. A view whose
-    tensor was written in place after the capture (``stale``) is never shown
-    as the captured value: ``rec[key]`` raises :class:`~fxdebug.errors.StaleCaptureError`.
-    ``placement`` (a :class:`~fxdebug.runtime.placement.Placement`) is where the value sits on
-    a device mesh under tensor or sequence parallelism (``None`` for a tensor no mesh shards):
-    a DTensor's exact placements, or for a plain local tensor the placement its
-    ParallelStyle gives it, or "local, placement unknown".
-    ``via`` says how it was captured: ``"graph"`` (a capture node), ``"eager module"`` (the output
-    of a module call that ran eagerly) or ``"eager op"`` (a torch function or
-    tensor method inside code that ran eagerly).
-    """
-
-    key: str
-    op: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    value: torch.Tensor | None
-    copied: bool
-    _stats: Stats | None = None
-    via: str = "graph"
-    summary: torch.Tensor | None = None
-    version: int | None = None
-    placement: Placement | None = None
-
-    @property
-    def stale(self) -> bool:
-        """Whether the (viewed) tensor was written in place after it was captured."""
-        return self.version is not None and self.value is not None \
-            and _version_of(self.value) != self.version
-
-    def __getstate__(self) -> dict:
-        # A copy (pickle, torch.save, deepcopy, all_gather_object) holds a new tensor with a
-        # version counter of its own: keep how far the tensor moved since its capture instead.
-        state = dict(self.__dict__)
-        version = self.version
-        now = None if version is None or self.value is None else _version_of(self.value)
-        state["version"] = None if now is None or version is None else ("moved", now - version)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        if isinstance(self.version, tuple):
-            now = _version_of(self.value)
-            self.version = None if now is None else now - self.version[1]
-
-    def __repr__(self) -> str:
-        stats = self.stats
-        shape = shape_text(self.shape)
-        dtype = dtype_text(self.dtype)
-        copied = ", copied" if self.copied else ""
-        if self.placement is not None:
-            copied += f", {self.placement.describe()}"
-        return (f"Record({self.key!r}, {self.op}, {shape} {dtype}{copied}, mean={stats.mean:.4g} "
-                f"std={stats.std:.4g} min={stats.min:.4g} max={stats.max:.4g} "
-                f"non-finite={stats.nonfinite})")
-
-    @property
-    def stats(self) -> Stats:
-        if self._stats is None:
-            if self.summary is not None:
-                self._stats = stats_from_summary(self.summary)
-            elif self.value is not None:  # of this rank's piece where the value is sharded
-                self._stats = tensor_stats(self._local(self.value))
-            else:
-                raise FxdebugError(f"the capture of {self.key!r} holds neither its tensor nor its "
-                                   f"statistics (a Record built by hand?): pass value= or "
-                                   f"summary=.")
-        return self._stats
-
-    def _local(self, value: torch.Tensor) -> torch.Tensor:
-        return value if self.placement is None else local_value(value)
-
-    @property
-    def nbytes(self) -> int:
-        if self.value is None:
-            return 0
-        local = self._local(self.value)
-        return local.numel() * local.element_size()
-
-
-@dataclasses.dataclass(repr=False)
-class StaleStatsRecord(Record):
-    """A stats-mode capture whose tensor was written in place before its statistics were taken
-    (by code fxdebug could not see): it shows no statistics rather than those of the new values."""
-
-    @property
-    def stale(self) -> bool:
-        return True
-
-    def __repr__(self) -> str:
-        return f"Record({self.key!r}, {self.op}, {shape_text(self.shape)} {dtype_text(self.dtype)}, stale)"
-
-
-class BatchedStatsRecord(Record):
-    """A stats-mode capture whose summary is a row of the statistics of many captures computed
-    together (:mod:`fxdebug.runtime.stats_batch`): row ``_row`` of ``_batch[0]``, taken when
-    first read."""
-
-    _batch: list = [None]
-    _row = 0
-
-    @property
-    def summary(self) -> torch.Tensor | None:
-        found = self.__dict__.get("_summary")
-        if found is None and self._batch[0] is not None:
-            found = self.__dict__["_summary"] = self._batch[0][self._row]
-        return found
-
-    @summary.setter
-    def summary(self, value: torch.Tensor | None) -> None:
-        self.__dict__["_summary"] = value
-
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        state["_summary"] = self.summary  # its own row, not the whole batch
-        state.pop("_batch", None)
-        state.pop("_row", None)
-        return state
 
 
 class Records(Report):
@@ -186,7 +60,11 @@ class Records(Report):
     """
 
     def __init__(self, grads_recorded: bool | None = None, *, _of: "Records | None" = None) -> None:
-        self._records: dict[str, Record] = {}
+        self._settled: dict[str, Record] = {}  # read through _records, which settles first
+        # captures add_tensor (and the capture node, inlined) took this run that no reader
+        # asked for yet: (key, op, kept tensor, copied, version) each, made into Records on
+        # the first read (_settle)
+        self.pending: list[tuple] = []
         self.notes: list[str] = []
         self._grads: Records | None = None
         self._parameters: list[tuple[str, torch.nn.Parameter]] = []
@@ -211,14 +89,52 @@ class Records(Report):
         # fxdebug.runtime.placement.plan_layouts); None for a model without it
         self.layouts: dict[str, Any] | None = None
 
+    # whether add() is Records.add (add_tensor builds its Record directly only then)
+    _plain_add = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._plain_add = cls.add is Records.add
+
+    @property
+    def _records(self) -> dict[str, Record]:
+        """Every Record, by key, in capture order."""
+        if self.pending:
+            self._settle()
+        return self._settled
+
+    @_records.setter
+    def _records(self, records: dict[str, Record]) -> None:
+        self._settled, self.pending = records, []
+
+    def _settle(self) -> None:
+        """Make the captures add_tensor took into Records (the same add() makes), in order."""
+        pending = self.pending
+        count = len(pending)  # (a capture another thread appends meanwhile stays pending)
+        records = self._settled
+        for key, op, kept, copied, version in pending[:count]:
+            record = _new_record(Record)  # add()'s fields; the others keep their defaults
+            record.key, record.op, record.shape, record.dtype = key, op, tuple(kept.shape), kept.dtype
+            record.value, record.copied, record.version = kept, copied, version
+            records.pop(key, None)  # captured again in this run: it moves to the end
+            records[key] = record
+        del pending[:count]
+
     def __getstate__(self):
         self.flush_stats()
+        if self.pending:
+            self._settle()
         state = dict(self.__dict__)
+        state["pending"] = []  # (a copy never shares it)
         state["_summaries"] = {}  # weak references: this run's reuse cache, not data
         state["_batch"] = [None]
         return state
 
     def __setstate__(self, state) -> None:
+        state = dict(state)
+        if "_records" in state:  # pickled by an fxdebug that kept no pending captures
+            state["_settled"] = state.pop("_records")
+        state.setdefault("pending", [])
         self.__dict__.update({"_pending": [], "_pending_numel": 0, "_graphed": False, **state,
                               "_batch": [None]})
 
@@ -350,6 +266,30 @@ class Records(Report):
                 fields = {f.name: getattr(lost, f.name) for f in dataclasses.fields(Record)}
                 fields["summary"] = None
                 self._records[lost.key] = StaleStatsRecord(**fields)
+
+    def add_tensor(self, key: str, op: str, tensor: torch.Tensor, clone: bool = False) -> None:
+        """``add(key, op, tensor, clone=clone)`` for the value a capture node hands over most
+        often: one plain ``torch.Tensor`` of a model without tensor parallelism. The same
+        Record, without ``add``'s walk of nested values and placements (it goes to ``add``
+        for anything else, and where a subclass of Records overrides ``add``). It keeps the
+        view (or copy) and the version counter now and makes the Record on the first read:
+        a forward whose Records nobody reads builds none.
+
+        >>> rec = Records(); t = torch.ones(2)
+        >>> rec.add_tensor("y", "relu", t); torch.equal(rec["y"], t), rec.record("y").copied
+        (True, False)
+        """
+        if type(tensor) is not torch.Tensor or self.layouts is not None or not self._plain_add:
+            self.add(key, op, tensor, clone=clone)
+            return
+        if clone:
+            self.pending.append((key, op, tensor.detach().clone(), True, None))
+            return
+        try:
+            version = read_version(tensor)
+        except (RuntimeError, AttributeError):  # an inference tensor has no version counter
+            version = None
+        self.pending.append((key, op, tensor.detach(), False, version))
 
     def _summary(self, tensor: torch.Tensor) -> torch.Tensor:
         """``summarize(tensor)``, reused when this very tensor, unchanged, was summarized this run."""
@@ -573,14 +513,6 @@ class Records(Report):
         """The table as HTML, for Jupyter (non-finite rows marked)."""
         return (f"<div><p>{len(self._records)} tensors captured, "
                 f"{_human_bytes(self.nbytes)} held</p>{records_table_html(self)}</div>")
-
-
-_new_record = object.__new__
-
-
-def _version_of(tensor: torch.Tensor) -> int | None:
-    """The tensor's in-place version counter; ``None`` where it has none (inference tensors)."""
-    return torch_compat.tensor_version(tensor)
 
 
 def _key_type_message(key) -> str:

@@ -102,9 +102,8 @@ class ModeLink:
                  mirrors: list[tuple[int, torch.nn.Module]]) -> None:
         self.paths = [path for path, _ in sources]
         self.sources = [module for _, module in sources]
-        self.flags = _flags(self.sources)
+        self.flags = self.seen = _flags(self.sources)
         self.set_mirrors(mirrors)
-        self.seen = self.flags
 
     def set_mirrors(self, mirrors: list[tuple[int, torch.nn.Module]]) -> None:
         """Mirror these modules (they take the resolved flags now)."""
@@ -119,12 +118,21 @@ class ModeLink:
         for index, module in mirrors:
             module.training = self.flags[index]
         self.seen_mirrors = _flags(self.mirrors)
+        self._watch()
+
+    def _watch(self) -> None:
+        # both sides in one list, read in one pass per call: a module's flag can be set by
+        # its own train()/eval() or plain assignment, neither of which tells anyone, so every
+        # call reads them all (one C-level attribute read each)
+        self.watched = self.sources + self.mirrors
+        self.seen_all = self.seen + self.seen_mirrors
 
     def current(self) -> tuple[bool, ...]:
         """The flags every source module should run with now (mirrors updated to them)."""
-        now, mirrored = _flags(self.sources), _flags(self.mirrors)
-        if now == self.seen and mirrored == self.seen_mirrors:
+        both = _flags(self.watched)
+        if both == self.seen_all:
             return self.flags
+        now, mirrored = both[:len(self.sources)], both[len(self.sources):]
         flags = [flag if flag != seen else previous
                  for flag, seen, previous in zip(now, self.seen, self.flags)]
         for position, index in enumerate(self.mirror_of):
@@ -145,6 +153,7 @@ class ModeLink:
                 self.mirrors[position].training = resolved[index]
         self.seen = self.flags = resolved
         self.seen_mirrors = _flags(self.mirrors)
+        self._watch()
         return resolved
 
     def detached(self) -> "ModeLink":
@@ -152,6 +161,7 @@ class ModeLink:
         copied = object.__new__(ModeLink)
         copied.__dict__.update(self.__dict__)
         copied.mirror_of, copied.mirrors, copied.seen_mirrors, copied.covers = [], [], (), []
+        copied._watch()
         return copied
 
     @contextlib.contextmanager
@@ -257,7 +267,8 @@ class ModeFollower:
         if self.hooks is None:
             self.hooks = HookWatch(self.link.sources)
         signature, hook_state = self.link.current(), self.hooks.current()
-        if signature == self.signature and hook_state == self.hook_state:
+        if (signature is self.signature or signature == self.signature) and \
+                (hook_state is self.hook_state or hook_state == self.hook_state):
             return
         variant = self._variants.get((signature, hook_state))
         if variant is None:

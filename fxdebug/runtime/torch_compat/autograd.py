@@ -4,13 +4,19 @@ the tensors a ``grad_fn`` saved for backward (with their saved-tensor hooks).
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["add_tensor_hook", "saved_tensor_has_unpack_hooks", "saved_tensor_names",
-           "tensor_version", "tensor_versions"]
+__all__ = ["add_tensor_hook", "read_version", "saved_tensor_has_unpack_hooks",
+           "saved_tensor_names", "tensor_version", "tensor_versions"]
+
+# tensor._version (2.9.1, 2.14.1) read without a Python frame, for the capture fast path: it
+# raises RuntimeError on an inference tensor and AttributeError where torch drops the
+# attribute; the caller falls back to None (as tensor_version does).
+read_version = operator.attrgetter("_version")
 
 
 def tensor_version(tensor: torch.Tensor) -> int | None:
