@@ -178,3 +178,17 @@ def test_ddp_world_of_one_follows_model_eval():
             _assert_same(_run(gm, x, 7), _run(eager, x, 7))
         finally:
             dist.destroy_process_group()
+
+
+def test_many_instrumented_modules_compiled_in_one_process_keep_fullgraph():
+    """Past dynamo's recompile limit for the code every DebugGraphModule shares, the mode check
+    runs as plain Python: compiling an eleventh instrumented module still gives one graph."""
+    for seed in range(11):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5),
+                                    torch.nn.ReLU()).eval()
+        gm = fxdebug.instrument(model)
+        x = torch.randn(3, 4)
+        out = torch.compile(gm, backend="eager", fullgraph=True)(x)
+        assert torch.equal(out, model(x))
+        assert torch.equal(fxdebug.records(gm)["2"], out)

@@ -26,6 +26,7 @@ import hashlib
 import linecache
 import os
 import threading
+import types
 import weakref
 
 import torch
@@ -65,6 +66,26 @@ def _register_source(filename: str, code: str) -> None:
     linecache.cache[filename] = (len(code), None, lines, filename)
 
 
+def _own_call(cls: type) -> None:
+    """Give ``cls`` (torch makes one class per GraphModule) its own copy of
+    ``DebugGraphModule.__call__``, with a code object of its own.
+
+    ``torch.compile(gm)`` compiles ``__call__``, guarding on ``type(gm)``, and dynamo
+    recompiles one code object at most ``recompile_limit`` (8) times: with one shared
+    ``__call__``, the ninth instrumented module compiled in a process would fail under
+    ``fullgraph=True``. With its own code, each module counts alone, as a plain fx
+    GraphModule's ``forward`` does.
+    """
+    if "__call__" in cls.__dict__:
+        return
+    shared = DebugGraphModule.__call__
+    own = types.FunctionType(shared.__code__.replace(), shared.__globals__, shared.__name__,
+                             shared.__defaults__, shared.__closure__)
+    own.__kwdefaults__, own.__qualname__, own.__doc__ = (shared.__kwdefaults__,
+                                                         shared.__qualname__, shared.__doc__)
+    cls.__call__ = own  # type: ignore[method-assign]
+
+
 @torch.compiler.disable
 def _follow_eagerly(follower, gm: fx.GraphModule) -> None:
     """A mode switch seen while torch.compile traces ``gm``: the graph is swapped outside the
@@ -102,6 +123,7 @@ class DebugGraphModule(fx.GraphModule):
             _register_source(filename, self._code)
             cls.forward = _compile_forward(self._code, python_code.globals, filename)
             _look_up_children_fast(cls, self)
+            _own_call(cls)
         finally:
             self.__dict__.pop("_fxdebug_compiling", None)
         self.__dict__.pop("_fxdebug_pending", None)  # only now: other threads wait until here
@@ -118,6 +140,7 @@ class DebugGraphModule(fx.GraphModule):
         """
         self.__dict__["_fxdebug_pending"] = True
         setattr(type(self), "forward", _PendingForward(self))  # a callable standing in for it
+        _own_call(type(self))
         specs = torch_compat.pytree_specs(self._graph)
         if specs is not None:  # what torch's recompile sets besides the code
             self._in_spec, self._out_spec = specs

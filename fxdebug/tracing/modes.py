@@ -260,6 +260,9 @@ class ModeFollower:
                 and tuple(module.training for module in link.mirrors) == link.seen_mirrors
                 and link.flags == self.signature)
 
+    # never a frame torch.compile compiles: where dynamo runs a caller eagerly (its recompile
+    # limit reached for DebugGraphModule's code), this still runs as plain Python
+    @torch.compiler.disable
     def follow(self, gm: fx.GraphModule) -> None:
         """Swap in the graph of the modes the model's modules are in now (traced if new)."""
         if self._bound is None or self._bound() is not gm:
@@ -392,7 +395,7 @@ def follow_mode(gm: torch.nn.Module) -> torch.nn.Module:
     """
     follower = getattr(gm, "meta", {}).get(MODES_META)
     if isinstance(follower, ModeFollower):
-        follower.follow(gm)  # type: ignore[arg-type]
+        follower.follow(gm)
     return gm
 
 
