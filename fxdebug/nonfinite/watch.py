@@ -200,7 +200,7 @@ class NonfiniteWatch:
                                     else parameters)
 
     def _confirmed(self) -> bool:
-        return any(not bool(torch.isfinite(t).all())
+        return any(not bool(torch.isfinite(_local(t)).all())
                    for t in self._outputs + self._grads())
 
     def _flagged(self) -> tuple[str, str]:
@@ -412,9 +412,12 @@ def _kinds(nan, inf) -> str:
 
 
 def _local(grad: torch.Tensor) -> torch.Tensor:
-    """A gradient's local values (a DTensor's shard)."""
-    return grad.to_local() if type(grad) is not torch.Tensor and hasattr(grad, "to_local") \
-        else grad
+    """A gradient's local values (a DTensor's shard; a sparse gradient's stored values)."""
+    if type(grad) is not torch.Tensor and hasattr(grad, "to_local"):
+        grad = grad.to_local()
+    if grad.layout is torch.sparse_coo:  # Embedding(sparse=True)
+        return grad.coalesce().values()
+    return grad
 
 
 def _read(outputs: torch.Tensor | None, grads) -> list[float]:
