@@ -6,10 +6,14 @@ Call tree::
     out = watch(*args, **kwargs)      model(...); keeps the step's inputs (copies), RNG state
       │                               and buffers (for DistributedDataParallel: as its module
       │                               receives them, after DDP's buffer broadcast), and the
-      │                               sum of the outputs, as a tensor (nothing read back)
+      │                               sum of the outputs, as a tensor (nothing read back);
+      │                               one walk of the module tree finds the parameters and
+      │                               buffers, exact whatever changed them since the last step
     loss.backward()
-    watch.check(loss_fn)              one read per step: the output sum and the norm of every
-      │                               parameter gradient (one fused call), finite?
+    watch.check(loss_fn)              one read per step: the output sum and the gradients'
+      │                               flags (gradient_flags.py: on the CPU a torch.cat and a
+      │                               sum per group of gradients, elsewhere one fused max|g|),
+      │                               finite?
       │   under torch.distributed:    each rank puts its two numbers in its slot of a
       │                               2 x world vector, one all_reduce (watch_ranks.RankFlags),
       │                               one read: every rank learns on the same step which
@@ -477,8 +481,8 @@ def watch_nonfinite(model: torch.nn.Module, ignore=None, group=None,
                     check_compiled: Callable | None = None) -> NonfiniteWatch:
     """Watch a training loop for NaN/Inf; name the node that made it on the first bad step.
 
-    Each step costs one finiteness flag (a sum of the outputs, a fused norm of
-    the parameter gradients) and one read in :meth:`NonfiniteWatch.check`;
+    Each step costs one finiteness flag (a sum of the outputs, sums or a fused
+    max|g| of the parameter gradients) and one read in :meth:`NonfiniteWatch.check`;
     the model runs eagerly, untouched. The first step whose outputs or
     parameter gradients hold a NaN or an Inf is replayed node by node with
     :func:`fxdebug.find_nonfinite` (same inputs, random-number state and
