@@ -72,6 +72,7 @@ def parameters_and_buffers(module: torch.nn.Module) -> tuple[list, list]:
     ...                           torch.nn.BatchNorm1d(2), shared)
     >>> net.register_module("absent", None); net[0][0].register_parameter("gone", None)
     >>> net[1].weight = net[0][0].weight  # shared
+    >>> net[0].add_module("again", net[0]); net.add_module("twice", net[0])  # a cycle, shared
     >>> found = parameters_and_buffers(net)
     >>> [list(map(id, tensors)) for tensors in found] == [list(map(id, net.parameters())),
     ...                                                   list(map(id, net.buffers()))]
@@ -80,16 +81,18 @@ def parameters_and_buffers(module: torch.nn.Module) -> tuple[list, list]:
     parameters: list = []
     buffers: list = []
     add_parameters, add_buffers = parameters.extend, buffers.extend
-    seen_modules = {id(None)}  # a None slot in _modules: skipped like a module met before
-    mark = seen_modules.add
+    # Only a module with children can be met twice with a subtree behind it (shared, or a
+    # cycle): those are remembered. A module met again adds its tensors again, and
+    # repeats are dropped at the end, keeping each tensor's first place: the order of
+    # parameters(), which skips a module met before.
+    containers: set[int] = set()
     stack = [module]
     pop, push = stack.pop, stack.extend  # (this runs every training step: kept tight)
     try:
         while stack:
             current = pop()
-            if id(current) in seen_modules:  # shared: met first earlier (or None)
+            if current is None:  # a None slot in _modules
                 continue
-            mark(id(current))
             registries = current.__dict__
             own = registries[PARAMETERS_ATTR]
             if own:
@@ -98,7 +101,8 @@ def parameters_and_buffers(module: torch.nn.Module) -> tuple[list, list]:
             if own:
                 add_buffers(own.values())
             own = registries[CHILDREN_ATTR]
-            if own:
+            if own and id(current) not in containers:
+                containers.add(id(current))
                 push(reversed(own.values()))
     except KeyError:
         return list(module.parameters()), list(module.buffers())
