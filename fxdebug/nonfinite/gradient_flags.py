@@ -2,18 +2,19 @@
 
 ::
 
-    GradientFlags()(parameters)     the parameters' gradients read in one C-level pass
-      │                             (no Python per parameter on the usual step)
-      ├─ dense CPU gradients:       concatenated in groups made once per parameter list
+    GradientFlags()(parameters)     the gradients read in one C-level pass (no Python per
+      │                             parameter on the usual step)
+      ├─ dense CPU gradients:       concatenated in groups planned once per parameter list
       │                             (same dtype, same trailing shape, up to _CHUNK values),
-      │                             one torch.cat and one sum per group
-      └─ anything else:             one fused norm (torch._foreach_norm: a kernel on a
-                                    GPU), per device; DTensor gradients by their shard
+      │                             one torch.cat and one sum per group; a frozen or unused
+      │                             parameter's missing gradient is left out
+      └─ anything else:             one fused max|g| (foreach_norm: one kernel on a GPU);
+                                    a DTensor's by its shard, a sparse one's by its values
 
 The groups are a plan, not a promise: ``torch.cat`` itself refuses tensors whose
-devices or trailing shapes disagree, so a parameter changed in place since the
-plan was made (``p.data = ...``) is caught there and the step falls back to the
-general path, never to a partial check.
+devices, layouts or trailing shapes disagree, so a parameter changed in place since
+the plan was made (``p.data = ...``) is caught there; its group goes the general way
+for that step and the next step plans again, never a partial check.
 """
 
 from __future__ import annotations
@@ -61,20 +62,21 @@ class GradientFlags:
         grads = list(map(_GRAD, parameters))
         sums: list[torch.Tensor] = []
         rest = [parameters[i] for i in self._rest]
+        strided = torch.strided
         for pick, alone in self._groups:
-            members = (pick(grads),) if alone else pick(grads)
-            if not all(map(is_, map(type, members), repeat(_PLAIN))):
-                members = tuple(g for g in members if g is not None)  # frozen or unused
-                if not all(map(is_, map(type, members), repeat(_PLAIN))):
-                    rest += _group_parameters(pick, alone, parameters)
+            members = pick(grads)
+            if alone:
+                flat = members
+                if flat is None:  # frozen or unused
                     continue
-                if not members:
-                    continue
-            flat = members[0] if len(members) == 1 else _concatenated(members)
-            if flat is None or flat.layout is not torch.strided:
-                # shapes or devices changed since the plan (or sparse gradients): the general
-                # path checks these, and the next step plans again
-                rest += _group_parameters(pick, alone, parameters)
+            else:
+                flat = _concatenated(members)
+            if flat is _NOTHING:
+                continue
+            if flat is None or type(flat) is not _PLAIN or flat.layout is not strided:
+                # changed since the plan (p.data = ..., a sparse gradient): the general path
+                # checks these, and the next step plans again
+                rest += (pick(parameters),) if alone else pick(parameters)
                 self._planned = []
                 continue
             sums.append(flag_sum(flat))
@@ -88,21 +90,24 @@ class GradientFlags:
         return sums or None
 
     def _plan(self, parameters: list[torch.Tensor]) -> None:
-        """Sort the parameters into groups by what their gradients will be (a gradient has its
-        parameter's dtype, device and shape): plain dense float CPU tensors of at least one
-        dimension, by dtype and trailing shape, in order; the others into the general path."""
+        """Sort the parameters into groups by their gradients (by the parameter where it has
+        none yet: a gradient has its parameter's dtype, device and shape): plain dense float
+        CPU tensors of at least one dimension, by dtype and trailing shape, in order; the
+        others into the general path."""
         groups: list[list[int]] = []
         totals: list[int] = []
         open_groups: dict[tuple, int] = {}  # (dtype, trailing shape) -> group being filled
         rest: list[int] = []
         for index, parameter in enumerate(parameters):
-            if (type(parameter) not in (torch.nn.Parameter, _PLAIN) or not parameter.is_cpu
-                    or parameter.layout is not torch.strided or parameter.dim() == 0
-                    or not (parameter.is_floating_point() or parameter.is_complex())):
+            grad = parameter.grad
+            tensor = parameter if grad is None else grad
+            if (type(tensor) not in (torch.nn.Parameter, _PLAIN) or not tensor.is_cpu
+                    or tensor.layout is not torch.strided or tensor.dim() == 0
+                    or not (tensor.is_floating_point() or tensor.is_complex())):
                 rest.append(index)
                 continue
-            size = parameter.numel()
-            key = (parameter.dtype, tuple(parameter.shape[1:]))
+            size = tensor.numel()
+            key = (tensor.dtype, tuple(tensor.shape[1:]))
             group = open_groups.get(key)
             if group is None or totals[group] + size > _CHUNK:
                 group = open_groups[key] = len(groups)
@@ -115,16 +120,28 @@ class GradientFlags:
         self._planned = list(parameters)
 
 
-def _group_parameters(pick: Callable, alone: bool, parameters: list) -> tuple:
-    return (pick(parameters),) if alone else pick(parameters)
+_NOTHING = torch.empty(0)
+"""What :func:`_concatenated` gives for a group without gradients (all frozen or unused)."""
 
 
 def _concatenated(grads: tuple) -> torch.Tensor | None:
-    """The gradients' values in one tensor (along the first dimension), or None where
-    ``torch.cat`` refuses them: devices or trailing shapes that no longer agree."""
+    """The gradients' values in one tensor (along the first dimension); ``_NOTHING`` where
+    none has a gradient; None where ``torch.cat`` refuses them (its own check of devices,
+    layouts and trailing shapes: changed since the plan) or one is not a plain tensor."""
     try:
         return torch.cat(grads)
-    except RuntimeError:  # torch.cat's own check of devices and shapes: planned again
+    except TypeError:  # a None among them: a frozen or unused parameter
+        pass
+    except RuntimeError:
+        return None
+    present = [grad for grad in grads if grad is not None]
+    if not present:
+        return _NOTHING
+    if not all(map(is_, map(type, present), repeat(_PLAIN))):
+        return None
+    try:
+        return torch.cat(present)
+    except RuntimeError:
         return None
 
 
@@ -155,7 +172,6 @@ def flag_sum(flat: torch.Tensor) -> torch.Tensor:
     >>> flag_sum(torch.tensor([1.0, float("inf")], dtype=torch.float16))
     tensor(inf)
     """
-    flat = flat.detach()
     if flat.is_complex():
         flat = torch.view_as_real(flat)
     if flat.dtype in (torch.float32, torch.float64):
