@@ -220,3 +220,44 @@ def test_registration_hooks_go_with_the_watch():
     del watch
     gc.collect()
     assert not any(hook is registrations for table in tables for hook in table.values())
+
+
+def test_the_walk_finds_what_parameters_and_buffers_find():
+    """The watch's walk of the module tree (torch_compat.parameters_and_buffers): the same
+    tensors in the same order as torch's parameters() and buffers(), on trees with shared
+    modules, tied parameters, None slots and cycles."""
+    import random
+
+    import torchvision
+
+    from fxdebug.runtime.torch_compat import parameters_and_buffers
+
+    def ids(tensors):
+        return [id(t) for t in tensors]
+
+    random.seed(0)
+    models = [torchvision.models.resnet18()]
+    for _ in range(100):
+        modules = [torch.nn.Module() for _ in range(6)]
+        for module in modules:
+            if random.random() < 0.5:
+                module.register_parameter("p", torch.nn.Parameter(torch.ones(1)))
+            if random.random() < 0.3:
+                module.register_buffer("b", torch.ones(1))
+            if random.random() < 0.2:
+                module.register_parameter("none", None)
+        for module in modules:
+            for slot in range(random.randint(0, 3)):  # shared children, cycles, None slots
+                child = modules[random.randrange(6)] if random.random() < 0.9 else None
+                module.register_module(f"c{slot}", child)
+            tied = [m.p for m in modules if "p" in vars(m)["_parameters"]]
+            if tied and random.random() < 0.2:
+                module.register_parameter("tied", random.choice(tied))
+            shared = [m.b for m in modules if "b" in vars(m)["_buffers"]]
+            if shared and random.random() < 0.2:
+                module.register_buffer("shared", random.choice(shared))
+        models.append(modules[0])
+    for model in models:
+        parameters, buffers = parameters_and_buffers(model)
+        assert ids(parameters) == ids(model.parameters())
+        assert ids(buffers) == ids(model.buffers())
