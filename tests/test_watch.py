@@ -329,8 +329,8 @@ class _ManyGradients(torch.nn.Module):
 
 @pytest.mark.parametrize("chunk", [8, 1 << 20])
 def test_parameter_gradient_nan_found_in_any_chunk(monkeypatch, chunk):
-    from fxdebug.nonfinite import watch as watch_module
-    monkeypatch.setattr(watch_module, "_CHUNK", chunk)
+    from fxdebug.nonfinite import gradient_flags
+    monkeypatch.setattr(gradient_flags, "_CHUNK", chunk)
     torch.manual_seed(0)
     model = _ManyGradients()
     watch = fxdebug.watch_nonfinite(model)
@@ -374,8 +374,10 @@ def test_parameter_registered_during_the_step_is_checked():
     assert torch.isnan(model.extra.grad).all()  # autograd's own: d sqrt(0) * 0 is NaN
     report = watch.check()
     assert report is not None and "extra" in report.flagged_detail
-    # the registration hooks the watch held during the step are gone
+    # the registration hooks the watch held are gone when it is closed
     from torch.nn.modules import module as torch_module
+    hooks = vars(torch_module).get("_global_parameter_registration_hooks", {})
+    assert any(hook is watch._registrations for hook in hooks.values())
+    watch.close()
     assert watch._registrations.handles == []
-    assert not any(hook is watch._registrations for hook in
-                   vars(torch_module).get("_global_parameter_registration_hooks", {}).values())
+    assert not any(hook is watch._registrations for hook in hooks.values())

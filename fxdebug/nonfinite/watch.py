@@ -6,10 +6,14 @@ Call tree::
     out = watch(*args, **kwargs)      model(...); keeps the step's inputs (copies), RNG state
       │                               and buffers (for DistributedDataParallel: as its module
       │                               receives them, after DDP's buffer broadcast), and the
-      │                               sum of the outputs, as a tensor (nothing read back)
+      │                               sum of the outputs, as a tensor (nothing read back);
+      │                               one walk of the module tree finds the parameters and
+      │                               buffers, exact whatever changed them since the last step
     loss.backward()
-    watch.check(loss_fn)              one read per step: the output sum and the norm of every
-      │                               parameter gradient (one fused call), finite?
+    watch.check(loss_fn)              one read per step: the output sum and the gradients'
+      │                               flags (gradient_flags.py: on the CPU a torch.cat and a
+      │                               sum per group of gradients, elsewhere one fused max|g|),
+      │                               finite?
       │   under torch.distributed:    each rank puts its two numbers in its slot of a
       │                               2 x world vector, one all_reduce (watch_ranks.RankFlags),
       │                               one read: every rank learns on the same step which
@@ -47,9 +51,10 @@ from torch.nn.modules.module import (register_module_module_registration_hook,
 from ..errors import FxdebugError, TraceFailure
 from ..runtime import clone_inputs, flatten_tensors
 from ..tables.report import REPR_LIMIT
-from ..runtime.torch_compat import (compiled_backend, compiled_inner, flatten_dense,
-                                    foreach_copy_, foreach_norm, parameters_and_buffers)
+from ..runtime.torch_compat import (compiled_backend, compiled_inner, foreach_copy_,
+                                    parameters_and_buffers)
 from ..frontend import trace
+from .gradient_flags import GradientFlags, flag_sum
 from .nonfinite import NonfiniteReport, find_nonfinite
 from ..distributed.rank_group import RankGroup, distributed_ready, unwrap
 from .watch_modules import replay_by_modules
@@ -62,16 +67,6 @@ __all__ = ["watch_nonfinite", "NonfiniteWatch"]
 
 def _is_float(tensor: torch.Tensor) -> bool:
     return tensor.is_floating_point() or tensor.is_complex()
-
-
-def _sum(tensor: torch.Tensor) -> torch.Tensor:
-    """The sum of a float tensor as a 0-dim float32 or float64 (non-finite if a value is)."""
-    tensor = tensor.detach()
-    if tensor.is_complex():
-        tensor = torch.view_as_real(tensor)
-    if tensor.dtype in (torch.float32, torch.float64):
-        return tensor.sum()
-    return tensor.sum(dtype=torch.float32)  # half precision: its own sum overflows at 65504
 
 
 class NonfiniteWatch:
@@ -103,8 +98,9 @@ class NonfiniteWatch:
         self._outputs: list[torch.Tensor] = []
         self._out_sum: torch.Tensor | None = None
         self._parameters: list[torch.Tensor] | None = None  # the model's, as the step began
+        self._gradient_flags = GradientFlags()
         self._registrations = _Registrations()
-        weakref.finalize(self, self._registrations.stop)
+        weakref.finalize(self, self._registrations.close)
 
     def __repr__(self) -> str:
         """One line: the model, the steps watched, the first non-finite report's verdict.
@@ -124,7 +120,7 @@ class NonfiniteWatch:
         self.steps += 1
         if self._flags is None and (self.group is not None or distributed_ready()):
             self._flags = RankFlags(RankGroup.of(self.group, what="watch_nonfinite"))
-        self._args = clone_inputs(args)
+        self._args = _copied(args)
         self._kwargs = clone_inputs(kwargs) if kwargs else {}
         self._rng = (torch.get_rng_state(),  # is_initialized: no CUDA call without CUDA
                      torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [])
@@ -132,7 +128,8 @@ class NonfiniteWatch:
         synced = (self.wrapper == "DistributedDataParallel" and torch.is_grad_enabled()
                   and getattr(self.model, "require_backward_grad_sync", False) is True)
         # one walk of the module tree per step: the parameters whose gradients check() reads
-        # (a module or parameter registered from here to check(): check() walks again)
+        # (a module or parameter registered from here to check(): check() walks again);
+        # exact, whatever changed the tree (direct writes to a module's registries too)
         self._registrations.start()
         parameters, buffers = parameters_and_buffers(self.model)
         self._parameters = parameters
@@ -148,10 +145,11 @@ class NonfiniteWatch:
         else:
             self._snapshot(buffers)
             output = self.model(*args, **kwargs)
-        self._outputs = ([output] if type(output) is torch.Tensor else
-                         [t for _, t in flatten_tensors(output)])
-        self._outputs = [t for t in self._outputs if _is_float(t)]
-        sums = [_sum(t) for t in self._outputs]
+        # kept detached (same values): the step's autograd graph goes when the user drops it
+        outputs = ([output] if type(output) is torch.Tensor else
+                   [t for _, t in flatten_tensors(output)])
+        self._outputs = [t.detach() for t in outputs if _is_float(t)]
+        sums = [flag_sum(t) for t in self._outputs]
         self._out_sum = sums[0] if len(sums) == 1 else (
             torch.stack([s.to(sums[0].device) for s in sums]).sum() if sums else None)
         if self._flags is not None:
@@ -199,36 +197,21 @@ class NonfiniteWatch:
 
     def _grad_max(self, parameters: list[torch.Tensor] | None = None
                   ) -> torch.Tensor | list[torch.Tensor] | None:
-        """A number that is finite when every parameter gradient is: max|g| over them (exact:
-        no overflow, NaN where one is NaN); with gradients on the CPU a few numbers (a list),
-        cheaper to read than to stack.
-
-        On a GPU ``_foreach_norm`` is one fused kernel. On the CPU it is a kernel call per
-        gradient (and max|g| a slow kernel), so the CPU's dense gradients are copied, up to
-        ``_CHUNK`` values at a time per dtype, into one flat tensor each (one call), and
-        summed in float64: non-finite where a value is; a float64 sum may also overflow on
-        finite values, which check() then clears on the values themselves."""
-        chunks, rest = _cpu_chunks(self.model.parameters() if parameters is None else parameters)
-        maxima = [_sum64(flatten_dense(chunk)) for chunk in chunks]
-        rest = self._grads(rest)
-        if rest:
-            norms = foreach_norm(rest, math.inf)  # one fused call over every gradient
-            if norms[0].device.type != "cpu":
-                if not maxima:
-                    return _stacked_max(norms)
-                norms = [_stacked_max(norms)]
-            maxima += norms
-        return maxima or None
+        """Numbers that are all finite when every parameter gradient is (gradient_flags.py):
+        on the CPU a few sums of concatenated gradients, cheaper to read one by one than to
+        stack; elsewhere one fused max|g|."""
+        return self._gradient_flags(list(self.model.parameters()) if parameters is None
+                                    else parameters)
 
     def _confirmed(self) -> bool:
-        return any(not bool(torch.isfinite(t.detach()).all())
+        return any(not bool(torch.isfinite(_local(t)).all())
                    for t in self._outputs + self._grads())
 
     def _flagged(self) -> tuple[str, str]:
         """What is non-finite in the step: ``("outputs NaN, gradients NaN", the same with
         counts and parameter names)``; ``("", "")`` when nothing is."""
         short, long = [], []
-        outputs = [t.detach() for t in self._outputs]
+        outputs = self._outputs
         nan = sum(int(torch.isnan(t).sum()) for t in outputs)
         inf = sum(int(torch.isinf(t).sum()) for t in outputs)
         if nan or inf:
@@ -256,6 +239,19 @@ class NonfiniteWatch:
         """
         return clone_inputs(self._args), clone_inputs(self._kwargs)
 
+    def close(self) -> None:
+        """Remove the two global registration hooks of torch (``torch.nn.modules.module``'s
+        parameter and module registration hooks) the watch holds from its first step; the
+        watch being garbage collected does the same. A later step registers them again.
+
+        >>> watch = watch_nonfinite(torch.nn.Linear(2, 2)); _ = watch(torch.ones(1, 2))
+        >>> len(watch._registrations.handles)
+        2
+        >>> watch.close(); watch._registrations.handles
+        []
+        """
+        self._registrations.close()
+
     def check(self, loss: Callable[[Any], torch.Tensor] | None = None
               ) -> NonfiniteReport | RankNonfiniteReport | None:
         """None while the step's outputs and parameter gradients are finite; on the first step
@@ -276,7 +272,7 @@ class NonfiniteWatch:
             raise FxdebugError("NonfiniteWatch.check() before any step: call watch(inputs) "
                                "(instead of model(inputs)), then backward(), then check().")
         parameters = self._parameters
-        if self._registrations.stop() or parameters is None:
+        if self._registrations.seen or parameters is None:
             parameters = None  # the module tree may have changed since the step began: walk it
         grads = self._grad_max(parameters)
         if self._flags is not None:
@@ -376,9 +372,10 @@ class NonfiniteWatch:
 
 class _Registrations:
     """Whether torch registered a module or a parameter anywhere (every module's
-    ``register_parameter``, ``add_module``, ``setattr``) between :meth:`start` and :meth:`stop`:
-    the watch then walks the model again instead of using the walk the step began with.
-    torch's public global registration hooks, held only during a step."""
+    ``register_parameter``, ``add_module``, ``setattr``) since :meth:`start`: the watch then
+    walks the model again instead of using the walk the step began with. torch's public
+    global registration hooks, registered by the first step and held until :meth:`close`
+    (the watch's ``close()``, or the watch garbage collected)."""
 
     def __init__(self) -> None:
         self.handles: list = []
@@ -393,61 +390,25 @@ class _Registrations:
             self.handles = [register_module_parameter_registration_hook(self),
                             register_module_module_registration_hook(self)]
 
-    def stop(self) -> bool:
-        """Remove the hooks; whether a registration happened since :meth:`start`."""
+    def close(self) -> None:
+        """Remove the hooks (a later :meth:`start` registers them again); until then, a
+        registration cannot be seen: :attr:`seen` (walk again) holds."""
         for handle in self.handles:
             handle.remove()
         self.handles = []
-        return self.seen
+        self.seen = True
 
 
-_CHUNK = 1 << 20
-"""Most values the CPU check of gradients copies into one flat tensor (4 MiB of float32)."""
+def _copied(args: tuple) -> tuple:
+    """``clone_inputs(args)``; positional tensors alone (the usual step) without its walk."""
+    if all(type(arg) is torch.Tensor for arg in args):
+        return tuple(_copied_tensor(arg) for arg in args)
+    return clone_inputs(args)
 
 
-def _cpu_chunks(parameters) -> tuple[list[list[torch.Tensor]], list[torch.Tensor]]:
-    """``(chunks, rest)``: the plain dense CPU float gradients of ``parameters`` in groups of
-    one dtype of at most ``_CHUNK`` values (a bigger one alone), in order, and the parameters
-    whose gradient is anything else (another device, sparse, a DTensor) for the general
-    check. A tight loop: it runs every step, once per parameter."""
-    chunks: list[list[torch.Tensor]] = []
-    totals: list[int] = []  # values in each chunk
-    rest: list[torch.Tensor] = []
-    open_chunks: dict[torch.dtype, int] = {}  # dtype -> index of its chunk being filled
-    strided, plain, limit = torch.strided, torch.Tensor, _CHUNK
-    for parameter in parameters:
-        grad = parameter.grad
-        if grad is None:
-            continue
-        if type(grad) is not plain or not grad.is_cpu or grad.layout is not strided:
-            rest.append(parameter)
-            continue
-        size, dtype = grad.numel(), grad.dtype
-        index = open_chunks.get(dtype)
-        if index is None or totals[index] + size > limit:
-            if not (dtype.is_floating_point or dtype.is_complex):
-                continue
-            index = open_chunks[dtype] = len(chunks)
-            chunks.append([])
-            totals.append(0)
-        chunks[index].append(grad)
-        totals[index] += size
-    return [chunk for chunk, total in zip(chunks, totals) if total], rest
-
-
-def _sum64(flat: torch.Tensor) -> torch.Tensor:
-    """The sum of a flat float tensor in float64 (of a complex one, of its real and imaginary
-    parts): non-finite where a value is; finite values of float32 or narrower never overflow it."""
-    if flat.is_complex():
-        flat = torch.view_as_real(flat)
-    return flat.sum(dtype=torch.float64)
-
-
-def _stacked_max(norms: list[torch.Tensor]) -> torch.Tensor:
-    """The max of 0-dim norms on one device, as float32 on the first's device (one kernel)."""
-    device = norms[0].device
-    return torch.stack([n if n.dtype == torch.float32 and n.device == device
-                        else n.to(device, torch.float32) for n in norms]).max()
+def _copied_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    copied = tensor.detach().clone()
+    return copied.requires_grad_(True) if tensor.requires_grad else copied
 
 
 def _kinds(nan, inf) -> str:
@@ -455,9 +416,12 @@ def _kinds(nan, inf) -> str:
 
 
 def _local(grad: torch.Tensor) -> torch.Tensor:
-    """A gradient's local values (a DTensor's shard)."""
-    return grad.to_local() if type(grad) is not torch.Tensor and hasattr(grad, "to_local") \
-        else grad
+    """A gradient's local values (a DTensor's shard; a sparse gradient's stored values)."""
+    if type(grad) is not torch.Tensor and hasattr(grad, "to_local"):
+        grad = grad.to_local()
+    if grad.layout is torch.sparse_coo:  # Embedding(sparse=True)
+        return grad.coalesce().values()
+    return grad
 
 
 def _read(outputs: torch.Tensor | None, grads) -> list[float]:
@@ -517,8 +481,8 @@ def watch_nonfinite(model: torch.nn.Module, ignore=None, group=None,
                     check_compiled: Callable | None = None) -> NonfiniteWatch:
     """Watch a training loop for NaN/Inf; name the node that made it on the first bad step.
 
-    Each step costs one finiteness flag (a sum of the outputs, a fused norm of
-    the parameter gradients) and one read in :meth:`NonfiniteWatch.check`;
+    Each step costs one finiteness flag (a sum of the outputs, sums or a fused
+    max|g| of the parameter gradients) and one read in :meth:`NonfiniteWatch.check`;
     the model runs eagerly, untouched. The first step whose outputs or
     parameter gradients hold a NaN or an Inf is replayed node by node with
     :func:`fxdebug.find_nonfinite` (same inputs, random-number state and

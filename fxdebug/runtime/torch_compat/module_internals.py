@@ -70,6 +70,9 @@ def parameters_and_buffers(module: torch.nn.Module) -> tuple[list, list]:
     >>> shared = torch.nn.BatchNorm1d(2)
     >>> net = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(2, 2), shared),
     ...                           torch.nn.BatchNorm1d(2), shared)
+    >>> net.register_module("absent", None); net[0][0].register_parameter("gone", None)
+    >>> net[1].weight = net[0][0].weight  # shared
+    >>> net[0].add_module("again", net[0]); net.add_module("twice", net[0])  # a cycle, shared
     >>> found = parameters_and_buffers(net)
     >>> [list(map(id, tensors)) for tensors in found] == [list(map(id, net.parameters())),
     ...                                                   list(map(id, net.buffers()))]
@@ -77,36 +80,48 @@ def parameters_and_buffers(module: torch.nn.Module) -> tuple[list, list]:
     """
     parameters: list = []
     buffers: list = []
-    seen_modules: set[int] = set()
-    seen_parameters: set[int] = set()
-    seen_buffers: set[int] = set()
+    add_parameters, add_buffers = parameters.extend, buffers.extend
+    # Only a module with children can be met twice with a subtree behind it (shared, or a
+    # cycle): those are remembered. A module met again adds its tensors again, and
+    # repeats are dropped at the end, keeping each tensor's first place: the order of
+    # parameters(), which skips a module met before.
+    containers: set[int] = set()
     stack = [module]
     pop, push = stack.pop, stack.extend  # (this runs every training step: kept tight)
     try:
         while stack:
             current = pop()
-            if current is None or id(current) in seen_modules:  # shared: met first earlier
+            if current is None:  # a None slot in _modules
                 continue
-            seen_modules.add(id(current))
             registries = current.__dict__
             own = registries[PARAMETERS_ATTR]
             if own:
-                for tensor in own.values():
-                    if tensor is not None and id(tensor) not in seen_parameters:
-                        seen_parameters.add(id(tensor))
-                        parameters.append(tensor)
+                add_parameters(own.values())
             own = registries[BUFFERS_ATTR]
             if own:
-                for tensor in own.values():
-                    if tensor is not None and id(tensor) not in seen_buffers:
-                        seen_buffers.add(id(tensor))
-                        buffers.append(tensor)
-            children = registries[CHILDREN_ATTR]
-            if children:
-                push(reversed(children.values()))
+                add_buffers(own.values())
+            own = registries[CHILDREN_ATTR]
+            if own and id(current) not in containers:
+                containers.add(id(current))
+                push(reversed(own.values()))
     except KeyError:
         return list(module.parameters()), list(module.buffers())
-    return parameters, buffers
+    return _first_of_each(parameters), _first_of_each(buffers)
+
+
+def _first_of_each(tensors: list) -> list:
+    """``tensors`` without None slots and without repeats (the first kept), in order; the
+    usual case (neither) checked in C, and the list returned as it is."""
+    ids = list(map(id, tensors))
+    if id(None) not in ids and len(set(ids)) == len(ids):
+        return tensors
+    seen: set[int] = set()
+    kept = []
+    for tensor, key in zip(tensors, ids):
+        if tensor is not None and key not in seen:
+            seen.add(key)
+            kept.append(tensor)
+    return kept
 
 
 def set_child(parent: torch.nn.Module, name: str, child: torch.nn.Module) -> None:
