@@ -72,6 +72,13 @@ class _PartRecords:
         target = self.records.grads if self._grads else self.records
         target.add(self.part.rename(key, self.call), op, value, **kwargs)
 
+    def add_stats(self, key: str, op: str, value: torch.Tensor, clone: bool = False) -> None:
+        self.add(key, op, value, stats_only=True)
+
+    def flush_stats(self) -> None:
+        """The last capture of a part's forward: the shared Records' pending summaries."""
+        self.records.flush_stats()
+
     @property
     def grads(self) -> "_PartRecords":
         return _PartRecords(self.records, self.part, self.call, grads=True)

@@ -230,6 +230,9 @@ def _compile_forward(code: str, globals_: dict, filename: str):
 _CHILDREN = torch_compat.CHILDREN_ATTR
 
 
+_MODULE_GETATTR = torch.nn.Module.__getattr__
+
+
 class _Child:
     """``gm.<name>`` for a child module of ``gm``, read from where nn.Module registers it.
 
@@ -250,6 +253,8 @@ class _Child:
     def __get__(self, instance, owner=None):
         if instance is None:
             return self
+        if torch.nn.Module.__getattr__ is not _MODULE_GETATTR:  # a tracer patched it (fx does,
+            raise AttributeError(self.name)                      # to see modules): it answers
         try:
             return instance.__dict__[_CHILDREN][self.name]
         except KeyError:  # not a child (or torch keeps them elsewhere): nn.Module answers
