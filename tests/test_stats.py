@@ -243,6 +243,25 @@ def test_compiled_kernel_keeps_a_large_mean_small_spread_exact(wide):
     assert bound <= stats_kernel.BOUND_RATIO * m2  # stats mode takes it as it is
 
 
+def test_compiled_kernel_gives_the_same_bits_on_any_number_of_threads():
+    """The CPU kernel's rows are summed in a fixed order whatever the thread count (only the pass
+    over the values is split among threads, by whole rows), and equal float64's statistics."""
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(1000 * stats_kernel.ROW + 77, generator=generator) * 0.25 + 40.0
+    x[::13] = 0
+    threads = torch.get_num_threads()
+    try:
+        parts = []
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            parts.append(one_pass_sums(x))
+    finally:
+        torch.set_num_threads(threads)
+    assert parts[0] is not None  # the kernel builds here
+    assert all(torch.equal(parts[0], part) for part in parts[1:]), parts
+    assert_stats_equal(stats_from_summary(summarize(x)), truth(x), x.dtype)
+
+
 _TRITON_CASES = textwrap.dedent("""
     import os, sys
     import torch

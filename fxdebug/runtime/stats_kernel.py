@@ -6,7 +6,10 @@ maximum and zero count together; its own reductions take four passes
 tensors full of zeros, such as ReLU outputs). :func:`one_pass_sums` compiles
 that reduction with ``torch.compile`` (inductor fuses it into one loop over the
 tensor) once per dtype and device type, with dynamic sizes, so a whole
-model's activations share one compiled kernel::
+model's activations share one compiled kernel. On the CPU it is compiled on an
+example of ``COMPILE_ROWS`` rows, so that its C++ code splits the pass over the
+values among threads (by whole rows) and sums the rows on one thread, in a fixed
+order: one fork of threads per call, and the same bits whatever their number::
 
     one_pass_sums(tensor)                       tensor: float, at least MIN_NUMEL values
       ├─ a 1-D view of its memory               (contiguous or channels-last: no copy)
@@ -41,6 +44,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import types
@@ -63,6 +67,11 @@ ROW = 2048
 MIN_ROWS, MAX_ROWS = MIN_NUMEL // ROW, 1 << 12
 """Rows per call of the float32 kernel (at most 2**23 values a call)."""
 
+COMPILE_ROWS = 64
+"""Rows of the example the CPU kernel is compiled on (its sizes stay dynamic): few enough that
+the reductions over the rows run on one thread, enough for the pass over the values to run on
+every thread (inductor splits a loop where each thread gets 512 values or more)."""
+
 BOUND_RATIO = 16.0
 """The float32 kernel's ``M2`` is used where ``bound <= BOUND_RATIO * M2``: its rounding error
 is then a few ``BOUND_RATIO * ROW * 2**-24`` of it at worst, whatever the order of the sums,
@@ -73,6 +82,7 @@ _CHUNK = 1 << 24  # values per call of the float64 kernel
 _kernels: dict[tuple[str, bool, torch.dtype], Callable[[torch.Tensor], torch.Tensor]] = {}
 _lock = threading.Lock()
 _unavailable: list[str] = []
+_NO_CONTEXT = contextlib.nullcontext()
 
 
 def _rows_part(values: torch.Tensor) -> torch.Tensor:
@@ -229,6 +239,13 @@ def _kernel(device_type: str, wide: bool, dtype: torch.dtype):
                 function = types.FunctionType(code, globals(), name, (wide,))
                 load_inductor()  # without torch 2.11's warnings about its own code
                 kernel = torch.compile(function, dynamic=True, fullgraph=True)
+                if not wide and device_type == "cpu":
+                    # Compiled first on a few rows: the C++ code forks threads for the pass
+                    # over the values only. Sized from a large tensor, it would also fork them
+                    # for each of the five small reductions over the rows' sums: six thread
+                    # fork-joins a call, each a stall where other work holds the cores.
+                    with torch.no_grad():
+                        kernel(torch.zeros(COMPILE_ROWS, ROW, dtype=dtype))
                 _kernels[key] = kernel
     return kernel
 
@@ -248,12 +265,13 @@ def one_pass_sums(tensor: torch.Tensor, wide: bool = False) -> torch.Tensor | No
     """
     if _unavailable or os.environ.get("FXDEBUG_STATS_KERNEL", "1") == "0":
         return None
-    kernel = _kernel(tensor.device.type, wide, tensor.dtype)
+    device_type = tensor.device.type
     try:
-        with torch.no_grad():
+        kernel = _kernel(device_type, wide, tensor.dtype)
+        with torch.no_grad() if torch.is_grad_enabled() else _NO_CONTEXT:
             dense = dense_memory(tensor.detach())
-            if torch.is_autocast_enabled(tensor.device.type):
-                with torch.autocast(tensor.device.type, enabled=False):
+            if torch.is_autocast_enabled(device_type):
+                with torch.autocast(device_type, enabled=False):
                     parts = _parts(kernel, dense, wide)
             else:
                 parts = _parts(kernel, dense, wide)
