@@ -200,3 +200,29 @@ def test_fsdp2_gradient_statistics_assemble_to_the_unsharded_models(tmp_path):
     one_rank = fxdebug.load_records(str(tmp_path / "fsdp" / "rank-1"))
     pieces = {name: shape for name, shape, _ in one_rank.parameter_grads()}
     assert pieces["blocks.0.fc1.weight"] == (2 * D, D)  # a piece keeps its own shape
+
+
+def _dtensor_statistics(rank: int, world: int):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from fxdebug.nonfinite.watch_modules import _stats
+    mesh = init_device_mesh("cpu", (world,))
+    full = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
+    full[:, :2] = 0.0  # zeros only in some pieces: a count mixed with the full size shows
+    found = {}
+    for placement in (Shard(0), Shard(1), Replicate()):
+        tensor = distribute_tensor(full, mesh, [placement])
+        shown = _stats("out", tensor)
+        found[str(placement)] = (tensor.to_local().clone(), tensor_stats(tensor), shown.name)
+    return found
+
+
+def test_statistics_of_a_dtensor_are_its_local_pieces_and_say_so():
+    """torch's reductions on a sharded DTensor mix a piece's counts with the whole size (50%
+    zeros where a piece holds 25%): statistics are taken of the local piece, labelled."""
+    for rank, found in enumerate(on_ranks(_dtensor_statistics, 2)):
+        for placement, (piece, stats, name) in found.items():
+            assert_stats(stats, piece, f"rank {rank} {placement}")
+            assert stats.zeros_pct == pytest.approx(100.0 * float((piece == 0).sum()) / piece.numel())
+            assert name == "out" if placement.startswith("R") else name.endswith("piece)")

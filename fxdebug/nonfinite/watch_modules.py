@@ -53,6 +53,11 @@ def _source(module: torch.nn.Module) -> tuple[str, int] | None:
 
 
 def _stats(name: str, tensor: torch.Tensor) -> ValueStats:
+    placements = getattr(tensor, "placements", None)
+    if placements is not None and hasattr(tensor, "to_local") and \
+            not all(p.is_replicate() for p in placements):  # a shard: its statistics, labelled
+        tensor = tensor.to_local()
+        name = f"{name} (this rank's piece)"
     return ValueStats(name, shape_text(tensor.shape), dtype_text(tensor.dtype),
                       tensor_stats(tensor))
 

@@ -87,6 +87,7 @@ def summarize(tensor: torch.Tensor, sync_free: bool | None = None,
               one_pass: bool = True) -> torch.Tensor:
     """The summary of ``tensor``: a float64 tensor of 8 on its device (see the module docstring).
 
+    A DTensor gives its local piece's summary (the caller labels it with its placement).
     ``sync_free`` (default: on every device but the CPU) computes it without
     reading any number back to the host. ``one_pass=False`` uses torch's own
     reductions even where the compiled kernel applies (same statistics; no
@@ -95,6 +96,8 @@ def summarize(tensor: torch.Tensor, sync_free: bool | None = None,
     >>> [round(v, 4) for v in summarize(torch.tensor([0.0, 2.0])).tolist()]
     [2.0, 1.0, 2.0, 0.0, 2.0, 1.0, 0.0, 2.0]
     """
+    if type(tensor) not in _PLAIN_TENSORS:
+        tensor = _local_piece(tensor)
     numel = tensor.numel()
     if sync_free is None:
         sync_free = tensor.device.type != "cpu"
@@ -120,6 +123,16 @@ def summarize(tensor: torch.Tensor, sync_free: bool | None = None,
         if fast is not None:
             return fast
     return _summarize_masked(t, numel)
+
+
+def _local_piece(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local piece (torch's ops on a sharded DTensor mix the piece's counts with
+    the whole tensor's size): the statistics are this rank's piece's, and the caller, who
+    knows the placement, says so. Any other tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    if to_local is not None and hasattr(tensor, "placements"):
+        return to_local()
+    return tensor
 
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
