@@ -68,7 +68,10 @@ class _StoreGrad:
         self.records, self.key, self.op, self.stats_only = records, key, op, stats_only
 
     def __call__(self, grad):
-        self.records.grads.add(self.key, self.op, grad, stats_only=self.stats_only)
+        if self.stats_only:
+            self.records.grads.add(self.key, self.op, grad, stats_only=True)
+        else:  # the short way of a capture node (one plain tensor; anything else: add)
+            self.records.grads.add_tensor(self.key, self.op, grad)
         return None
 
 
