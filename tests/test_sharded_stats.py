@@ -226,3 +226,34 @@ def test_statistics_of_a_dtensor_are_its_local_pieces_and_say_so():
             assert_stats(stats, piece, f"rank {rank} {placement}")
             assert stats.zeros_pct == pytest.approx(100.0 * float((piece == 0).sum()) / piece.numel())
             assert name == "out" if placement.startswith("R") else name.endswith("piece)")
+
+
+def _tensor_parallel_grads(rank, world, folder):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    model = make_model()
+    parallelize_module(model, mesh, {"blocks.0.fc1": ColwiseParallel(),
+                                     "blocks.0.fc2": RowwiseParallel(),
+                                     "blocks.1.fc1": ColwiseParallel(use_local_output=False),
+                                     "blocks.1.fc2": RowwiseParallel()})
+    gm = fxdebug.instrument(model, grads=True, save_to=folder)
+    gm(full_input()).square().sum().backward()
+    fxdebug.flush(gm)
+
+
+def test_tensor_parallel_activation_gradients_assemble_to_the_unsharded_models(tmp_path):
+    """Tensor mode: each gradient capture of a sharded activation carries the forward's
+    placement, so the saved run's gradients are the full tensors (retain_grad's)."""
+    folder = str(tmp_path / "tp")
+    on_ranks(_tensor_parallel_grads, 2, folder)
+    _, activation_grads, _ = truth()
+    rec = fxdebug.load_records(folder)
+    assert rec.grads.keys() and set(rec.grads.keys()) == set(activation_grads)
+    for key, grad in activation_grads.items():
+        torch.testing.assert_close(rec.grads[key], grad, msg=key)
+    gm = fxdebug.instrument(make_model(), grads=True)
+    gm(full_input()).square().sum().backward()
+    report = fxdebug.compare_runs(fxdebug.records(gm), rec)
+    assert report.ok and {e.status for e in report.grad_entries} <= {"equal", "close"}
