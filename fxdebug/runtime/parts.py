@@ -72,6 +72,10 @@ class _PartRecords:
         target = self.records.grads if self._grads else self.records
         target.add(self.part.rename(key, self.call), op, value, **kwargs)
 
+    def add_tensor(self, key: str, op: str, value: torch.Tensor, clone: bool = False) -> None:
+        target = self.records.grads if self._grads else self.records
+        target.add_tensor(self.part.rename(key, self.call), op, value, clone)
+
     def add_stats(self, key: str, op: str, value: torch.Tensor, clone: bool = False) -> None:
         self.add(key, op, value, stats_only=True)
 
