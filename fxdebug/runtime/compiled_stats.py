@@ -22,8 +22,9 @@ more is summed in float32 (float64 arithmetic halves a CPU's vector width and
 costs some 4x as much; eager stats mode's kernel does the same): one pass over
 the value, which inductor compiles into a loop of its own kernel, with the
 count, min, max and zeros of the finite values, and the sums of their
-deviations from a *shift* (the median of a few values read at fixed places)
-and of the squares, scaled by a power of two near those values' magnitude.
+deviations from a *shift* (the mean of a few values read at fixed places,
+less the largest and smallest)
+and of the squares, scaled by 1 / those few values' largest magnitude.
 No branch, no copy of the value, nothing read back: the ``M2`` it gives is
 kept where it is precise (see ``FLOAT32_RATIO``: sums finite, squares at most
 16x ``M2``, none lost to underflow) and is NaN elsewhere (values spread so far
@@ -118,15 +119,15 @@ _TINY = 2.0 ** -126  # float32's smallest normal number
 def _float32_summary(value: torch.Tensor) -> torch.Tensor:
     """The summary from float32 sums over the finite values (see the module docstring).
 
-    The deviations from the median of the picks are scaled by a power of two near the picks'
-    largest magnitude, so their squares neither overflow nor fall below float32's normal range
+    The deviations from the picks' trimmed mean are scaled by 1 / the picks' largest
+    magnitude, so their squares neither overflow nor fall below float32's normal range
     where the picks are like the other values; M2 is NaN where they are not (see
-    ``FLOAT32_RATIO``), or where the squares could have lost digits to underflow.
+    ``FLOAT32_RATIO``), or where the squares could have lost digits to underflow. Few graph
+    nodes: the picks' statistics are one small reduction, the value's one loop, the summary one
+    pointwise op (inductor runs each scalar node of a kernel between two thread barriers).
     """
     wide = value.float()
-    shift, reach = _median_pick(wide)
-    exponent = torch.floor(torch.log2(reach.clamp(min=_TINY))).clamp(-126, 126)
-    scale = torch.where(reach > 0, torch.exp2(-exponent), 1.0)
+    shift, scale = _trimmed_picks(wide)
     finite = torch.isfinite(wide)
     deviation = torch.where(finite, (wide - shift) * scale, 0.0)
     total = deviation.sum().double()
@@ -148,25 +149,39 @@ def _float32_summary(value: torch.Tensor) -> torch.Tensor:
     close = _SUM_ERROR * torch.sqrt(squares / safe) <= 2.0 ** -20 * mean.abs() / unscale
     mean = torch.where((count > 0) & torch.isfinite(total + squares) & (precise | close), mean, _NAN)
     numel = torch.full_like(count, value.numel())
-    return torch.stack([count, mean, m2, low, high, zeros, numel - count, numel])
+    return _vector([count, mean, m2, low, high, zeros, numel - count, numel])
 
 
-def _median_pick(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The median of the finite ones of a few values spread over ``value`` (0 if none is), and
-    the largest magnitude among them: read at their index, sorted by comparisons (no sort op,
-    which inductor runs as a kernel of its own between the value and its sums)."""
+def _vector(scalars: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack(scalars)`` as one pointwise op (a stack is one small node per scalar)."""
+    place = torch.arange(len(scalars), device=scalars[0].device)
+    out = scalars[-1].expand(len(scalars))
+    for i in reversed(range(len(scalars) - 1)):
+        out = torch.where(place == i, scalars[i], out)
+    return out
+
+
+def _trimmed_picks(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean of the finite ones of a few values spread over ``value``, less the largest and
+    the smallest (0 if none is finite), and 1 / the largest magnitude among them (1 if none is
+    finite): one small reduction, few ops (inductor stores a value's deviations in a buffer of
+    their own where the ops that compute them are many)."""
     flat = value.reshape(-1)
-    numel = flat.numel()
-    picks = torch.stack([flat[numel * i // _PICKS] for i in range(_PICKS)])
+    step = flat.numel() // _PICKS
+    picks = flat[:step * _PICKS].view(_PICKS, step)[:, 0].double()  # read where they lie
     finite = torch.isfinite(picks)
-    keyed = torch.where(finite, picks, _INF)
-    place = torch.arange(_PICKS, device=picks.device)
-    rank = ((keyed[None, :] < keyed[:, None])
-            | ((keyed[None, :] == keyed[:, None]) & (place[None, :] < place[:, None]))).sum(1)
-    middle = (finite.sum() - 1).clamp(min=0) // 2
-    median = torch.where(finite.any(), torch.where(rank == middle, keyed, 0.0).sum(), 0.0)
-    reach = torch.where(finite, picks.abs(), 0.0).amax()
-    return median, reach
+    count = finite.sum()
+    total = torch.where(finite, picks, 0.0).sum()
+    low = torch.where(finite, picks, _INF).amin()
+    high = torch.where(finite, picks, -_INF).amax()
+    trimmed = torch.where(count > 2, (total - low - high) / (count - 2).clamp(min=1),
+                          total / count.clamp(min=1))
+    reach = torch.maximum(low.abs(), high.abs())
+    scale = torch.where((count > 0) & (reach > 0), 1.0 / reach.clamp(min=_TINY), 1.0)
+    # a reduction's result is a stored number: the value's loop loads it rather than computing
+    # it anew per value (inductor would store the deviations in a buffer of their own instead)
+    stored = torch.stack([trimmed.float(), scale.float()])[:, None].expand(2, 2).amax(1)
+    return stored[0], stored[1]
 
 
 def _float64_summary(value: torch.Tensor) -> torch.Tensor:
