@@ -13,7 +13,7 @@ import torch._dynamo.testing
 
 import fxdebug
 from fxdebug.runtime import stats_from_summary
-from fxdebug.runtime.compiled_stats import graph_summary
+from fxdebug.runtime.compiled_stats import FLOAT32_MIN_NUMEL, graph_summary
 from test_stats import ADVERSARIAL, adversarial, assert_stats_equal, truth
 
 
@@ -87,8 +87,8 @@ def assert_records_match(records, expected):
         assert_stats_equal(record.stats, want, record.dtype)
 
 
-def inputs(seed):
-    return torch.randn(2, 3, 12, 12, generator=torch.Generator().manual_seed(seed))
+def inputs(seed):  # activations of 2 * 8 * 22 * 22 values: the float32 sums, and their fallback
+    return torch.randn(2, 3, 24, 24, generator=torch.Generator().manual_seed(seed))
 
 
 def test_inductor_statistics_equal_float64_with_no_graph_break_and_no_python_per_capture():
@@ -181,13 +181,46 @@ def test_graph_ops_match_float64_on_the_adversarial_inputs(case):
     assert_stats_equal(stats_from_summary(graph_summary(x)), truth(x), x.dtype)
 
 
+@pytest.mark.parametrize("numel", [1000, 10_000], ids=["float64-sums", "float32-sums"])
 @pytest.mark.parametrize("mean", [0.0, 1000.0])
-def test_no_finite_value_where_the_shift_is_read_gives_the_std_or_nan_never_a_wrong_one(mean):
-    x = mean + 1e-3 * torch.randn(10_000, generator=torch.Generator().manual_seed(8))
-    x[[10_000 * i // 8 for i in range(8)]] = float("nan")  # the places the shift is read at
+def test_no_finite_value_where_the_shift_is_read_gives_the_std_or_nan_never_a_wrong_one(mean, numel):
+    x = mean + 1e-3 * torch.randn(numel, generator=torch.Generator().manual_seed(8))
+    x[[numel * i // 8 for i in range(8)]] = float("nan")  # the places the shift is read at
     stats, expected = stats_from_summary(graph_summary(x)), truth(x)
     assert stats.nonfinite == 8 and stats.min == expected["min"] and stats.max == expected["max"]
     if mean == 0.0:  # a shift of 0 is close enough to these values
         assert_stats_equal(stats, expected, x.dtype)
-    else:  # a shift of 0 is too far: no std rather than an imprecise one
+    elif numel < FLOAT32_MIN_NUMEL:  # a shift of 0 is too far: no std rather than an imprecise one
         assert math.isnan(stats.std) and math.isclose(stats.mean, expected["mean"], rel_tol=1e-9)
+    else:  # float32's sums: no std, and a mean only where its error bound holds
+        assert math.isnan(stats.std)
+        assert math.isnan(stats.mean) or math.isclose(stats.mean, expected["mean"], rel_tol=1e-6)
+
+
+FLOAT32_CASES = ["large-mean-small-spread", "negative-large-mean", "nonfinite", "near-overflow",
+                 "shifts-far-from-values"]
+
+
+def test_float32_sums_inside_inductor_equal_float64_on_the_adversarial_inputs():
+    """float32 tensors are summed in float32 inside the compiled graph: float64's answer."""
+    summarize = torch.compile(graph_summary, backend="inductor", fullgraph=True, dynamic=False)
+    for case in FLOAT32_CASES:
+        x = adversarial(case)
+        assert x.dtype == torch.float32 and x.numel() >= FLOAT32_MIN_NUMEL
+        assert_stats_equal(stats_from_summary(summarize(x)), truth(x), x.dtype)
+
+
+@pytest.mark.parametrize("tiny", [False, True])
+def test_float32_squares_that_overflow_or_underflow_give_nan_never_a_wrong_std(tiny):
+    x = torch.randn(10_000, generator=torch.Generator().manual_seed(10))
+    if tiny:  # picks of 0, values of 1e-30 between them: squares below float32's normal range
+        x = 1e-30 * x
+        x[::1250] = 0.0  # the places the shift and scale are read at
+    else:  # values of +-3e38 between the picks: their squared deviations overflow float32
+        x[[13, 17]] = torch.tensor([3e38, -3e38])
+    stats, expected = stats_from_summary(graph_summary(x)), truth(x)
+    assert math.isnan(stats.std) and math.isfinite(expected["std"]) and expected["std"] > 0
+    assert stats.min == expected["min"] and stats.max == expected["max"]
+    assert stats.numel == expected["numel"] and stats.nonfinite == 0
+    assert stats.zeros_pct == expected["zeros_pct"]
+    assert math.isnan(stats.mean) or math.isclose(stats.mean, expected["mean"], rel_tol=1e-5)

@@ -2,8 +2,8 @@
 
 While dynamo traces ``capture_stats`` (:func:`.compiled_ops.compiled_capture`),
 each tensor's summary (the eight float64 numbers of :mod:`.stats`) is written
-as plain torch ops on the value, so inductor fuses the reductions into the
-kernels around it, and nothing runs in Python per capture::
+as plain torch ops on the value, which inductor compiles into its kernels,
+and nothing runs in Python per capture::
 
     torch.compile(fxdebug.instrument(model, mode="stats"))(x)
       dynamo traces gm.forward:
@@ -17,19 +17,39 @@ kernels around it, and nothing runs in Python per capture::
     reading the Records (any access), or the next run's begin_run
       └─ CompiledRecords files one Record per key, in capture order
 
-One pass over the value, which inductor fuses into the kernel that computes
-it: count, min, max and zeros of the finite values, and the sums of their
-deviations from a *shift* and of the squares, in float64. The shift is the
-first finite one of a few values read at fixed places of the tensor (NaN and
-Inf count as a deviation of exactly 0), so ``M2 = squares - total**2 / count``
-cannot cancel: a shift that is itself one of the values lies at most
-``sqrt(M2)`` from the mean, so the squares are at most ``count * M2`` and
-float64 rounding leaves ``M2`` within ``count * 2**-53`` of itself (a large
-mean with a small spread, values near float32's overflow: their squares are
-finite in float64). Where no pick is finite the shift is 0; if that leaves
-``M2`` imprecise, the std is NaN, never a wrong number. float64 values take
-two passes, scaled by their largest magnitude (as
-:func:`.stats._summarize_masked`) so their squares cannot overflow. The Records object of a compiled run is a :class:`CompiledRecords`;
+A float32, float16 or bfloat16 tensor of ``FLOAT32_MIN_NUMEL`` values or
+more is summed in float32 (float64 arithmetic halves a CPU's vector width and
+costs some 4x as much; eager stats mode's kernel does the same): one pass over
+the value, which inductor compiles into a loop of its own kernel, with the
+count, min, max and zeros of the finite values, and the sums of their
+deviations from a *shift* (the mean of a few values read at fixed places,
+less the largest and smallest)
+and of the squares, scaled by 1 / those few values' largest magnitude.
+No branch, no copy of the value, nothing read back: the ``M2`` it gives is
+kept where it is precise (see ``FLOAT32_RATIO``: sums finite, squares at most
+16x ``M2``, none lost to underflow) and is NaN elsewhere (values spread so far
+from the shift or so wide that float32 cannot hold the squares), never an
+imprecise number (the mean too, where its own error bound fails); min, max
+and the counts are exact::
+
+    graph_summary(t)
+      ├─ float64 t                     _two_pass_scaled
+      ├─ float32/16/bf16, large        _float32_summary
+      └─ otherwise                     _float64_summary
+
+``_float64_summary`` takes one pass over the finite values: count, min, max
+and zeros, and the sums of their deviations from a shift and of the squares,
+in float64. The shift is the first finite one of a few values read at fixed
+places of the tensor (NaN and Inf count as a deviation of exactly 0), so
+``M2 = squares - total**2 / count`` cannot cancel: a shift that is itself one
+of the values lies at most ``sqrt(M2)`` from the mean, so the squares are at
+most ``count * M2`` and float64 rounding leaves ``M2`` within
+``count * 2**-53`` of itself (a large mean with a small spread, values near
+float32's overflow: their squares are finite in float64). Where no pick is
+finite the shift is 0; if that leaves ``M2`` imprecise, the std is NaN, never
+a wrong number. float64 values take two passes, scaled by their largest
+magnitude (as :func:`.stats._summarize_masked`) so their squares cannot
+overflow. The Records object of a compiled run is a :class:`CompiledRecords`;
 it fills itself from the recorder's sink the first time it is read.
 
 >>> s = graph_summary(torch.tensor([1.0, 3.0, float("inf"), 0.0]))
@@ -67,7 +87,7 @@ def summarizable_in_graph(tensor: Any) -> bool:
 
 
 def graph_summary(tensor: torch.Tensor) -> torch.Tensor:
-    """The summary of ``tensor`` (see :mod:`.stats`) as torch ops, with no branch on the values.
+    """The summary of ``tensor`` (see :mod:`.stats`) as torch ops, equal to float64's answer.
 
     >>> [round(v, 4) for v in graph_summary(torch.tensor([2, 0, 4])).tolist()]
     [3.0, 2.0, 8.0, 0.0, 4.0, 1.0, 0.0, 3.0]
@@ -77,6 +97,95 @@ def graph_summary(tensor: torch.Tensor) -> torch.Tensor:
         value = value.abs()
     if value.dtype == torch.float64:
         return _two_pass_scaled(value)
+    if value.dtype in _NARROW and value.numel() >= FLOAT32_MIN_NUMEL:
+        return _float32_summary(value)
+    return _float64_summary(value)
+
+
+FLOAT32_MIN_NUMEL = 1 << 12
+"""float32, float16 and bfloat16 tensors from this size on are summed in float32."""
+
+FLOAT32_RATIO = 16.0
+"""float32's M2 is kept where the squared deviations from the shift are at most this many times
+M2 (as the eager kernel's ``BOUND_RATIO``): rounding then leaves it within some 1e-6 of itself
+in practice, a few ``FLOAT32_RATIO * 4096 * 2**-24`` at worst (inductor's CPU sums add at most
+4096 values in a row, then pairwise); elsewhere the std is NaN, never an imprecise one."""
+
+_NARROW = (torch.float32, torch.float16, torch.bfloat16)
+_SUM_ERROR = 4100 * 2.0 ** -24  # a float32 sum's error per value summed, at worst, in inductor
+_TINY = 2.0 ** -126  # float32's smallest normal number
+
+
+def _float32_summary(value: torch.Tensor) -> torch.Tensor:
+    """The summary from float32 sums over the finite values (see the module docstring).
+
+    The deviations from the picks' trimmed mean are scaled by 1 / the picks' largest
+    magnitude, so their squares neither overflow nor fall below float32's normal range
+    where the picks are like the other values; M2 is NaN where they are not (see
+    ``FLOAT32_RATIO``), or where the squares could have lost digits to underflow. Few graph
+    nodes: the picks' statistics are one small reduction, the value's one loop, the summary one
+    pointwise op (inductor runs each scalar node of a kernel between two thread barriers).
+    """
+    wide = value.float()
+    shift, scale = _trimmed_picks(wide)
+    finite = torch.isfinite(wide)
+    deviation = torch.where(finite, (wide - shift) * scale, 0.0)
+    total = deviation.sum().double()
+    squares = (deviation * deviation).sum().double()
+    counter = torch.int32 if value.numel() < 2 ** 31 else torch.int64
+    count = finite.sum(dtype=counter).double()
+    low = torch.where(finite, wide, _INF).amin().double()
+    high = torch.where(finite, wide, -_INF).amax().double()
+    zeros = (wide == 0).sum(dtype=counter).double()
+    safe = count.clamp(min=1)
+    m2 = (squares - total * total / safe).clamp(min=0)
+    # finite sums, squares not far above M2, none of them lost to float32's underflow
+    precise = (torch.isfinite(total + squares) & (squares <= FLOAT32_RATIO * m2)
+               & ((squares >= count * _TINY) | (low == high)))
+    unscale = 1.0 / scale.double()
+    m2 = torch.where(precise, m2 * unscale * unscale, _NAN)
+    mean = shift.double() + total * unscale / safe
+    # the float32 sum of the deviations is off by at most _SUM_ERROR * sqrt(count * squares)
+    close = _SUM_ERROR * torch.sqrt(squares / safe) <= 2.0 ** -20 * mean.abs() / unscale
+    mean = torch.where((count > 0) & torch.isfinite(total + squares) & (precise | close), mean, _NAN)
+    numel = torch.full_like(count, value.numel())
+    return _vector([count, mean, m2, low, high, zeros, numel - count, numel])
+
+
+def _vector(scalars: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack(scalars)`` as one pointwise op (a stack is one small node per scalar)."""
+    place = torch.arange(len(scalars), device=scalars[0].device)
+    out = scalars[-1].expand(len(scalars))
+    for i in reversed(range(len(scalars) - 1)):
+        out = torch.where(place == i, scalars[i], out)
+    return out
+
+
+def _trimmed_picks(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean of the finite ones of a few values spread over ``value``, less the largest and
+    the smallest (0 if none is finite), and 1 / the largest magnitude among them (1 if none is
+    finite): one small reduction, few ops (inductor stores a value's deviations in a buffer of
+    their own where the ops that compute them are many)."""
+    flat = value.reshape(-1)
+    step = flat.numel() // _PICKS
+    picks = flat[:step * _PICKS].view(_PICKS, step)[:, 0].double()  # read where they lie
+    finite = torch.isfinite(picks)
+    count = finite.sum()
+    total = torch.where(finite, picks, 0.0).sum()
+    low = torch.where(finite, picks, _INF).amin()
+    high = torch.where(finite, picks, -_INF).amax()
+    trimmed = torch.where(count > 2, (total - low - high) / (count - 2).clamp(min=1),
+                          total / count.clamp(min=1))
+    reach = torch.maximum(low.abs(), high.abs())
+    scale = torch.where((count > 0) & (reach > 0), 1.0 / reach.clamp(min=_TINY), 1.0)
+    # a reduction's result is a stored number: the value's loop loads it rather than computing
+    # it anew per value (inductor would store the deviations in a buffer of their own instead)
+    stored = torch.stack([trimmed.float(), scale.float()])[:, None].expand(2, 2).amax(1)
+    return stored[0], stored[1]
+
+
+def _float64_summary(value: torch.Tensor) -> torch.Tensor:
+    """The summary from float64 sums over the finite values, one pass (see the module)."""
     if not value.is_floating_point():  # integers, bools: exact in float64, squares finite
         value = value.to(torch.float64)
     finite = torch.isfinite(value)
