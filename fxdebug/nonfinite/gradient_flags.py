@@ -153,6 +153,8 @@ def _float_grads(parameters: list[torch.Tensor]) -> list[torch.Tensor]:
         if grad is not None and (grad.is_floating_point() or grad.is_complex()):
             if type(grad) is not _PLAIN and hasattr(grad, "to_local"):
                 grad = grad.to_local()  # a DTensor (FSDP2): its local shard
+            if grad.layout is not torch.strided:  # sparse (Embedding(sparse=True)): its values
+                grad = grad.coalesce().values() if grad.is_sparse else grad.values()
             if grad.numel():  # max|g| of nothing has no value (an empty shard)
                 grads.append(grad)
     return grads

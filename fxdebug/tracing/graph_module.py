@@ -261,9 +261,17 @@ class _Child:
             raise AttributeError(self.name) from None
 
 
+# dynamo before torch 2.14 refuses a class attribute it does not know while it traces a
+# module (torch.export's strict mode on 2.9.1: "Unsupported nn.Module attribute type"):
+# there children are found by nn.Module.__getattr__, as in any module
+_CHILD_DESCRIPTORS = torch_compat.torch_version() >= (2, 14)
+
+
 def _look_up_children_fast(cls: type, gm: fx.GraphModule) -> None:
     """A :class:`_Child` on ``gm``'s own class for each child module whose name the class
-    does not use otherwise."""
+    does not use otherwise (torch 2.14 and later)."""
+    if not _CHILD_DESCRIPTORS:
+        return
     for name in torch_compat.own_children(gm):
         if not hasattr(cls, name):
             setattr(cls, name, _Child(name))
