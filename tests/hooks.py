@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 
 import torch
@@ -26,10 +27,12 @@ def recur_detach(store, name, output, sep="/"):
             recur_detach(store, f"{name}{sep}{field.name}", getattr(output, field.name), sep)
 
 
-def hook_captures(model: torch.nn.Module, *inputs) -> "collections.OrderedDict[str, torch.Tensor]":
+def hook_captures(model: torch.nn.Module, *inputs, grad_mode: bool = False
+                  ) -> "collections.OrderedDict[str, torch.Tensor]":
     """Run ``model`` with a forward hook on every submodule; keys like fxdebug's.
 
-    The n-th call (n > 0) of a module is keyed ``name_n``.
+    The n-th call (n > 0) of a module is keyed ``name_n``. The forward runs under
+    ``torch.no_grad()`` unless ``grad_mode``.
     """
     store: collections.OrderedDict[str, torch.Tensor] = collections.OrderedDict()
     calls: dict[str, int] = {}
@@ -45,7 +48,7 @@ def hook_captures(model: torch.nn.Module, *inputs) -> "collections.OrderedDict[s
 
         handles.append(module.register_forward_hook(hook))
     try:
-        with torch.no_grad():
+        with contextlib.nullcontext() if grad_mode else torch.no_grad():
             model(*inputs)
     finally:
         for handle in handles:

@@ -17,28 +17,7 @@ import torchvision
 import fxdebug
 from fxdebug.errors import StaleCaptureError
 from fxdebug.runtime.records import Records
-
-
-def _cloned_hook_outputs(model, x):
-    """Every module's output as a forward hook that clones sees it (grad mode on), keyed as
-    fxdebug keys repeated calls (``relu``, ``relu_1``)."""
-    store, calls, handles = {}, {}, []
-    for name, module in model.named_modules():
-        if not name:
-            continue
-
-        def hook(_module, _inputs, output, name=name):
-            count = calls.get(name, 0)
-            calls[name] = count + 1
-            store[name if count == 0 else f"{name}_{count}"] = output.detach().clone()
-
-        handles.append(module.register_forward_hook(hook))
-    try:
-        out = model(x)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return out, store
+from hooks import hook_captures
 
 
 @pytest.mark.parametrize("capture", ["modules", "all"])
@@ -46,7 +25,9 @@ def test_captures_equal_cloning_forward_hooks_on_resnet18(capture):
     torch.manual_seed(0)
     model = torchvision.models.resnet18().eval()
     x = torch.randn(2, 3, 64, 64)
-    expected_out, truth = _cloned_hook_outputs(model, x)
+    # every module's output as a forward hook that clones sees it, grad mode on
+    truth = hook_captures(model, x, grad_mode=True)
+    expected_out = model(x)
     gm = fxdebug.instrument(model, capture=capture)
     out = gm(x)
     assert torch.equal(out, expected_out)

@@ -76,9 +76,6 @@ class _PartRecords:
         target = self.records.grads if self._grads else self.records
         target.add_tensor(self.part.rename(key, self.call), op, value, clone)
 
-    def add_stats(self, key: str, op: str, value: torch.Tensor, clone: bool = False) -> None:
-        self.add(key, op, value, stats_only=True)
-
     def flush_stats(self) -> None:
         """The last capture of a part's forward: the shared Records' pending summaries."""
         self.records.flush_stats()

@@ -29,8 +29,7 @@ from .records_html import records_table_html
 from . import torch_compat
 from ..tables.report import Report
 from .stats import Stats, combine, stats_from_summaries, tensor_stats
-from .stats_batch import BATCH_DTYPES, MAX_PENDING_NUMEL, capture_summary, finish_pending
-from .stats_kernel import MIN_NUMEL
+from .stats_batch import MAX_PENDING_NUMEL, batchable, capture_summary, finish_pending
 from .values import flatten_tensors
 from .torch_compat import read_version
 
@@ -214,9 +213,7 @@ class Records(Report):
         for :meth:`flush_stats`, with its tensor's version counter (a copy where ``clone``, set
         where a later in-place op of the graph writes it); others as ``add(stats_only=True)``.
         Runs once per capture: kept to a few attribute reads."""
-        if (self.layouts is not None or tensor.numel() >= MIN_NUMEL or tensor.is_meta
-                or tensor.dtype not in BATCH_DTYPES or tensor.layout is not torch.strided
-                or type(tensor) is not torch.Tensor):
+        if self.layouts is not None or not batchable(tensor):
             self.add(key, op, tensor, stats_only=True)
             return
         version = _version_of(tensor)
