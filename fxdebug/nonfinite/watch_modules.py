@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ..runtime import flatten_tensors, outputs_loss, tensor_stats
+from ..runtime.placement import dtensor_placement, local_value
 from ..runtime.formatting import dtype_text, shape_text
 from .nonfinite import BackwardHit, ForwardHit, NonfiniteReport, ValueStats
 
@@ -53,10 +54,9 @@ def _source(module: torch.nn.Module) -> tuple[str, int] | None:
 
 
 def _stats(name: str, tensor: torch.Tensor) -> ValueStats:
-    placements = getattr(tensor, "placements", None)
-    if placements is not None and hasattr(tensor, "to_local") and \
-            not all(p.is_replicate() for p in placements):  # a shard: its statistics, labelled
-        tensor = tensor.to_local()
+    placement = dtensor_placement(tensor)
+    if placement is not None and placement.sharded:  # a shard: its statistics, labelled
+        tensor = local_value(tensor)
         name = f"{name} (this rank's piece)"
     return ValueStats(name, shape_text(tensor.shape), dtype_text(tensor.dtype),
                       tensor_stats(tensor))
