@@ -140,9 +140,15 @@ def test_resnet_in_stats_mode_equals_forward_hooks(hooks):
         gm(x)
     rec = fxdebug.records(gm)
     assert len(rec) == len(expected)
+    tensor_gm = fxdebug.instrument(model)
+    with torch.no_grad():
+        tensor_gm(x)
+    # small captures (summarized at the end) and large ones (at once) keep execution order
+    assert rec.keys() == fxdebug.records(tensor_gm).keys()
     batched = 0
     for key, value in expected.items():
         batched += value.numel() < MIN_NUMEL
+        assert (rec.record(key).shape, rec.record(key).dtype) == (value.shape, value.dtype), key
         stats = rec[key]
         want = truth(value)
         scale = max(abs(want["mean"]), want["std"], 1e-6)
@@ -150,7 +156,63 @@ def test_resnet_in_stats_mode_equals_forward_hooks(hooks):
         assert math.isclose(stats.std, want["std"], rel_tol=1e-4, abs_tol=1e-6), key
         assert (stats.min, stats.max, stats.zeros_pct, stats.nonfinite) == \
             (want["min"], want["max"], want["zeros_pct"], 0), key
-    assert batched > 10  # the batched path took part
+    assert 10 < batched < len(expected) - 10  # both paths took part
+
+
+@pytest.mark.parametrize("group", ["one layout", "mixed layouts"])
+def test_each_batched_record_has_its_tensors_shape_dtype_and_statistics(group):
+    g = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(3, 4, generator=g), torch.randn(5, 4, generator=g),
+               torch.randn(2, 3, 4, generator=g).permute(2, 0, 1)[:, :, :2].transpose(1, 2)]
+    if group == "mixed layouts":  # several sizes beyond dim 0, 0-d, empty and integer tensors
+        tensors += [torch.randn(4, generator=g), torch.tensor(2.5), torch.zeros(0, 4),
+                    torch.zeros(2, 0), torch.arange(6).view(2, 3), torch.randn(7, 4, generator=g)]
+    gm = fxdebug.instrument(Many(tensors), mode="stats")
+    gm(torch.zeros(1))
+    rec = fxdebug.records(gm)
+    for i, x in enumerate(tensors):
+        record = rec.record(f"parts.{i}")
+        assert (record.shape, record.dtype) == (x.shape, x.dtype), i
+        if x.numel():
+            assert_stats_equal(rec[f"parts.{i}"], truth(x), x.dtype)
+        else:
+            assert rec[f"parts.{i}"].numel == 0 and math.isnan(rec[f"parts.{i}"].mean)
+
+
+def test_a_capture_a_hook_later_writes_in_place_keeps_what_eager_computed():
+    """A pre-hook on the instrumented module's child zeroes, in place, the output of the
+    module before it, after its capture and before the summaries are taken."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        expected = model[0](x)
+    gm = fxdebug.instrument(model, mode="stats")
+    gm.get_submodule("1").register_forward_pre_hook(lambda module, inputs: inputs[0].mul_(0))
+    with torch.no_grad():
+        gm(x)
+    rec = fxdebug.records(gm)
+    assert_stats_equal(rec["0"], truth(expected), torch.float32)
+    assert (rec["1"].min, rec["1"].max, rec["1"].zeros_pct) == (0.0, 0.0, 100.0)
+
+
+def test_captures_before_a_failing_module_are_kept_with_their_statistics():
+    class Fails(torch.nn.Module):
+        def forward(self, x):
+            raise ValueError("bad input")
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), Fails())
+    gm = fxdebug.instrument(model, mode="stats")
+    x = torch.randn(3, 4)
+    with pytest.raises(ValueError, match="bad input"):
+        gm(x)
+    rec = fxdebug.records(gm)
+    with torch.no_grad():
+        expected = {"0": model[0](x), "1": model[1](model[0](x))}
+    assert rec.keys() == ["0", "1"]
+    for key, value in expected.items():
+        assert_stats_equal(rec[key], truth(value), torch.float32)
 
 
 def test_repeated_calls_each_hold_their_own_values_and_reuse_the_segment_plan():
@@ -184,6 +246,30 @@ def test_accumulated_and_pickled_batched_records():
     assert_stats_equal(rec["0"], truth(torch.cat(runs).relu()), torch.float32)
     again = pickle.loads(pickle.dumps(rec))
     assert again["1"] == rec["1"]
+
+
+class FirstColumns(torch.nn.Module):
+    def forward(self, x):
+        return x[:, :5]
+
+
+def test_accumulated_large_and_small_captures_equal_all_runs_together():
+    """Large captures (summarized at once) and small ones (batched) merge over runs alike,
+    in capture order."""
+    model = torch.nn.Sequential(torch.nn.ReLU(), FirstColumns(), torch.nn.Tanh())
+    gm = fxdebug.instrument(model, mode="stats")
+    fxdebug.accumulate_stats(gm)
+    runs = [torch.randn(3, MIN_NUMEL, generator=torch.Generator().manual_seed(s))
+            for s in range(3)]
+    for x in runs:
+        gm(x)
+    rec = fxdebug.records(gm)
+    both = torch.cat(runs)
+    assert rec.runs == 3 and rec.keys() == ["0", "1", "2"]
+    assert (rec.record("0").shape, rec.record("1").shape) == ((3, MIN_NUMEL), (3, 5))
+    for key, value in (("0", both.relu()), ("1", both.relu()[:, :5]),
+                       ("2", both.relu()[:, :5].tanh())):
+        assert_stats_equal(rec[key], truth(value), torch.float32)
 
 
 def _graph_case(mode: str, graphed_callables: bool):

@@ -31,6 +31,8 @@ from torch.fx.node import has_side_effect, map_aggregate
 from .compiled_ops import (ID_ATTR, compiled_begin_run, compiled_capture, register_recorder,
                            start_run)
 from .records import Records
+from .stats_batch import BATCH_DTYPES, MAX_PENDING_NUMEL, SMALL
+from .stats_kernel import MIN_NUMEL
 from .torch_compat import read_version
 
 __all__ = ["Recorder", "RECORDER_ATTR", "begin_run", "capture", "capture_stats",
@@ -38,6 +40,7 @@ __all__ = ["Recorder", "RECORDER_ATTR", "begin_run", "capture", "capture_stats",
 
 # The attribute of an instrumented GraphModule that holds its Recorder.
 RECORDER_ATTR = "fxdebug_recorder"
+STRIDED = torch.strided
 
 
 class Recorder(torch.nn.Module):
@@ -188,6 +191,35 @@ def capture_stats(recorder: Recorder, value, key: str, op: str, clone: bool = Fa
     has run (:mod:`.stats_batch`); ``clone=True`` (a later in-place op writes
     to the value) keeps a copy of it until then.
     """
+    if type(value) is torch.Tensor and not is_dynamo_compiling():  # one plain tensor, eager
+        records = recorder.latest
+        if type(records) is not Records:  # a part's recorder: a view that renames keys
+            records.add(key, op, value, stats_only=True)
+        elif clone or records.layouts is not None:
+            records.add_stats(key, op, value, clone)
+        else:  # records.add_stats(key, op, value) for a small tensor, inlined: runs per capture
+            numel, dtype = value.numel(), value.dtype
+            try:
+                version = read_version(value)
+            except (RuntimeError, AttributeError):  # an inference tensor: add_stats copies it
+                version = None
+            if numel < MIN_NUMEL and dtype in BATCH_DTYPES and version is not None \
+                    and value.layout is STRIDED and not value.is_meta:
+                batch = records._small
+                tensors = batch.tensors
+                records.pending.append((key, op, batch, SMALL, len(tensors)))
+                tensors.append(value)
+                batch.versions.append(version)
+                batch.dtypes.append(dtype)
+                batch.sizes.append(numel)
+                batch.numel += numel
+                if batch.numel > MAX_PENDING_NUMEL:
+                    records.flush_stats()
+            else:
+                records.add_stats(key, op, value)
+        if flush:
+            records.flush_stats()
+        return None
     if is_compiling():  # torch.compile traces: graph ops summarize the compiled value
         compiled_capture(recorder, value, key, op, True, in_graph=type(recorder) is Recorder)
         return None

@@ -29,11 +29,15 @@ from .records_html import records_table_html
 from . import torch_compat
 from ..tables.report import Report
 from .stats import Stats, combine, stats_from_summaries, tensor_stats
-from .stats_batch import MAX_PENDING_NUMEL, batchable, capture_summary, finish_pending
+from .stats_batch import (BATCH_DTYPES, MAX_PENDING_NUMEL, READY, SMALL, PendingBatch, capture_summary,
+                          merge_runs)
+from .stats_kernel import MIN_NUMEL
 from .values import flatten_tensors
 from .torch_compat import read_version
 
 __all__ = ["Records", "Record", "Stats", "tensor_stats"]
+
+STRIDED = torch.strided
 
 
 # Columns of Records.table a narrow terminal gives up first, and short header names.
@@ -60,9 +64,11 @@ class Records(Report):
 
     def __init__(self, grads_recorded: bool | None = None, *, _of: "Records | None" = None) -> None:
         self._settled: dict[str, Record] = {}  # read through _records, which settles first
-        # captures add_tensor (and the capture node, inlined) took this run that no reader
-        # asked for yet: (key, op, kept tensor, copied, version) each, made into Records on
-        # the first read (_settle)
+        # captures taken this run that no reader asked for yet, made into Records on the first
+        # read (_settle), in capture order: (key, op, kept tensor, copied, version) from
+        # add_tensor (and the capture node, inlined); (key, op, batch, SMALL, index) from
+        # add_stats (index: the capture's place in the PendingBatch `batch`); (key, op, Record,
+        # READY, None) from add_stats, for a summary taken at once
         self.pending: list[tuple] = []
         self.notes: list[str] = []
         self._grads: Records | None = None
@@ -73,11 +79,9 @@ class Records(Report):
         # Summaries taken this run, by tensor identity: a container module's output is
         # usually its last child's, and its statistics are not computed twice.
         self._summaries: dict[int, tuple[weakref.ref, int | None, torch.Tensor]] = {}
-        # stats mode: (record, tensor, version, previous summary) of small captures whose
-        # summaries are computed together (flush_stats); _graphed: filled by a CUDA graph replay
-        self._pending: list[tuple[Record, torch.Tensor, int | None, Any]] = []
-        self._pending_numel = 0
-        self._batch: list[torch.Tensor | None] = [None]  # the rows of the pending summaries
+        # stats mode: the small captures whose summaries are computed together (flush_stats);
+        # _graphed: filled by a CUDA graph replay
+        self._small = PendingBatch()
         self._graphed = False
         self.runs = 1
         self.accumulating = False
@@ -107,26 +111,38 @@ class Records(Report):
         self._settled, self.pending = records, []
 
     def _settle(self) -> None:
-        """Make the captures add_tensor took into Records (the same add() makes), in order."""
+        """Make the pending captures into Records (the same add() makes), in order."""
+        if self._small.tensors:
+            self.flush_stats()
         pending = self.pending
         count = len(pending)  # (a capture another thread appends meanwhile stays pending)
         records = self._settled
-        for key, op, kept, copied, version in pending[:count]:
-            record = _new_record(Record)  # add()'s fields; the others keep their defaults
-            record.key, record.op, record.shape, record.dtype = key, op, tuple(kept.shape), kept.dtype
-            record.value, record.copied, record.version = kept, copied, version
-            records.pop(key, None)  # captured again in this run: it moves to the end
+        merge = []
+        for key, op, kept, kind, extra in pending[:count]:
+            if kind is SMALL:
+                record = kept.record(key, op, extra)
+            elif kind is READY:
+                record = kept
+            else:  # add_tensor's (key, op, kept, copied, version)
+                record = _new_record(Record)  # add()'s fields; the others keep their defaults
+                record.key, record.op, record.shape, record.dtype = \
+                    key, op, tuple(kept.shape), kept.dtype
+                record.value, record.copied, record.version = kept, kind, extra
+            old = records.pop(key, None)  # captured again in this run: it moves to the end
             records[key] = record
+            if old is not None and self.accumulating and kind in (SMALL, READY):
+                merge.append((record, old))
         del pending[:count]
+        if merge:
+            merge_runs(records, merge)
 
     def __getstate__(self):
-        self.flush_stats()
         if self.pending:
             self._settle()
         state = dict(self.__dict__)
         state["pending"] = []  # (a copy never shares it)
         state["_summaries"] = {}  # weak references: this run's reuse cache, not data
-        state["_batch"] = [None]
+        state["_small"] = None
         return state
 
     def __setstate__(self, state) -> None:
@@ -134,12 +150,14 @@ class Records(Report):
         if "_records" in state:  # pickled by an fxdebug that kept no pending captures
             state["_settled"] = state.pop("_records")
         state.setdefault("pending", [])
-        self.__dict__.update({"_pending": [], "_pending_numel": 0, "_graphed": False, **state,
-                              "_batch": [None]})
+        for older in ("_pending", "_pending_numel", "_batch"):  # an fxdebug before PendingBatch
+            state.pop(older, None)
+        self.__dict__.update({"_graphed": False, **state, "_small": PendingBatch()})
 
     def start_run(self) -> None:
         """Accumulating statistics: the next run's summaries merge into these (see ``add``)."""
-        self.flush_stats()
+        if self.pending:
+            self._settle()
         self._summaries.clear()
         self.runs += 1
         if self._grads is not None:
@@ -190,9 +208,6 @@ class Records(Report):
             if placement is None and layouts is not None:  # a plain tensor of a TP model
                 placement = planned_placement(layouts.get(key) if name == key else None, tensor)
             if stats_only:
-                old = self._records.get(name)
-                if old is not None and old.summary is None and self._pending:
-                    self.flush_stats()  # a pending summary of the same key: taken first
                 local = tensor if placement is None else local_value(tensor)
                 summary = self._summary(local) if reuse else capture_summary(local)
                 old = self._records.get(name) if self.accumulating else None
@@ -211,58 +226,44 @@ class Records(Report):
     def add_stats(self, key: str, op: str, tensor: torch.Tensor, clone: bool = False) -> None:
         """Stats mode's capture of one tensor (``capture_stats``): a small one's summary waits
         for :meth:`flush_stats`, with its tensor's version counter (a copy where ``clone``, set
-        where a later in-place op of the graph writes it); others as ``add(stats_only=True)``.
-        Runs once per capture: kept to a few attribute reads."""
-        if self.layouts is not None or not batchable(tensor):
+        where a later in-place op of the graph writes it); others are summarized at once.
+        Runs once per capture: kept to a few attribute reads.
+
+        >>> rec = Records(); rec.add_stats("y", "relu", torch.tensor([1.0, 3.0])); rec["y"].mean
+        2.0
+        """
+        if self.layouts is not None or type(tensor) is not torch.Tensor or not self._plain_add:
             self.add(key, op, tensor, stats_only=True)
             return
-        version = _version_of(tensor)
-        if clone or version is None:  # an inference tensor has no version counter: a copy
+        numel, dtype = tensor.numel(), tensor.dtype
+        if numel >= MIN_NUMEL or dtype not in BATCH_DTYPES or tensor.layout is not STRIDED \
+                or tensor.is_meta:  # not batchable(tensor): summarized at once
+            record = Record(key, op, tuple(tensor.shape), dtype, None, False,
+                            summary=self._summary(tensor))
+            self.pending.append((key, op, record, READY, None))
+            return
+        try:
+            version = None if clone else read_version(tensor)
+        except (RuntimeError, AttributeError):  # an inference tensor has no version counter
+            version = None
+        if version is None:  # a copy: nothing else writes to it
             tensor = tensor.detach().clone()
             version = _version_of(tensor)
-        pending = self._pending
-        old = self._records.pop(key, None)
-        if old is not None and self.accumulating:
-            if old.summary is None and not old.stale:
-                self.flush_stats()
-                pending = self._pending
-            previous = "stale" if old.stale else old.summary
-        else:
-            previous = None
-        record = _new_record(BatchedStatsRecord)  # as Record(...), without its __init__: faster
-        record.__dict__ = {"key": key, "op": op, "shape": tensor.shape, "dtype": tensor.dtype,
-                           "value": None, "copied": False, "_batch": self._batch,
-                           "_row": len(pending)}
-        self._records[key] = record
-        pending.append((record, tensor, version, previous))
-        self._pending_numel += tensor.numel()
-        if self._pending_numel > MAX_PENDING_NUMEL:
+        batch = self._small
+        self.pending.append((key, op, batch, SMALL, len(batch.tensors)))
+        batch.add(tensor, version)  # type: ignore[arg-type]  # (a copy has a version counter)
+        if batch.numel > MAX_PENDING_NUMEL:
             self.flush_stats()
 
     def flush_stats(self) -> None:
         """Compute every pending summary together (:mod:`.stats_batch`); a capture whose tensor
         was written in place since becomes a :class:`StaleStatsRecord`."""
-        pending = self._pending
-        if not pending:
+        batch = self._small
+        if not batch.tensors:
             return
-        batch = self._batch
-        self._pending, self._pending_numel, self._batch = [], 0, [None]
-        records, tensors, versions, previous = zip(*pending)
-        groups, stale, graphed = finish_pending(list(tensors), list(versions), list(previous),
-                                                self.accumulating)
-        self._graphed = self._graphed or graphed
-        if len(groups) == 1:
-            batch[0] = groups[0][1]  # each record reads its row when first asked
-        else:
-            for indices, rows in groups:
-                for index, row in zip(indices, rows.unbind(0)):
-                    records[index].summary = row
-        for index in stale:
-            lost: Record = records[index]
-            if self._records.get(lost.key) is lost:
-                fields = {f.name: getattr(lost, f.name) for f in dataclasses.fields(Record)}
-                fields["summary"] = None
-                self._records[lost.key] = StaleStatsRecord(**fields)
+        self._small = PendingBatch()
+        if batch.finish(self.accumulating):
+            self._graphed = True
 
     def add_tensor(self, key: str, op: str, tensor: torch.Tensor, clone: bool = False) -> None:
         """``add(key, op, tensor, clone=clone)`` for the value a capture node hands over most

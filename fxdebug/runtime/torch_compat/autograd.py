@@ -72,7 +72,7 @@ def tensor_versions(tensors) -> list[int | None]:
     1
     """
     try:
-        return [tensor._version for tensor in tensors]
+        return list(map(read_version, tensors))
     except (RuntimeError, AttributeError):
         return [tensor_version(tensor) for tensor in tensors]
 
