@@ -215,6 +215,24 @@ def test_captures_before_a_failing_module_are_kept_with_their_statistics():
         assert_stats_equal(rec[key], truth(value), torch.float32)
 
 
+def test_more_pending_values_than_a_batch_holds_are_summarized_in_several(hooks):
+    """Past MAX_PENDING_NUMEL pending values the summaries are taken mid-forward: every
+    capture still equals its float64 reference, in order."""
+    size = MIN_NUMEL - 1
+    layers = stats_batch.MAX_PENDING_NUMEL // size + 3
+    model = torch.nn.Sequential(*[torch.nn.Tanh() if i % 2 else torch.nn.Sigmoid()
+                                  for i in range(layers)])
+    x = torch.randn(size, generator=torch.Generator().manual_seed(0))
+    expected = hooks(model, x)
+    gm = fxdebug.instrument(model, mode="stats")
+    with torch.no_grad():
+        gm(x)
+    rec = fxdebug.records(gm)
+    assert rec.keys() == list(expected)
+    for key, value in expected.items():
+        assert_stats_equal(rec[key], truth(value), torch.float32)
+
+
 def test_repeated_calls_each_hold_their_own_values_and_reuse_the_segment_plan():
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
