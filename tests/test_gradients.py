@@ -386,3 +386,41 @@ def test_every_kind_of_activation_and_a_user_hook_beside_fxdebugs():
     out.sum().backward()
     torch.testing.assert_close(fxdebug.records(gm).grads["fc"], fc_truth)
     assert len(seen) == 1
+
+
+class _DoubleGradInPlace(torch.autograd.Function):
+    """Identity whose backward doubles its incoming gradient in place (as fused kernels do)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.mul_(2)
+
+
+class _WritesItsGradient(torch.nn.Module):
+    def forward(self, x):
+        return _DoubleGradInPlace.apply(x)
+
+
+def test_stats_mode_gradients_are_those_the_hook_saw_even_when_backward_writes_them():
+    """Small gradients are summarized together when backward ends, from copies: a gradient a
+    backward function doubles in place afterwards still shows what reached its activation."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), _WritesItsGradient(), torch.nn.Tanh())
+    x = torch.randn(4, 6)
+    gm = fxdebug.instrument(model, grads=True, mode="stats")
+    gm(x).sum().backward()
+    grads = fxdebug.records(gm).grads
+    with torch.no_grad():  # ground truth by hand: d sum(tanh(z)) / dz = 1 - tanh(z)^2
+        z = model[0](x)
+    expected = {"2": torch.ones(4, 5), "1": 1 - torch.tanh(z) ** 2,
+                "0": 2 * (1 - torch.tanh(z) ** 2)}
+    assert grads.keys() == ["2", "1", "0"]
+    for key, value in expected.items():
+        assert grads[key].mean == pytest.approx(value.mean().item(), rel=1e-6), key
+        assert grads[key].norm == pytest.approx(value.norm().item(), rel=1e-6), key
+        assert (grads[key].min, grads[key].max) == pytest.approx(
+            (value.min().item(), value.max().item()), rel=1e-6), key

@@ -162,6 +162,42 @@ def test_inference_mode_runs_eagerly_with_a_warning_naming_the_line(hooks):
         fxdebug.trace(tm.InferenceBlock())
 
 
+def test_custom_autograd_function_runs_eagerly_so_its_backward_is_kept(hooks):
+    """torch.fx would inline a custom Function's forward and drop its backward: the gradients
+    of everything before it would silently differ from eager's."""
+    model = tm.HoldsCustomFunction()
+    x = torch.randn(3, 4)
+    expected = _grads(model, _seeded(model, x))
+    gm, messages = _instrument_quietly(model, grads=True)
+    line = _line_of(tm.ReversesGradient, "FUNCTION LINE")
+    assert any("reverse (a custom torch.autograd.Function" in m and line in m for m in messages), \
+        messages
+    out = _seeded(gm, x)
+    assert torch.equal(out, model(x))
+    _assert_same_grads(expected, _grads(model, out))
+    for key, value in hooks(model, x).items():
+        assert torch.equal(fxdebug.records(gm)[key], value), key
+
+
+def test_custom_autograd_function_in_the_root_forward_names_the_line():
+    """Neither fx nor torch.export keeps a custom Function's backward: the root forward runs
+    eagerly, and torch's ``Function.apply`` is torch's own again afterwards."""
+    apply = vars(torch.autograd.Function)["apply"]
+    model = tm.CustomFunctionAtRoot()
+    line = _line_of(tm.CustomFunctionAtRoot, "ROOT FUNCTION LINE")
+    with pytest.raises(fxdebug.TraceFailure, match=re.escape(line) + ".*custom torch.autograd"):
+        fxdebug.trace(model)
+    x = torch.randn(3, 4)
+    with pytest.raises(fxdebug.TraceFailure, match=re.escape(line) + ".*drops its backward"):
+        fxdebug.trace(model, x, frontend="export")
+    expected = _grads(model, model(x))
+    gm, _ = _instrument_quietly(model)  # the root forward runs eagerly, its modules traced
+    out = gm(x)
+    assert torch.equal(out, model(x))
+    _assert_same_grads(expected, _grads(model, out))
+    assert vars(torch.autograd.Function)["apply"] is apply
+
+
 # -- 4. static forwards and *args ----------------------------------------------------------
 def test_static_and_star_args_forwards_trace():
     x = torch.randn(2, 4)

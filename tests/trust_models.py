@@ -246,3 +246,41 @@ class RandomBranch(nn.Module):
         if torch.rand(1) > 0.5:  # RANDOM BRANCH LINE
             return x
         return -x
+
+
+class ReverseGrad(torch.autograd.Function):
+    """Gradient reversal (domain adaptation): identity forward, negated gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return -grad
+
+
+class ReversesGradient(nn.Module):
+    def forward(self, x):
+        return ReverseGrad.apply(x)  # FUNCTION LINE
+
+
+class HoldsCustomFunction(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.Linear(4, 4)
+        self.reverse = ReversesGradient()
+        self.post = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.post(torch.tanh(self.reverse(self.pre(x))))
+
+
+class CustomFunctionAtRoot(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.Linear(4, 4)
+        self.post = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.post(ReverseGrad.apply(self.pre(x)))  # ROOT FUNCTION LINE

@@ -69,7 +69,7 @@ class _StoreGrad:
 
     def __call__(self, grad):
         if self.stats_only:
-            self.records.grads.add(self.key, self.op, grad, stats_only=True)
+            self.records.grads.add_grad_stats(self.key, self.op, grad)
         else:  # the short way of a capture node (one plain tensor; anything else: add)
             self.records.grads.add_tensor(self.key, self.op, grad)
         return None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import threading
 import weakref
 from typing import Any, Iterator
 
@@ -38,6 +39,7 @@ from .torch_compat import read_version
 __all__ = ["Records", "Record", "Stats", "tensor_stats"]
 
 STRIDED = torch.strided
+_GRAD_LOCK = threading.Lock()
 
 
 # Columns of Records.table a narrow terminal gives up first, and short header names.
@@ -255,6 +257,27 @@ class Records(Report):
         if batch.numel > MAX_PENDING_NUMEL:
             self.flush_stats()
 
+    def add_grad_stats(self, key: str, op: str, grad: torch.Tensor) -> None:
+        """Stats mode's gradient hook (``grads=True``): :meth:`add_stats`, the small summaries
+        taken together when the backward pass ends (at once where no backward pass runs), of
+        copies (a backward function may write its incoming gradient in place).
+
+        >>> rec = Records(); rec.add_grad_stats("y", "relu", torch.tensor([1.0, 3.0]))
+        >>> rec["y"].mean
+        2.0
+        """
+        with _GRAD_LOCK:  # a backward over several devices runs their hooks on one thread each
+            self.add_stats(key, op, grad, clone=True)
+            batch = self._small
+            if batch.tensors and not batch.queued:
+                batch.queued = True
+                if not torch_compat.at_backward_end(self._flush_at_backward_end):
+                    self.flush_stats()
+
+    def _flush_at_backward_end(self) -> None:
+        with _GRAD_LOCK:
+            self.flush_stats()
+
     def flush_stats(self) -> None:
         """Compute every pending summary together (:mod:`.stats_batch`); a capture whose tensor
         was written in place since becomes a :class:`StaleStatsRecord`."""
@@ -320,6 +343,16 @@ class Records(Report):
         if not isinstance(key, str):
             raise TypeError(_key_type_message(key))
         record = self.record(key)
+        if record.stale and self._of is not None:
+            now = "?" if record.value is None else _version_of(record.value)
+            raise StaleCaptureError(
+                f"the gradient recorded under {key!r} ({record.op}) is stale: a backward "
+                f"function wrote it in place after it reached this activation (version "
+                f"{record.version} -> {now}), as custom autograd Functions and fused kernels "
+                f"that reuse their incoming gradient do. It no longer shows that gradient. "
+                f"Instrument with mode='stats' (gradient statistics are taken from copies), or "
+                f"read fxdebug.records(gm).grads in a hook before that backward function runs.",
+                key=key)
         if record.stale:
             now = "?" if record.value is None else _version_of(record.value)
             raise StaleCaptureError(

@@ -375,8 +375,8 @@ class PendingBatch:
     (2.0, [])
     """
 
-    __slots__ = ("tensors", "versions", "dtypes", "sizes", "numel", "_holder", "_rows",
-                 "_shapes", "_trailing", "_stale")
+    __slots__ = ("tensors", "versions", "dtypes", "sizes", "numel", "queued", "_holder",
+                 "_rows", "_shapes", "_trailing", "_stale")
 
     def __init__(self) -> None:
         self.tensors: list[torch.Tensor] = []
@@ -384,6 +384,7 @@ class PendingBatch:
         self.dtypes: list[torch.dtype] = []
         self.sizes: list[int] = []
         self.numel = 0
+        self.queued = False  # gradients: finish() is queued for the end of the backward pass
         self._holder: list[torch.Tensor | None] = [None]  # the K x 8 rows, on one device
         self._rows: list[torch.Tensor] | None = None  # each capture's row: several devices
         self._shapes: list | None = None  # each tensor's shape, or from _trailing and _sizes

@@ -36,6 +36,7 @@ import torch.fx as fx
 
 from ..errors import TraceFailure
 from ..runtime import flatten_tensors, torch_compat
+from .fidelity import UnfaithfulTrace, custom_functions_applied
 from .graph_module import DebugGraphModule
 from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, ModuleReturn,
                    key_base)
@@ -204,8 +205,16 @@ def _export(model: torch.nn.Module, inputs: tuple, kwargs: dict) -> fx.GraphModu
     prints to stderr when it fails (the TraceFailure says what went wrong)."""
     printed = io.StringIO()
     try:
-        with contextlib.redirect_stderr(printed):
+        with contextlib.redirect_stderr(printed), custom_functions_applied() as applied:
             exported = torch.export.export(model, inputs, kwargs)
+        if applied:
+            function, where = applied[0]
+            refused = UnfaithfulTrace(
+                f"the custom autograd Function {function.__module__}.{function.__qualname__} "
+                f"is called in forward: an exported graph keeps its forward and drops its "
+                f"backward, so gradients would differ from eager")
+            refused.fxdebug_location = where
+            raise refused
     except Exception as exc:
         text = printed.getvalue()
         partial_graph = getattr(exc, "partial_fx_graph", None)
@@ -237,7 +246,8 @@ def _explained_export(model: torch.nn.Module, inputs: tuple, kwargs: dict) -> fx
     try:
         plain = _export(_with_visible_identities(module_tree_copy(model)), inputs, kwargs)
     except Exception as exc:  # any failure of user code under export is explained
-        where = user_location_in_traceback(exc.__traceback__)
+        where = (getattr(exc, "fxdebug_location", None)
+                 or user_location_in_traceback(exc.__traceback__))
         location = format_location(where) if where else None
         at = f" at {location}" if location else ""
         raise TraceFailure(

@@ -33,6 +33,10 @@ _KINDS = (
     (r"fxdebug: torch.inference_mode\(\) inside forward",
      "torch.inference_mode() inside forward, which a torch.fx graph cannot hold",
      "context"),
+    (r"fxdebug: the custom autograd Function",
+     "a custom torch.autograd.Function called on a traced value (a torch.fx graph would keep "
+     "its forward and drop its backward)",
+     "context"),
     (r"fxdebug: forward stores a traced value on the module",
      "a traced value stored on the module in forward (torch.fx would leave a Proxy there)",
      "attribute"),

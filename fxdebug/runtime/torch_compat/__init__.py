@@ -34,7 +34,7 @@ from ..torch_version import MINIMUM_TORCH, require_torch, torch_version  # re-ex
 
 require_torch(MINIMUM_TORCH, "fxdebug")  # before any private name below can fail on an old torch
 
-from .autograd import (add_tensor_hook, read_version,  # noqa: E402
+from .autograd import (add_tensor_hook, at_backward_end, read_version,  # noqa: E402
                        saved_tensor_has_unpack_hooks, saved_tensor_names, tensor_version,
                        tensor_versions)
 from .dtensor import (ParallelLayout, distribute_module_applied,  # noqa: E402
@@ -64,7 +64,8 @@ __all__ = [
     # torch_version
     "MINIMUM_TORCH", "require_torch", "torch_version",
     # autograd
-    "add_tensor_hook", "read_version", "saved_tensor_has_unpack_hooks", "saved_tensor_names",
+    "add_tensor_hook", "at_backward_end", "read_version", "saved_tensor_has_unpack_hooks",
+    "saved_tensor_names",
     "tensor_version", "tensor_versions",
     # dtensor
     "ParallelLayout", "distribute_module_applied", "parallel_output_layout",

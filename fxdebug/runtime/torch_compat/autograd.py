@@ -10,13 +10,34 @@ from collections import OrderedDict
 import torch
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["add_tensor_hook", "read_version", "saved_tensor_has_unpack_hooks",
+__all__ = ["add_tensor_hook", "at_backward_end", "read_version", "saved_tensor_has_unpack_hooks",
            "saved_tensor_names", "tensor_version", "tensor_versions"]
 
 # tensor._version (2.9.1, 2.14.1) read without a Python frame, for the capture fast path: it
 # raises RuntimeError on an inference tensor and AttributeError where torch drops the
 # attribute; the caller falls back to None (as tensor_version does).
 read_version = operator.attrgetter("_version")
+
+
+def at_backward_end(callback) -> bool:
+    """Have ``callback()`` run once the backward pass now running ends, on the thread that
+    started it (``torch.autograd.Variable._execution_engine.queue_callback``, what DDP and
+    FSDP use; 2.9.1, 2.14.1). False where nothing is queued: outside a backward pass (a
+    gradient hook called by hand) or where torch drops the name; the caller then does the
+    work at once.
+
+    >>> at_backward_end(lambda: None)  # no backward is running
+    False
+    """
+    engine = getattr(getattr(torch.autograd, "Variable", None), "_execution_engine", None)
+    queue = getattr(engine, "queue_callback", None)
+    if queue is None:
+        return False
+    try:
+        queue(callback)
+    except RuntimeError:  # "Final callbacks can only be installed during backward pass"
+        return False
+    return True
 
 
 def tensor_version(tensor: torch.Tensor) -> int | None:
