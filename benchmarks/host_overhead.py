@@ -24,6 +24,7 @@ capture="all"              ``instrument(m, capture="all")`` forward         hook
 register_hook              forward + backward, a hook on every output's     (the yardstick)
                            gradient
 grads=True                 ``instrument(m, grads=True)`` forward + backward register_hook
+grads=True, stats mode     the same with ``mode="stats"``                   register_hook
 detect_anomaly             forward + backward under ``detect_anomaly``      (per module)
 find_nonfinite             ``find_nonfinite(m, x)`` forward + backward      detect_anomaly
 watch_nonfinite            a training step through the watch + ``check()``  the training step
@@ -160,15 +161,16 @@ def main() -> None:
 
     registered = row("register_hook (fwd + bwd)", forward_backward,
                      with_hooks(grad_hook, backward=True), modules)
-    gm = fxdebug.instrument(model, grads=True)
+    for label, mode in (("grads=True (fwd + bwd)", "tensor"),
+                        ('grads=True, mode="stats" (fwd + bwd)', "stats")):
+        gm = fxdebug.instrument(model, grads=True, mode=mode)
 
-    def grads_step():
-        gm.zero_grad(set_to_none=True)
-        gm(x).sum().backward()
-    grads_step()
-    count = len(fxdebug.records(gm).grads)
-    row("grads=True (fwd + bwd)", forward_backward, grads_step, count, registered,
-        "register_hook")
+        def grads_step(gm=gm):
+            gm.zero_grad(set_to_none=True)
+            gm(x).sum().backward()
+        grads_step()
+        count = len(fxdebug.records(gm).grads)
+        row(label, forward_backward, grads_step, count, registered, "register_hook")
 
     def anomaly():
         with warnings.catch_warnings():
