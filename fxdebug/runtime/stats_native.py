@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -157,7 +158,8 @@ _PARALLEL_ROWS = 64
 threads costs more than it saves."""
 
 _FLAGS = (["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp"],
-          ["-O3", "-ffp-contract=fast", "-fopenmp"], ["-O3"])
+          ["-O3", "-ffp-contract=fast", "-fopenmp"], ["-O3", "-march=native", "-ffp-contract=fast"],
+          ["-O3"])
 """Tried in order: without OpenMP the rows take one thread (the same bits)."""
 
 _lock = threading.Lock()
@@ -166,9 +168,12 @@ unavailable_reason: list[str] = []
 """Why the C kernel could not be built (empty while it can, or before the first call)."""
 
 
-def _compiler() -> str | None:
-    return os.environ.get("CC") or next(
-        (path for name in ("cc", "gcc", "clang") if (path := shutil.which(name))), None)
+def _compiler() -> list[str] | None:
+    """The C compiler's command: ``$CC`` (e.g. ``ccache gcc``), else cc, gcc or clang."""
+    if os.environ.get("CC", "").strip():
+        return shlex.split(os.environ["CC"])
+    path = next((path for name in ("cc", "gcc", "clang") if (path := shutil.which(name))), None)
+    return None if path is None else [path]
 
 
 def _build() -> ctypes.CDLL | None:
@@ -184,7 +189,7 @@ def _build() -> ctypes.CDLL | None:
             file.write(_SOURCE)
         for number, flags in enumerate(_FLAGS):
             target = os.path.join(folder, f"stats{number}.so")
-            command = [compiler, *flags, "-std=c11", "-shared", "-fPIC", source, "-o", target]
+            command = [*compiler, *flags, "-std=c11", "-shared", "-fPIC", source, "-o", target]
             try:
                 done = subprocess.run(command, capture_output=True, text=True, timeout=120)
             except (OSError, subprocess.SubprocessError) as error:
@@ -203,7 +208,8 @@ def _build() -> ctypes.CDLL | None:
                                  ctypes.c_int, ctypes.c_int64, ctypes.c_void_p]
             function.restype = ctypes.c_int
             return library
-    unavailable_reason.append(f"{compiler} could not build it: {errors[0] if errors else '?'}")
+    unavailable_reason.append(f"{shlex.join(compiler)} could not build it: "
+                              f"{errors[0] if errors else '?'}")
     return None
 
 
