@@ -298,21 +298,31 @@ _STATS_WITH_WARNINGS_AS_ERRORS = """\
 import json, sys, warnings
 warnings.simplefilter("error")  # every warning an error, as under python -W error
 import torch, fxdebug
+from fxdebug.runtime import stats_native
+if sys.argv[1] == "compiled":  # as where no C compiler builds the CPU kernel
+    stats_native._library.append(None)
 x = torch.linspace(-3.0, 5.0, 1 << 16).reshape(1, 1, 256, 256)
 gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), mode="stats")
 gm(x)
 stats = fxdebug.records(gm)["0"]
 print(json.dumps(dict(mean=stats.mean, min=stats.min, max=stats.max,
-                      inductor="torch._inductor.compile_fx" in sys.modules)))
+                      inductor="torch._inductor.compile_fx" in sys.modules,
+                      native=stats_native._library[0] is not None)))
 """
 
 
-def test_compiled_kernel_raises_no_warning_of_torch_on_first_use():
+@pytest.mark.parametrize("kernel", ["native", "compiled"])
+def test_compiled_kernel_raises_no_warning_of_torch_on_first_use(kernel):
     # A fresh process, so the kernel's first compile imports inductor here: torch 2.11 raises
     # DeprecationWarnings about its own code on that import, which the user must not see.
-    child = run_python(_STATS_WITH_WARNINGS_AS_ERRORS)
+    # The C kernel, where it builds, needs no inductor at all.
+    child = run_python(_STATS_WITH_WARNINGS_AS_ERRORS, kernel)
     assert child.returncode == 0, child.stderr[-3000:]
     got = json.loads(child.stdout)
-    assert got.pop("inductor")  # the compiled kernel ran, not torch's reductions
+    native, inductor = got.pop("native"), got.pop("inductor")
+    if kernel == "compiled" or not native:
+        assert inductor and not native  # the compiled kernel ran, not torch's reductions
+    else:
+        assert not inductor  # the C kernel ran; torch.compile was never needed
     expected = truth(torch.linspace(-3.0, 5.0, 1 << 16).relu())
     assert got == pytest.approx({key: expected[key] for key in got}, abs=1e-5)

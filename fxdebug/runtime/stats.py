@@ -11,9 +11,9 @@ deviation, Bessel-corrected (``sqrt(M2 / (n - 1))`` over the ``n`` finite
 values; NaN for a single value, as torch). Tables, saved runs and reports all
 show this one.
 
-A float tensor of at least ``MIN_NUMEL`` values takes one pass: a compiled
-kernel returns its count, mean, M2, min, max and zero count together
-(:mod:`.stats_kernel`). No path takes the spread as ``sum(x**2) - n *
+A float tensor of at least ``MIN_NUMEL`` values takes one pass: a kernel (C on
+the CPU, compiled by ``torch.compile`` elsewhere) returns its count, mean, M2,
+min, max and zero count together (:mod:`.stats_kernel`). No path takes the spread as ``sum(x**2) - n *
 mean**2`` where that could cancel: each sums deviations from a shift close to
 the values (the kernel's per-row shifts, a first estimate of the mean) and
 corrects by their sum, so the error does not depend on the order of the sums.

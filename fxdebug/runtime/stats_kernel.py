@@ -1,20 +1,26 @@
-"""One pass over a tensor for every statistic stats mode keeps: a kernel compiled once.
+"""One pass over a tensor for every statistic stats mode keeps: a kernel built once.
 
 torch has no single kernel that returns a tensor's mean, spread, minimum,
 maximum and zero count together; its own reductions take four passes
 (``aminmax``, ``sum``, ``vector_norm``, ``count_nonzero``, the last one slow on
-tensors full of zeros, such as ReLU outputs). :func:`one_pass_sums` compiles
-that reduction with ``torch.compile`` (inductor fuses it into one loop over the
-tensor) once per dtype and device type, with dynamic sizes, so a whole
-model's activations share one compiled kernel. On the CPU it is compiled on an
-example of ``COMPILE_ROWS`` rows, so that its C++ code splits the pass over the
-values among threads (by whole rows) and sums the rows on one thread, in a fixed
-order: one fork of threads per call, and the same bits whatever their number::
+tensors full of zeros, such as ReLU outputs). On the CPU, :func:`one_pass_sums`
+takes a few lines of C built with the system's C compiler (:mod:`.stats_native`:
+the tensor's memory read once, at the speed of ``tensor.sum()``, a few
+microseconds of Python a call). Elsewhere, and on a CPU where no C compiler
+builds that, it compiles the same reduction with ``torch.compile`` (inductor
+fuses it into one loop over the tensor) once per dtype and device type, with
+dynamic sizes, so a whole model's activations share one compiled kernel. On the
+CPU that one is compiled on an example of ``COMPILE_ROWS`` rows, so that its
+C++ code splits the pass over the values among threads (by whole rows) and sums
+the rows on one thread, in a fixed order: one fork of threads per call, and the
+same bits whatever their number (the C kernel too)::
 
     one_pass_sums(tensor)                       tensor: float, at least MIN_NUMEL values
-      ├─ a 1-D view of its memory               (contiguous or channels-last: no copy)
-      ├─ compiled kernel, under no_grad         -> a part: [count, mean, M2, min, max,
-      │    rows of ROW values, each reduced          zeros, bound]
+      ├─ its memory, as it lies                 (contiguous or channels-last: no copy)
+      ├─ CPU: the C kernel, every value         -> a part: [count, mean, M2, min, max,
+      │    (the last row shorter)                    zeros, bound]
+      ├─ else compiled kernel, under no_grad
+      │    rows of ROW values, each reduced
       │    around its first value, then the
       │    rows combined in float64
       └─ the last ``numel % ROW`` values, with torch's reductions in float64, merged
@@ -22,9 +28,9 @@ order: one fork of threads per call, and the same bits whatever their number::
 ``M2`` is the sum of squared deviations from the mean. The spread is never
 taken as ``sum(x**2) - n * mean**2``, which cancels when the mean is large
 against the spread, by an amount that depends on the order of the sums (and
-so on the CPU's vector width and thread count). The float32 kernel (CPU)
-subtracts from each row of ``ROW`` values its first value, sums the
-deviations and their squares in float32, and combines the rows in float64
+so on the CPU's vector width and thread count). The float32 kernels (CPU)
+subtract from each row of ``ROW`` values its first value, sum the
+deviations and their squares in float32, and combine the rows in float64
 (Chan et al.'s formula). ``bound`` is the sum of the squared deviations: the
 float32 rounding error of ``M2`` is at most a few ``ROW * 2**-24`` of it,
 whatever the order of the sums, and the caller recomputes where ``bound`` is
@@ -35,7 +41,7 @@ two passes over the finite values: the mean, then the deviations from it.
 Where ``torch.compile`` cannot build the kernel (no C++
 compiler, an unsupported platform), the first call warns once with the reason
 and returns None from then on, and stats mode uses torch's reductions: same
-statistics, slower. ``FXDEBUG_STATS_KERNEL=0`` turns the kernel off.
+statistics, slower. ``FXDEBUG_STATS_KERNEL=0`` turns both kernels off.
 
 >>> part = one_pass_sums(torch.tensor([0.0, 2.0, float("inf")] * 20000), wide=True)
 >>> part is None or [round(v) for v in part.tolist()] == [40000, 1, 40000, 0, 2, 20000, 40000]
@@ -54,6 +60,7 @@ from typing import Callable
 import torch
 
 from ..errors import PerformanceWarning
+from .stats_native import row_sums
 from .torch_compat import load_inductor
 
 __all__ = ["one_pass_sums", "merge_parts", "dense_memory", "MIN_NUMEL", "ROW", "BOUND_RATIO"]
@@ -266,6 +273,10 @@ def one_pass_sums(tensor: torch.Tensor, wide: bool = False) -> torch.Tensor | No
     if _unavailable or os.environ.get("FXDEBUG_STATS_KERNEL", "1") == "0":
         return None
     device_type = tensor.device.type
+    if not wide and device_type == "cpu":  # the C kernel: the same sums, at the speed of a read
+        part = row_sums(dense_memory(tensor.detach()), ROW)
+        if part is not None:
+            return part
     try:
         kernel = _kernel(device_type, wide, tensor.dtype)
         with torch.no_grad() if torch.is_grad_enabled() else _NO_CONTEXT:

@@ -1,0 +1,258 @@
+"""The CPU's one-pass statistics kernel, a few lines of C built with the system's C compiler.
+
+:func:`row_sums` returns what the float32 kernel of :mod:`.stats_kernel`
+returns, ``[count, mean, M2, min, max, zeros, bound]``, with the same
+arithmetic: rows of ``ROW`` values, each reduced around its first value in
+float32, the rows combined in float64 (Chan et al.), the last, shorter row
+like the others. It reads the tensor's memory once, at the speed of
+``tensor.sum()``, and a call costs a few microseconds of Python (a
+``torch.compile`` call costs about 40: its guards and wrapper)::
+
+    row_sums(tensor)                   float32, bfloat16 or float16, dense memory, on the CPU
+      ├─ rows split among torch.get_num_threads() threads (OpenMP), by whole rows
+      │    each row: float32 sums in 32 lanes, folded in a fixed order
+      └─ rows combined on one thread, in order: the same bits on any number of threads
+
+Minimum and maximum take the first operand where one is NaN (the CPU's own
+``min``): a NaN or Inf shows in the sums instead, and the caller recomputes
+there. float16 and bfloat16 values widen to float32 exactly (float16's
+subnormals too, whatever the CPU's denormal flags). The C source is compiled
+once per process, in a temporary directory removed at once (``-march=native``:
+the library never outlives the machine it was built for); without a C
+compiler, or where the build fails, :func:`row_sums` returns None and the
+caller takes the ``torch.compile`` kernel.
+
+>>> part = row_sums(torch.tensor([0.0, 2.0] * 20000))
+>>> part is None or part.tolist() == [40000.0, 1.0, 40000.0, 0.0, 2.0, 20000.0, 80000.0]
+True
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+
+import torch
+
+__all__ = ["row_sums", "unavailable_reason"]
+
+_SOURCE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
+
+#define LANES 32
+
+typedef struct { double sum, squares, shift, low, high, zeros, width; } row_t;
+
+static inline float from_f32(float v) { return v; }
+static inline float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f;
+}
+static inline float from_f16(uint16_t h) {
+    uint32_t m = h & 0x3ffu, e = h & 0x7c00u;
+    uint32_t normal = ((uint32_t)(h & 0x7fffu) << 13) + (112u << 23);
+    uint32_t special = 0x7f800000u | (m << 13);
+    float small = (float)m * 0x1p-24f;  /* a subnormal: a normal float32, exact */
+    uint32_t u; memcpy(&u, &small, 4);
+    u = e == 0 ? u : (e == 0x7c00u ? special : normal);
+    u |= (uint32_t)(h & 0x8000u) << 16;
+    float f; memcpy(&f, &u, 4); return f;
+}
+
+/* LANES values from x as float32: x itself, or widened into buf. */
+static inline const float* block_f32(const float* x, float* buf) { (void)buf; return x; }
+static inline const float* block_bf16(const uint16_t* x, float* buf) {
+    for (int j = 0; j < LANES; j++) buf[j] = from_bf16(x[j]);
+    return buf;
+}
+static inline const float* block_f16(const uint16_t* x, float* buf) {
+#ifdef __F16C__  /* the CPU's own conversion: exact, subnormals too, whatever MXCSR says */
+    for (int j = 0; j < LANES; j += 8)
+        _mm256_storeu_ps(buf + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(x + j))));
+#else
+    for (int j = 0; j < LANES; j++) buf[j] = from_f16(x[j]);
+#endif
+    return buf;
+}
+
+#define STEP(j, v) do { float d_ = (v) - shift; s[j] += d_; q[j] += d_ * d_;          \
+    lo[j] = (v) < lo[j] ? (v) : lo[j]; hi[j] = (v) > hi[j] ? (v) : hi[j];               \
+    z[j] += (v) == 0.0f; } while (0)
+
+#define ROW_FN(NAME, TYPE, LOAD, BLOCK)                                                \
+static void NAME(const TYPE* x, int64_t width, row_t* out) {                           \
+    float shift = LOAD(x[0]);                                                          \
+    float s[LANES], q[LANES], lo[LANES], hi[LANES], buf[LANES]; int32_t z[LANES];      \
+    for (int j = 0; j < LANES; j++) {                                                  \
+        s[j] = 0.0f; q[j] = 0.0f; lo[j] = INFINITY; hi[j] = -INFINITY; z[j] = 0;       \
+    }                                                                                  \
+    int64_t i = 0;                                                                     \
+    for (; i + LANES <= width; i += LANES) {                                           \
+        const float* v = BLOCK(x + i, buf);                                            \
+        for (int j = 0; j < LANES; j++) STEP(j, v[j]);                                 \
+    }                                                                                  \
+    for (int j = 0; i + j < width; j++) { float v = LOAD(x[i + j]); STEP(j, v); }     \
+    for (int step = LANES / 2; step > 0; step /= 2)                                    \
+        for (int j = 0; j < step; j++) {                                               \
+            s[j] += s[j + step]; q[j] += q[j + step]; z[j] += z[j + step];             \
+            lo[j] = lo[j + step] < lo[j] ? lo[j + step] : lo[j];                       \
+            hi[j] = hi[j + step] > hi[j] ? hi[j + step] : hi[j];                       \
+        }                                                                              \
+    out->sum = s[0]; out->squares = q[0]; out->shift = shift; out->low = lo[0];        \
+    out->high = hi[0]; out->zeros = z[0]; out->width = (double)width;                  \
+}
+
+ROW_FN(row_f32, float, from_f32, block_f32)
+ROW_FN(row_bf16, uint16_t, from_bf16, block_bf16)
+ROW_FN(row_f16, uint16_t, from_f16, block_f16)
+
+/* out: count, mean, M2, min, max, zeros, bound. kind: 0 float32, 1 bfloat16, 2 float16. */
+int fxdebug_row_sums(const void* data, int64_t numel, int64_t row, int kind, int threads,
+                     int64_t parallel_rows, double* out) {
+    int64_t rows = (numel + row - 1) / row;
+    row_t* parts = (row_t*)malloc(sizeof(row_t) * (size_t)rows);
+    if (parts == NULL) return 1;
+    #pragma omp parallel for schedule(dynamic, 16) num_threads(threads) if(threads > 1 && rows >= parallel_rows)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t width = numel - r * row < row ? numel - r * row : row;
+        if (kind == 0) row_f32((const float*)data + r * row, width, parts + r);
+        else if (kind == 1) row_bf16((const uint16_t*)data + r * row, width, parts + r);
+        else row_f16((const uint16_t*)data + r * row, width, parts + r);
+    }
+    double total = 0.0, low = INFINITY, high = -INFINITY, zeros = 0.0, bound = 0.0, m2 = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+        const row_t* p = parts + r;
+        total += p->width * p->shift + p->sum;
+        low = p->low < low ? p->low : low;
+        high = p->high > high ? p->high : high;
+        zeros += p->zeros;
+        bound += p->squares;
+        m2 += p->squares - p->sum * p->sum / p->width;
+    }
+    double mean = total / (double)numel;
+    for (int64_t r = 0; r < rows; r++) {
+        const row_t* p = parts + r;
+        double deviation = p->shift + p->sum / p->width - mean;
+        m2 += p->width * deviation * deviation;
+    }
+    free(parts);
+    out[0] = (double)numel; out[1] = mean; out[2] = m2; out[3] = low; out[4] = high;
+    out[5] = zeros; out[6] = bound;
+    return 0;
+}
+"""
+
+_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_PARALLEL_ROWS = 64
+"""Rows (of 2048 values) from which a call splits its rows among threads: below, a fork of
+threads costs more than it saves."""
+
+_FLAGS = (["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp"],
+          ["-O3", "-ffp-contract=fast", "-fopenmp"], ["-O3", "-march=native", "-ffp-contract=fast"],
+          ["-O3"])
+"""Tried in order: without OpenMP the rows take one thread (the same bits)."""
+
+_lock = threading.Lock()
+_library: list[ctypes.CDLL | None] = []
+unavailable_reason: list[str] = []
+"""Why the C kernel could not be built (empty while it can, or before the first call)."""
+
+
+def _compiler() -> list[str] | None:
+    """The C compiler's command: ``$CC`` (e.g. ``ccache gcc``), else cc, gcc or clang."""
+    if os.environ.get("CC", "").strip():
+        return shlex.split(os.environ["CC"])
+    path = next((path for name in ("cc", "gcc", "clang") if (path := shutil.which(name))), None)
+    return None if path is None else [path]
+
+
+def _build() -> ctypes.CDLL | None:
+    """The compiled library, or None (the reason in ``unavailable_reason``)."""
+    compiler = _compiler()
+    if compiler is None:
+        unavailable_reason.append("no C compiler (cc, gcc, clang or $CC) on the PATH")
+        return None
+    errors = []
+    with tempfile.TemporaryDirectory(prefix="fxdebug_stats_", ignore_cleanup_errors=True) as folder:
+        source = os.path.join(folder, "stats.c")
+        with open(source, "w", encoding="utf-8") as file:
+            file.write(_SOURCE)
+        for number, flags in enumerate(_FLAGS):
+            target = os.path.join(folder, f"stats{number}.so")
+            command = [*compiler, *flags, "-std=c11", "-shared", "-fPIC", source, "-o", target]
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            except (OSError, subprocess.SubprocessError) as error:
+                errors.append(f"{type(error).__name__}: {error}")
+                continue
+            if done.returncode != 0:
+                errors.append((done.stderr.strip().splitlines() or ["failed"])[-1][:200])
+                continue
+            try:
+                library = ctypes.CDLL(target)  # mapped: the file may go with its folder
+            except OSError as error:
+                errors.append(f"OSError: {error}")
+                continue
+            function = library.fxdebug_row_sums
+            function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
+                                 ctypes.c_int, ctypes.c_int64, ctypes.c_void_p]
+            function.restype = ctypes.c_int
+            return library
+    unavailable_reason.append(f"{shlex.join(compiler)} could not build it: "
+                              f"{errors[0] if errors else '?'}")
+    return None
+
+
+def _function():
+    if not _library:
+        with _lock:
+            if not _library:
+                _library.append(_build())
+    library = _library[0]
+    return None if library is None else library.fxdebug_row_sums
+
+
+def row_sums(tensor: torch.Tensor, row: int = 2048) -> torch.Tensor | None:
+    """``[count, mean, M2, min, max, zeros, bound]`` (float64) of a dense CPU float tensor's values.
+
+    ``tensor`` must fill its memory (contiguous, channels-last: any order) and
+    hold at least one value. None where the C kernel does not apply (another
+    dtype or device, a tensor subclass) or could not be built.
+
+    >>> part = row_sums(torch.ones(5000, dtype=torch.bfloat16))
+    >>> part is None or part.tolist() == [5000.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+    True
+    """
+    kind = _KINDS.get(tensor.dtype)
+    if kind is None or tensor.device.type != "cpu" or type(tensor) not in _PLAIN \
+            or tensor.layout != torch.strided or tensor.is_neg() or tensor.numel() == 0 \
+            or not _dense(tensor):
+        return None
+    function = _function()
+    if function is None:
+        return None
+    out = torch.empty(7, dtype=torch.float64)
+    if function(tensor.data_ptr(), tensor.numel(), row, kind, torch.get_num_threads(),
+                _PARALLEL_ROWS, out.data_ptr()) != 0:
+        return None  # out of memory for the rows' sums: the compiled kernel tries
+    return out
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s values fill ``numel`` consecutive elements from its data pointer."""
+    return tensor.is_contiguous() or any(
+        tensor.dim() == dims and tensor.is_contiguous(memory_format=memory_format)
+        for dims, memory_format in ((4, torch.channels_last), (5, torch.channels_last_3d)))
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)

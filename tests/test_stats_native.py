@@ -1,0 +1,147 @@
+"""The CPU's C statistics kernel: float64's answer on every float16 and bfloat16 value, the same
+bits on any number of threads, a NaN or Inf anywhere sent to the exact path, and the
+``torch.compile`` kernel taking over where no C compiler builds it.
+
+Ground truth: the values widened by torch (``.double()``) and reduced in float64.
+"""
+
+import math
+
+import pytest
+import torch
+
+from fxdebug.runtime import stats_from_summary, stats_kernel, stats_native, summarize
+from fxdebug.runtime.stats_kernel import MIN_NUMEL, ROW, one_pass_sums
+from fxdebug.runtime.stats_native import row_sums
+from test_stats import assert_stats_equal, truth
+
+needs_compiler = pytest.mark.skipif(stats_native._compiler() is None, reason="no C compiler here")
+
+
+def reference(x: torch.Tensor) -> dict:
+    d = x.double().reshape(-1)
+    return dict(count=d.numel(), mean=d.mean().item(), m2=(d - d.mean()).square().sum().item(),
+                min=d.min().item(), max=d.max().item(), zeros=int((d == 0).sum()))
+
+
+def assert_part_exact(part: torch.Tensor, x: torch.Tensor) -> None:
+    count, mean, m2, low, high, zeros, bound = part.tolist()
+    expected = reference(x)
+    assert (count, low, high, zeros) == (expected["count"], expected["min"], expected["max"],
+                                        expected["zeros"])
+    spread = math.sqrt(expected["m2"] / count)  # float32 rows: the mean to 1e-6 of the spread
+    assert math.isclose(mean, expected["mean"], rel_tol=1e-7, abs_tol=1e-6 * spread)
+    assert bound <= stats_kernel.BOUND_RATIO * m2
+    assert math.isclose(m2, expected["m2"], rel_tol=1e-5)
+
+
+def every_finite(dtype: torch.dtype) -> torch.Tensor:
+    """Every finite value of a 16-bit float type (subnormals and both zeros included), shuffled."""
+    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    values = bits.view(dtype)
+    values = values[torch.isfinite(values)]
+    return values[torch.randperm(values.numel(), generator=torch.Generator().manual_seed(0))]
+
+
+@needs_compiler
+@pytest.mark.parametrize("build", ["native", "generic"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_every_16_bit_value_widens_exactly(dtype, build, monkeypatch):
+    """Built for this CPU (float16 by its F16C instructions on x86) and built for any CPU (by
+    integer operations): the same exact widening."""
+    if build == "generic":
+        monkeypatch.setattr(stats_native, "_FLAGS", (["-O3"],))
+        monkeypatch.setattr(stats_native, "_library", [])
+    x = every_finite(dtype)
+    if dtype == torch.bfloat16:  # its range overflows float32's squares: a part of it
+        x = x[x.abs() < 1e10]
+    part = row_sums(x, ROW)
+    assert part is not None  # the C kernel builds here
+    assert_part_exact(part, x)
+
+
+@needs_compiler
+@pytest.mark.parametrize("build", ["native", "generic"])
+def test_float16_subnormals_count_under_flushed_denormals(build, monkeypatch):
+    """float16's subnormals widen to normal float32 numbers: a CPU set to flush denormals
+    (torch.set_flush_denormal) neither zeroes nor counts them as zeros."""
+    if build == "generic":
+        monkeypatch.setattr(stats_native, "_FLAGS", (["-O3"],))
+        monkeypatch.setattr(stats_native, "_library", [])
+    x = torch.full((3 * ROW + 5,), 2.0 ** -24, dtype=torch.float16)
+    x[::7] = 0
+    x[1::7] = -(2.0 ** -20)
+    was = torch.set_flush_denormal(True)
+    try:
+        part = row_sums(x, ROW)
+    finally:
+        if was:
+            torch.set_flush_denormal(False)
+    assert part is not None
+    assert_part_exact(part, x)
+
+
+@needs_compiler
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_same_bits_on_any_number_of_threads(dtype):
+    generator = torch.Generator().manual_seed(5)
+    x = (torch.randn(300 * ROW + 1001, generator=generator) * 3 + 7).to(dtype)
+    x[::11] = 0
+    threads = torch.get_num_threads()
+    try:
+        parts = []
+        for count in (1, 2, 3, 4):
+            torch.set_num_threads(count)
+            parts.append(row_sums(x, ROW))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(parts[0], part) for part in parts[1:]), parts
+    assert_part_exact(parts[0], x)
+
+
+def _nonfinite_cases():
+    n = 2 * MIN_NUMEL + 13
+    for where in (0, 1, ROW, ROW + 31, n - 1):  # a row's shift, inside a row, the last short row
+        for value in (float("inf"), float("-inf"), float("nan")):
+            yield n, where, value
+
+
+@needs_compiler
+@pytest.mark.parametrize("n,where,value", list(_nonfinite_cases()))
+def test_one_nonfinite_value_anywhere_shows_in_the_sums(n, where, value):
+    """min and max take the CPU's own min (a NaN may not show there): a NaN or Inf must show
+    in the mean, and the summary must then come from the exact path."""
+    x = torch.linspace(-2.0, 3.0, n)
+    x[where] = value
+    part = row_sums(x, ROW)
+    assert part is not None and not math.isfinite(part[1].item()), part
+    assert_stats_equal(stats_from_summary(summarize(x)), truth(x), x.dtype)
+
+
+def test_non_dense_or_foreign_tensors_are_not_read():
+    x = torch.randn(64, 1024)
+    assert row_sums(x.t(), ROW) is None  # its values do not fill numel elements from data_ptr
+    assert row_sums(x[:, :512], ROW) is None
+    assert row_sums(x.double(), ROW) is None and row_sums(torch.ones(0), ROW) is None
+    if stats_native._compiler() is not None:
+        assert row_sums(x.to(memory_format=torch.contiguous_format), ROW) is not None
+        assert row_sums(torch.randn(2, 8, 64, 64).to(memory_format=torch.channels_last), ROW) \
+            is not None
+
+
+def test_without_a_compiler_the_compiled_kernel_gives_the_same_statistics(monkeypatch):
+    """A C compiler that fails: row_sums says why and returns None, one_pass_sums takes the
+    torch.compile kernel, and both kernels agree with float64."""
+    x = 1000.0 + 1e-3 * torch.randn(2 * MIN_NUMEL + 13, generator=torch.Generator().manual_seed(3))
+    native = row_sums(x, ROW)
+    monkeypatch.setattr(stats_native, "_library", [])
+    monkeypatch.setattr(stats_native, "unavailable_reason", [])
+    monkeypatch.setenv("CC", "false")  # exits 1 on every command line
+    assert row_sums(x, ROW) is None
+    assert stats_native.unavailable_reason and "false could not build it" in \
+        stats_native.unavailable_reason[0]
+    compiled = one_pass_sums(x)
+    assert compiled is not None  # inductor's kernel builds here
+    assert_part_exact(compiled, x)
+    if native is not None:
+        assert_part_exact(native, x)
