@@ -123,8 +123,9 @@ def _float32_summary(value: torch.Tensor) -> torch.Tensor:
     magnitude, so their squares neither overflow nor fall below float32's normal range
     where the picks are like the other values; M2 is NaN where they are not (see
     ``FLOAT32_RATIO``), or where the squares could have lost digits to underflow. Few graph
-    nodes: the picks' statistics are one small reduction, the value's one loop, the summary one
-    pointwise op (inductor runs each scalar node of a kernel between two thread barriers).
+    nodes: the picks' statistics are scalar ops stored by one tiny reduction, the value's one
+    loop in the layout inductor chose for it, the summary one pointwise op (inductor runs each
+    scalar node of a kernel between two thread barriers).
     """
     wide = value.float()
     shift, scale = _trimmed_picks(wide)
