@@ -123,12 +123,13 @@ def _float32_summary(value: torch.Tensor) -> torch.Tensor:
     magnitude, so their squares neither overflow nor fall below float32's normal range
     where the picks are like the other values; M2 is NaN where they are not (see
     ``FLOAT32_RATIO``), or where the squares could have lost digits to underflow. Few graph
-    nodes: the picks' statistics are one small reduction, the value's one loop, the summary one
-    pointwise op (inductor runs each scalar node of a kernel between two thread barriers).
+    nodes: the picks' statistics are scalar ops stored by one tiny reduction, the value's one
+    loop in the layout inductor chose for it, the summary one pointwise op (inductor runs each
+    scalar node of a kernel between two thread barriers).
     """
     wide = value.float()
     shift, scale = _trimmed_picks(wide)
-    finite = torch.isfinite(wide)
+    finite = _finite(wide)
     deviation = torch.where(finite, (wide - shift) * scale, 0.0)
     total = deviation.sum().double()
     squares = (deviation * deviation).sum().double()
@@ -164,16 +165,20 @@ def _vector(scalars: list[torch.Tensor]) -> torch.Tensor:
 def _trimmed_picks(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The mean of the finite ones of a few values spread over ``value``, less the largest and
     the smallest (0 if none is finite), and 1 / the largest magnitude among them (1 if none is
-    finite): one small reduction, few ops (inductor stores a value's deviations in a buffer of
-    their own where the ops that compute them are many)."""
-    flat = value.reshape(-1)
-    step = flat.numel() // _PICKS
-    picks = flat[:step * _PICKS].view(_PICKS, step)[:, 0].double()  # read where they lie
-    finite = torch.isfinite(picks)
-    count = finite.sum()
-    total = torch.where(finite, picks, 0.0).sum()
-    low = torch.where(finite, picks, _INF).amin()
-    high = torch.where(finite, picks, -_INF).amax()
+    finite): scalar ops on the picks, stored by one tiny reduction (inductor stores a value's
+    deviations in a buffer of their own where the ops that compute them are many; each scalar
+    node it stores is one more buffer the compiled code allocates per capture)."""
+    picks = [pick.double() for pick in _picks(value)]
+    finite = [_finite(pick) for pick in picks]
+    count = finite[0].double()
+    total = torch.where(finite[0], picks[0], 0.0)
+    low = torch.where(finite[0], picks[0], _INF)
+    high = torch.where(finite[0], picks[0], -_INF)
+    for pick, ok in zip(picks[1:], finite[1:]):
+        count = count + ok.double()
+        total = total + torch.where(ok, pick, 0.0)
+        low = torch.minimum(low, torch.where(ok, pick, _INF))
+        high = torch.maximum(high, torch.where(ok, pick, -_INF))
     trimmed = torch.where(count > 2, (total - low - high) / (count - 2).clamp(min=1),
                           total / count.clamp(min=1))
     reach = torch.maximum(low.abs(), high.abs())
@@ -218,13 +223,30 @@ _PICKS = 8  # values looked at for the shift, spread over the tensor
 def _shift(value: torch.Tensor) -> torch.Tensor:
     """The first finite one of a few values spread over ``value`` (0 if none is): read at their
     index, so inductor computes them where the value is computed and the sums stay one pass."""
-    flat = value.reshape(-1)
-    numel = flat.numel()
     shift = torch.zeros((), dtype=value.dtype, device=value.device)
-    for i in reversed(range(_PICKS)):
-        pick = flat[numel * i // _PICKS]
+    for pick in reversed(_picks(value)):
         shift = torch.where(torch.isfinite(pick), pick, shift)
     return shift
+
+
+def _picks(value: torch.Tensor) -> list[torch.Tensor]:
+    """The values at ``_PICKS`` flat (row-major) places spread over ``value``, each read by its
+    index in every dimension: no reshape, which would force inductor to store the value (and
+    whatever computes it) in row-major order rather than the layout it chose (channels-last)."""
+    numel = value.numel()
+    picks = []
+    for i in range(_PICKS):
+        place, index = numel * i // _PICKS, []
+        for size in reversed(value.shape):
+            index.append(place % size)  # (no divmod: a size may be a SymInt)
+            place = place // size
+        picks.append(value[tuple(reversed(index))])
+    return picks
+
+
+def _finite(value: torch.Tensor) -> torch.Tensor:
+    """``torch.isfinite`` of a floating tensor as one comparison (NaN compares false)."""
+    return value.abs() < _INF
 
 
 def _two_pass_scaled(value: torch.Tensor) -> torch.Tensor:
