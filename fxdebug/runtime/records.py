@@ -12,7 +12,6 @@ torch.Size([1, 2])
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import threading
 import weakref
@@ -25,7 +24,7 @@ from ..tables.fit_to_width import fit_table, table_width
 from .formatting import dtype_text, shape_text
 from .placement import (dtensor_placement, full_value, grad_layouts, local_value,
                         parameter_pieces, planned_placement)
-from .record import BatchedStatsRecord, Record, StaleStatsRecord, _new_record, _version_of
+from .record import Record, _new_record, _version_of
 from .records_html import records_table_html
 from . import torch_compat
 from ..tables.report import Report
