@@ -124,11 +124,12 @@ def _lengths(device: torch.device, sizes: tuple[int, ...]) -> torch.Tensor:
 def _row_groups(sizes: tuple[int, ...]) -> tuple[list, torch.Tensor | None]:
     """The tensors of each size, as rows of a matrix: ``(groups, order)``, kept for the next call.
 
-    ``groups`` holds ``(n, where, count, zero)`` per size ``n``, in order of first
-    appearance: ``where`` indexes the values of that size's tensors as a ``k x n`` matrix
-    (None where every tensor has that size: the values are the matrix), ``count`` is ``k``
-    times ``n`` and ``zero`` ``k`` zeros (float64 columns of the summaries); ``order`` puts
-    the groups' rows back in the tensors' order (None for one group).
+    ``groups`` holds ``(n, starts, count, zero)`` per size ``n``, in order of first
+    appearance: ``starts`` is where each of that size's tensors begins among the values (a
+    ``k x 1`` index; None where every tensor has that size: the values are the matrix),
+    ``count`` is ``k`` times ``n`` and ``zero`` ``k`` zeros (float64 columns of the
+    summaries); ``order`` puts the groups' rows back in the tensors' order (None for one
+    group). Kept: a few numbers per tensor, never an index per value.
     """
     key = ("rows", sizes)
     with _LOCK:
@@ -150,7 +151,7 @@ def _row_groups(sizes: tuple[int, ...]) -> tuple[list, torch.Tensor | None]:
             starts.setdefault(size, []).append(offset)
             members.setdefault(size, []).append(index)
             offset += size
-        groups = [(size, torch.tensor(first, dtype=torch.int64)[:, None] + torch.arange(size),
+        groups = [(size, torch.tensor(first, dtype=torch.int64)[:, None],
                    *columns(size, len(first))) for size, first in starts.items()]
         rows_in_order = [index for indices in members.values() for index in indices]
         order = torch.empty(len(sizes), dtype=torch.int64)
@@ -233,9 +234,9 @@ def _all_finite(values: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
     """
     groups: list[tuple[int, torch.Tensor | None, torch.Tensor, torch.Tensor]]
     groups, order = _row_groups(sizes)
-    parts = [_rows_all_finite(values.view(-1, size) if where is None else values[where],
-                              size, count, zero)
-             for size, where, count, zero in groups]
+    parts = [_rows_all_finite(values.view(-1, size) if starts is None
+                              else values[starts + torch.arange(size)], size, count, zero)
+             for size, starts, count, zero in groups]
     return parts[0] if order is None else torch.cat(parts).index_select(0, order)
 
 
