@@ -424,3 +424,29 @@ def test_stats_mode_gradients_are_those_the_hook_saw_even_when_backward_writes_t
         assert grads[key].norm == pytest.approx(value.norm().item(), rel=1e-6), key
         assert (grads[key].min, grads[key].max) == pytest.approx(
             (value.min().item(), value.max().item()), rel=1e-6), key
+
+
+class _AddsParameter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.zeros(3))
+        self.act = torch.nn.Tanh()
+
+    def forward(self, x):
+        return self.act(x + self.p) * 2
+
+
+def test_an_activation_gradient_that_is_also_a_parameters_grad_survives_clipping():
+    """``x + p``'s gradient is exactly ``p``'s: autograd hands that very tensor on as
+    ``p.grad`` unless something else holds it, and clipping then scales it in place. The
+    recorded gradient is what reached the activation, before and after clipping."""
+    torch.manual_seed(0)
+    model, x = _AddsParameter(), torch.randn(3)
+    gm = fxdebug.instrument(model, grads=True, capture="all")
+    gm(x).sum().backward()
+    expected = 2 * (1 - torch.tanh(x) ** 2)  # d sum(2 tanh(h)) / dh, by hand (p is zero)
+    grads = fxdebug.records(gm).grads
+    torch.testing.assert_close(grads["add"], expected)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+    assert model.p.grad.norm() <= 1e-3 + 1e-9
+    torch.testing.assert_close(grads["add"], expected)

@@ -309,7 +309,11 @@ class Records(Report):
             version = read_version(tensor)
         except (RuntimeError, AttributeError):  # an inference tensor has no version counter
             version = None
-        self.pending.append((key, op, tensor.detach(), False, version))
+        # a tensor outside autograd (a gradient, most often) is kept itself: a detached view
+        # would cost a new tensor, and holding the gradient keeps autograd from handing it on
+        # as a parameter's .grad, which clipping and accumulation then write in place
+        self.pending.append((key, op, tensor.detach() if tensor.requires_grad else tensor,
+                             False, version))
 
     def _summary(self, tensor: torch.Tensor) -> torch.Tensor:
         """``summarize(tensor)``, reused when this very tensor, unchanged, was summarized this run."""
