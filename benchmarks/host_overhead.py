@@ -34,6 +34,7 @@ Run (from the repository root)::
 
     python benchmarks/host_overhead.py              # 400 modules, 200 pairs per variant
     python benchmarks/host_overhead.py --quick      # smoke test
+    python benchmarks/host_overhead.py --device cuda   # the same on a GPU (each call synchronized)
 """
 
 from __future__ import annotations
@@ -60,11 +61,14 @@ def deep_narrow(layers: int) -> torch.nn.Sequential:
 
 
 def paired(plain: Callable[[], object], variant: Callable[[], object], pairs: int,
-           warmup: int) -> tuple[float, float, float]:
-    """``(median plain s, median variant s, median of the per-pair differences s)``."""
+           warmup: int, sync: Callable[[], object] = lambda: None
+           ) -> tuple[float, float, float]:
+    """``(median plain s, median variant s, median of the per-pair differences s)``; ``sync``
+    waits for the device after each call (a GPU runs what the host launched meanwhile)."""
     for _ in range(warmup):
         plain()
         variant()
+    sync()
     plains, variants, diffs = [], [], []
     for i in range(pairs):
         order = (plain, variant) if i % 2 == 0 else (variant, plain)
@@ -72,6 +76,7 @@ def paired(plain: Callable[[], object], variant: Callable[[], object], pairs: in
         for fn in order:
             start = time.perf_counter()
             fn()
+            sync()
             took[fn] = time.perf_counter() - start
         plains.append(took[plain])
         variants.append(took[variant])
@@ -90,12 +95,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="smoke test: 40 modules, 10 pairs")
+    parser.add_argument("--device", default="cpu",
+                        help="cuda: the same model on the GPU, each call synchronized")
     args = parser.parse_args()
     if args.quick:
         args.layers, args.pairs, args.warmup = 40, 10, 2
     torch.set_num_threads(args.threads)
-    model = deep_narrow(args.layers)
-    x = torch.randn(1, 16)
+    device = torch.device(args.device)
+    model = deep_narrow(args.layers).to(device)
+    x = torch.randn(1, 16, device=device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     modules = args.layers
     store: dict = {}
 
@@ -127,7 +136,7 @@ def main() -> None:
     rows = []
 
     def row(label, plain, variant, captures, yardstick=None, ratio_to=""):
-        base, took, added = paired(plain, variant, args.pairs, args.warmup)
+        base, took, added = paired(plain, variant, args.pairs, args.warmup, sync)
         per = added / captures * 1e6 if captures else float("nan")
         rows.append([label, captures, f"{took * 1e3:.3f}", f"{base * 1e3:.3f}",
                      f"{added * 1e6:.0f}", f"{per:.2f}",
@@ -190,7 +199,8 @@ def main() -> None:
             raise AssertionError("watch_nonfinite reported a finite step")
     row("watch_nonfinite step", forward_backward, watched_step, modules, None, "training step")
 
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"torch {torch.__version__}, {where}, threads {torch.get_num_threads()}, "
           f"{args.layers} modules (Linear(16, 16) / ReLU), batch 1, {args.pairs} pairs "
           f"(interleaved, median of differences), load avg {os.getloadavg()[0]:.2f}")
     print()
