@@ -7,7 +7,9 @@ these functions, and the functions write into the module's Recorder::
       ├─ begin_run(recorder, (x,))             a fresh Records for this forward
       ├─ capture(recorder, value, key, op)     Records.add: a view, or a copy
       │                                        where a later in-place op writes
-      ├─ capture_stats(recorder, value, ...)   Records.add(stats_only=True)
+      ├─ capture_stats(recorder, value, ...)   Records.add_stats: a large tensor summarized at
+      │                                        once, small ones together when the forward ends
+      │                                        (stats_batch.py; large ones: stats_native.py)
       ├─ own_value(x)                          a view of an input: hooks go on it, not on x
       ├─ record_grads(recorder, value, ...)    Tensor.register_hook -> Records.grads
       ├─ edit_grads(edit, value, key)          Tensor.register_hook(edit.fn) on an activation
