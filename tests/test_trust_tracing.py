@@ -301,3 +301,30 @@ def test_tracing_guide_sample_failure_is_what_fxdebug_prints(tmp_path, monkeypat
     with pytest.raises(fxdebug.TraceFailure) as info:
         fxdebug.trace(module.Branchy())
     assert " ".join(str(info.value).split()) == " ".join(message.split())
+
+
+def test_function_apply_is_torchs_again_when_an_export_watch_ends_during_a_trace():
+    """One thread watches Function.apply for torch.export; another thread's fx trace starts
+    while it does and ends after it: torch's apply is back at the end (no patch left)."""
+    import threading
+
+    from fxdebug.tracing.function_watch import custom_functions_applied
+
+    apply = vars(torch.autograd.Function)["apply"]
+    started, release = threading.Event(), threading.Event()
+
+    class Blocks(torch.nn.Module):
+        def forward(self, x):
+            started.set()
+            release.wait(10)  # the trace is open until the watch below has ended
+            return x * 2
+
+    traced: list = []
+    thread = threading.Thread(target=lambda: traced.append(fxdebug.trace(Blocks())))
+    with custom_functions_applied() as applied:
+        thread.start()
+        assert started.wait(10)
+    release.set()
+    thread.join(10)
+    assert applied == [] and len(traced) == 1
+    assert vars(torch.autograd.Function)["apply"] is apply

@@ -36,7 +36,8 @@ import torch.fx as fx
 
 from ..errors import TraceFailure
 from ..runtime import flatten_tensors, torch_compat
-from .fidelity import UnfaithfulTrace, custom_functions_applied
+from .fidelity import UnfaithfulTrace
+from .function_watch import custom_functions_applied
 from .graph_module import DebugGraphModule
 from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, ModuleReturn,
                    key_base)

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 import threading
 from typing import Any
 
@@ -69,7 +68,7 @@ from torch.overrides import TorchFunctionMode
 from ..runtime import torch_compat
 from ..runtime.inplace_ops import writes_in_place
 from ..runtime.torch_compat import tree_leaves
-from .locations import user_location
+from .function_watch import watching_functions
 from .torch_caches import CacheWatch, warm_overrides
 
 __all__ = ["TracePatches", "UnfaithfulTrace", "traced_torch_functions", "traced_tensor_methods",
@@ -251,7 +250,13 @@ class TracePatches:
                 stack = _local.stack = []
             stack.append(self)
             try:
-                self._mode.__enter__()
+                self._functions = watching_functions(_refuse_traced_function)
+                self._functions.__enter__()
+                try:
+                    self._mode.__enter__()
+                except BaseException:
+                    self._functions.__exit__(None, None, None)
+                    raise
             except BaseException:
                 stack.pop()
                 raise
@@ -263,7 +268,10 @@ class TracePatches:
 
     def __exit__(self, *exc) -> None:
         try:
-            self._mode.__exit__(*exc)
+            try:
+                self._mode.__exit__(*exc)
+            finally:
+                self._functions.__exit__(None, None, None)
         finally:
             _local.stack.pop()
             _uninstall_patches()
@@ -284,50 +292,13 @@ def _set(owner, name: str, value) -> None:
     setattr(owner, name, value)
 
 
-# autograd Functions whose backward is the derivative of their forward, traced through:
-# torch.utils.checkpoint's (use_reentrant=True) recomputes the same ops in backward
-_FAITHFUL_FUNCTIONS = frozenset(
-    function for function in (getattr(torch.utils.checkpoint, "CheckpointFunction", None),)
-    if function is not None)
-
-
-_watching: dict[int, list] = {}  # thread id -> (Function class, user line) applied there
-_watch_lock = threading.Lock()
-_watch_original: list = []
-
-
-@contextlib.contextmanager
-def custom_functions_applied():
-    """Within: the custom autograd Functions this thread applies (torch.export keeps their
-    forward and drops their backward), as ``(class, (file, line) or None)``; torch's own
-    faithful ones (checkpoint) not listed. Other threads run ``apply`` untouched.
-
-    >>> with custom_functions_applied() as applied:
-    ...     _ = torch.nn.functional.relu(torch.ones(1))
-    >>> applied
-    []
-    """
-    found: list = []
-    with _watch_lock:
-        if not _watching:
-            original = vars(torch.autograd.Function)["apply"]
-            _watch_original[:] = [original]
-
-            def apply(cls, *args, **kwargs):
-                seen = _watching.get(threading.get_ident())
-                if seen is not None and cls not in _FAITHFUL_FUNCTIONS:
-                    seen.append((cls, user_location(sys._getframe(1))))
-                return original.__get__(None, cls)(*args, **kwargs)
-
-            torch.autograd.Function.apply = classmethod(apply)
-        _watching[threading.get_ident()] = found
-    try:
-        yield found
-    finally:
-        with _watch_lock:
-            _watching.pop(threading.get_ident(), None)
-            if not _watching:
-                torch.autograd.Function.apply = _watch_original.pop()
+def _refuse_traced_function(cls, args, kwargs) -> None:
+    """While fxdebug traces: a custom Function applied to a traced value stops the trace."""
+    if tracing_here() is not None and _holds_proxy((args, kwargs)):
+        raise UnfaithfulTrace(
+            f"fxdebug: the custom autograd Function {cls.__module__}.{cls.__qualname__} is "
+            f"called on a traced value: a torch.fx graph would hold its forward and lose its "
+            f"backward")
 
 
 def _install_patches() -> None:
@@ -366,18 +337,6 @@ def _install_patches() -> None:
                                   "into a torch.fx graph (its tensors differ from no_grad ones)")
 
         _set(torch.autograd.grad_mode.inference_mode, "__enter__", refuse_inference_mode)
-        function_apply = vars(torch.autograd.Function)["apply"]  # a classmethod (C or Python)
-
-        def refuse_custom_function(cls, *args, **kwargs):
-            if tracing_here() is not None and cls not in _FAITHFUL_FUNCTIONS \
-                    and _holds_proxy((args, kwargs)):
-                raise UnfaithfulTrace(
-                    f"fxdebug: the custom autograd Function {cls.__module__}.{cls.__qualname__} "
-                    f"is called on a traced value: a torch.fx graph would hold its forward and "
-                    f"lose its backward")
-            return function_apply.__get__(None, cls)(*args, **kwargs)
-
-        _set(torch.autograd.Function, "apply", classmethod(refuse_custom_function))
         _set(torch.nn.Module, "__setattr__", _checked_setattr(torch.nn.Module.__setattr__))
     except BaseException:
         _uninstall_patches()
