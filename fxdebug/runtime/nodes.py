@@ -31,7 +31,7 @@ from torch.fx.node import has_side_effect, map_aggregate
 from .compiled_ops import (ID_ATTR, compiled_begin_run, compiled_capture, register_recorder,
                            start_run)
 from .records import Records
-from .stats_batch import BATCH_DTYPES, MAX_PENDING_NUMEL, SMALL
+from .stats_batch import BATCH_DTYPES, SMALL
 from .stats_kernel import MIN_NUMEL
 from .torch_compat import read_version
 
@@ -206,14 +206,8 @@ def capture_stats(recorder: Recorder, value, key: str, op: str, clone: bool = Fa
             if numel < MIN_NUMEL and dtype in BATCH_DTYPES and version is not None \
                     and value.layout is STRIDED and not value.is_meta:
                 batch = records._small
-                tensors = batch.tensors
-                records.pending.append((key, op, batch, SMALL, len(tensors)))
-                tensors.append(value)
-                batch.versions.append(version)
-                batch.dtypes.append(dtype)
-                batch.sizes.append(numel)
-                batch.numel += numel
-                if batch.numel > MAX_PENDING_NUMEL:
+                records.pending.append((key, op, batch, SMALL, len(batch.tensors)))
+                if batch.add(value, version, dtype, numel):
                     records.flush_stats()
             else:
                 records.add_stats(key, op, value)

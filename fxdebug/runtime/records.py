@@ -29,7 +29,7 @@ from .records_html import records_table_html
 from . import torch_compat
 from ..tables.report import Report
 from .stats import Stats, combine, stats_from_summaries, tensor_stats
-from .stats_batch import (BATCH_DTYPES, MAX_PENDING_NUMEL, READY, SMALL, PendingBatch, capture_summary,
+from .stats_batch import (BATCH_DTYPES, READY, SMALL, PendingBatch, capture_summary,
                           merge_runs)
 from .stats_kernel import MIN_NUMEL
 from .values import flatten_tensors
@@ -252,8 +252,7 @@ class Records(Report):
             version = _version_of(tensor)
         batch = self._small
         self.pending.append((key, op, batch, SMALL, len(batch.tensors)))
-        batch.add(tensor, version)  # type: ignore[arg-type]  # (a copy has a version counter)
-        if batch.numel > MAX_PENDING_NUMEL:
+        if batch.add(tensor, version, dtype, numel):  # type: ignore[arg-type]  # (a copy has one)
             self.flush_stats()
 
     def add_grad_stats(self, key: str, op: str, grad: torch.Tensor) -> None:
@@ -346,21 +345,21 @@ class Records(Report):
         if not isinstance(key, str):
             raise TypeError(_key_type_message(key))
         record = self.record(key)
-        if record.stale and self._of is not None:
-            now = "?" if record.value is None else _version_of(record.value)
-            raise StaleCaptureError(
-                f"the gradient recorded under {key!r} ({record.op}) is stale: a backward "
-                f"function wrote it in place after it reached this activation (version "
-                f"{record.version} -> {now}), as custom autograd Functions and fused kernels "
-                f"that reuse their incoming gradient do. It no longer shows that gradient. "
-                f"Instrument with mode='stats' (gradient statistics are taken from copies), or "
-                f"read fxdebug.records(gm).grads in a hook before that backward function runs.",
-                key=key)
         if record.stale:
             now = "?" if record.value is None else _version_of(record.value)
+            moved = f"version {record.version} -> {now}"
+            if self._of is not None:
+                raise StaleCaptureError(
+                    f"the gradient recorded under {key!r} ({record.op}) is stale: a backward "
+                    f"function wrote it in place after it reached this activation ({moved}), "
+                    f"as custom autograd Functions and fused kernels that reuse their incoming "
+                    f"gradient do. It no longer shows that gradient. Instrument with "
+                    f"mode='stats' (gradient statistics are taken from copies), or read "
+                    f"fxdebug.records(gm).grads in a hook before that backward function runs.",
+                    key=key)
             raise StaleCaptureError(
                 f"the capture of {key!r} ({record.op}) is stale: its tensor was written in place "
-                f"after it was captured (version {record.version} -> {now}), "
+                f"after it was captured ({moved}), "
                 f"by code outside the traced graph (a forward hook, code that runs after the "
                 f"forward, a write fxdebug cannot see). It no longer shows what the model "
                 f"computed. Read fxdebug.records(gm) before that write, or make the module that "

@@ -369,7 +369,8 @@ class PendingBatch:
     lists: one append each per capture, nothing to unpack when they are summarized).
 
     >>> batch = PendingBatch()
-    >>> batch.add(torch.tensor([1.0, 3.0]), 0)
+    >>> batch.add(torch.tensor([1.0, 3.0]), 0, torch.float32, 2)
+    False
     >>> batch.finish()
     False
     >>> batch.record("y", "relu", 0).stats.mean, batch.tensors
@@ -392,13 +393,15 @@ class PendingBatch:
         self._trailing: tuple = ()
         self._stale: frozenset[int] = frozenset()
 
-    def add(self, tensor: torch.Tensor, version: int) -> None:
-        """Keep ``tensor`` (small, plain, with its ``version`` counter) until :meth:`finish`."""
+    def add(self, tensor: torch.Tensor, version: int, dtype: torch.dtype, numel: int) -> bool:
+        """Keep ``tensor`` (small, plain, with its ``version`` counter, ``dtype`` and ``numel``
+        values) until :meth:`finish`; whether more than ``MAX_PENDING_NUMEL`` values wait."""
         self.tensors.append(tensor)
         self.versions.append(version)
-        self.dtypes.append(tensor.dtype)
-        self.sizes.append(tensor.numel())
-        self.numel += tensor.numel()
+        self.dtypes.append(dtype)
+        self.sizes.append(numel)
+        self.numel += numel
+        return self.numel > MAX_PENDING_NUMEL
 
     def finish(self, accumulating: bool = False) -> bool:
         """Compute every pending summary and let the tensors go; whether a CUDA graph captured it."""
