@@ -60,7 +60,7 @@ from typing import Callable
 import torch
 
 from ..errors import PerformanceWarning
-from .stats_native import row_sums
+from .stats_native import fills_memory, row_sums
 from .torch_compat import load_inductor
 
 __all__ = ["one_pass_sums", "merge_parts", "dense_memory", "MIN_NUMEL", "ROW", "BOUND_RATIO"]
@@ -182,11 +182,7 @@ def _merge_on_host(parts: list[list[float]]) -> torch.Tensor:
 
 def dense_memory(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` if its values fill its memory in some order (contiguous, channels-last), else a copy."""
-    if tensor.is_contiguous() or any(
-            tensor.dim() == dims and tensor.is_contiguous(memory_format=memory_format)
-            for dims, memory_format in ((4, torch.channels_last), (5, torch.channels_last_3d))):
-        return tensor
-    return tensor.contiguous()
+    return tensor if fills_memory(tensor) else tensor.contiguous()
 
 
 def _block(dense: torch.Tensor, start: int, shape: tuple[int, ...]) -> torch.Tensor:
@@ -273,14 +269,14 @@ def one_pass_sums(tensor: torch.Tensor, wide: bool = False) -> torch.Tensor | No
     if _unavailable or os.environ.get("FXDEBUG_STATS_KERNEL", "1") == "0":
         return None
     device_type = tensor.device.type
+    dense = dense_memory(tensor.detach())  # (detached: a copy records no autograd)
     if not wide and device_type == "cpu":  # the C kernel: the same sums, at the speed of a read
-        part = row_sums(dense_memory(tensor.detach()), ROW)
+        part = row_sums(dense, ROW)
         if part is not None:
             return part
     try:
         kernel = _kernel(device_type, wide, tensor.dtype)
         with torch.no_grad() if torch.is_grad_enabled() else _NO_CONTEXT:
-            dense = dense_memory(tensor.detach())
             if torch.is_autocast_enabled(device_type):
                 with torch.autocast(device_type, enabled=False):
                     parts = _parts(kernel, dense, wide)

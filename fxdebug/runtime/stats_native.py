@@ -39,7 +39,7 @@ import threading
 
 import torch
 
-__all__ = ["row_sums", "unavailable_reason"]
+__all__ = ["row_sums", "fills_memory", "unavailable_reason"]
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -236,7 +236,7 @@ def row_sums(tensor: torch.Tensor, row: int = 2048) -> torch.Tensor | None:
     kind = _KINDS.get(tensor.dtype)
     if kind is None or tensor.device.type != "cpu" or type(tensor) not in _PLAIN \
             or tensor.layout != torch.strided or tensor.is_neg() or tensor.numel() == 0 \
-            or not _dense(tensor):
+            or not fills_memory(tensor):
         return None
     function = _function()
     if function is None:
@@ -248,8 +248,14 @@ def row_sums(tensor: torch.Tensor, row: int = 2048) -> torch.Tensor | None:
     return out
 
 
-def _dense(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor``'s values fill ``numel`` consecutive elements from its data pointer."""
+def fills_memory(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s values fill ``numel`` consecutive elements from its data pointer
+    (contiguous or channels-last: in some order).
+
+    >>> x = torch.ones(2, 3, 4, 5)
+    >>> fills_memory(x), fills_memory(x.to(memory_format=torch.channels_last)), fills_memory(x[..., :2])
+    (True, True, False)
+    """
     return tensor.is_contiguous() or any(
         tensor.dim() == dims and tensor.is_contiguous(memory_format=memory_format)
         for dims, memory_format in ((4, torch.channels_last), (5, torch.channels_last_3d)))
