@@ -197,7 +197,7 @@ def capture_stats(recorder: Recorder, value, key: str, op: str, clone: bool = Fa
             records.add(key, op, value, stats_only=True)
         elif clone or records.layouts is not None:
             records.add_stats(key, op, value, clone)
-        else:  # records.add_stats(key, op, value) for a small tensor, inlined: runs per capture
+        else:  # records.add_stats(key, op, value) of a batchable() tensor, inlined: runs per capture
             numel, dtype = value.numel(), value.dtype
             try:
                 version = read_version(value)

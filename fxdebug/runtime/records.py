@@ -29,15 +29,13 @@ from .records_html import records_table_html
 from . import torch_compat
 from ..tables.report import Report
 from .stats import Stats, combine, stats_from_summaries, tensor_stats
-from .stats_batch import (BATCH_DTYPES, READY, SMALL, PendingBatch, capture_summary,
+from .stats_batch import (READY, SMALL, PendingBatch, batchable, capture_summary,
                           merge_runs)
-from .stats_kernel import MIN_NUMEL
 from .values import flatten_tensors
 from .torch_compat import read_version
 
 __all__ = ["Records", "Record", "Stats", "tensor_stats"]
 
-STRIDED = torch.strided
 _GRAD_LOCK = threading.Lock()
 
 
@@ -236,10 +234,8 @@ class Records(Report):
         if self.layouts is not None or type(tensor) is not torch.Tensor or not self._plain_add:
             self.add(key, op, tensor, stats_only=True)
             return
-        numel, dtype = tensor.numel(), tensor.dtype
-        if numel >= MIN_NUMEL or dtype not in BATCH_DTYPES or tensor.layout is not STRIDED \
-                or tensor.is_meta:  # not batchable(tensor): summarized at once
-            record = Record(key, op, tuple(tensor.shape), dtype, None, False,
+        if not batchable(tensor):  # summarized at once
+            record = Record(key, op, tuple(tensor.shape), tensor.dtype, None, False,
                             summary=self._summary(tensor))
             self.pending.append((key, op, record, READY, None))
             return
@@ -252,7 +248,7 @@ class Records(Report):
             version = _version_of(tensor)
         batch = self._small
         self.pending.append((key, op, batch, SMALL, len(batch.tensors)))
-        if batch.add(tensor, version, dtype, numel):  # type: ignore[arg-type]  # (a copy has one)
+        if batch.add(tensor, version, tensor.dtype, tensor.numel()):  # type: ignore[arg-type]  # (a copy has one)
             self.flush_stats()
 
     def add_grad_stats(self, key: str, op: str, grad: torch.Tensor) -> None:
