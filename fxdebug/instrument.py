@@ -44,7 +44,7 @@ from .runtime.placement import parameter_pieces
 from .runtime.torch_compat import compiled_inner
 from .partial import instrument_parts, is_partial
 from .tracing import keyed_copy
-from .frontend import trace, unwrap_compiled
+from .frontend import trace_in_transaction, unwrap_compiled
 from .tracing.fx_tracer import trace_fx
 from .tracing.graph_module import DebugGraphModule
 from .tracing.modes import follow_modes
@@ -117,13 +117,16 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fxdebug.instrument expects an nn.Module or a GraphModule, "
                         f"got {type(model).__name__}.")
-    with model_transaction(model, "fxdebug.instrument"):  # a failure leaves the model as it was
-        return _instrument(model, capture, depth, include, exclude, grads, mode, passes, save_to)
+    with model_transaction(model, "fxdebug.instrument") as snapshot:  # a failure: put back
+        return _instrument(model, capture, depth, include, exclude, grads, mode, passes, save_to,
+                           snapshot)
 
 
 def _instrument(model, capture, depth, include, exclude, grads, mode, passes,
-                save_to) -> torch.nn.Module:
-    model = unwrap_compiled(model, "fxdebug.instrument")
+                save_to, snapshot) -> torch.nn.Module:
+    inner = unwrap_compiled(model, "fxdebug.instrument")
+    if inner is not model:
+        model, snapshot = inner, None  # the snapshot is the wrapper's
     arguments = dict(capture=capture, depth=depth, include=include, exclude=exclude,
                      grads=grads, mode=mode)
     user_passes = [as_pass(p) for p in passes]
@@ -136,7 +139,7 @@ def _instrument(model, capture, depth, include, exclude, grads, mode, passes,
         gm = keyed_copy(model, recompile=False)  # run_pipeline recompiles once
     else:
         try:
-            gm = trace(model)
+            gm = trace_in_transaction(model, snapshot)  # nothing ran on the model since it
         except TraceFailure as failure:  # the root cannot be traced: instrument its parts
             if next(model.children(), None) is None:
                 raise  # no submodules: there are no parts, the TraceFailure says what to do

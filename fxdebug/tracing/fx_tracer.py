@@ -368,12 +368,15 @@ def _warn_lost(lost: list[str], model: torch.nn.Module) -> None:
 
 def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
              concrete_args: dict | None = None, auto_leaf: bool = True,
-             warn: bool = True, root_hooks: bool = True) -> fx.GraphModule:
+             warn: bool = True, root_hooks: bool = True,
+             snapshot: ModelSnapshot | None = None) -> fx.GraphModule:
     """Symbolic tracing with auto-leaf (the ``"fx"`` front end).
 
     ``warn=False``: auto-leaves are only listed in ``gm.meta["fxdebug_auto_leaves"]``
     (for a caller that reports them itself), not warned about. ``root_hooks=False``: the
     graph does not run ``model``'s own forward hooks (its caller calls ``model(...)``).
+    ``snapshot``: ``model`` as it is now, if the caller has one (see
+    :func:`fxdebug.frontend.trace_in_transaction`); else one is taken.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fxdebug.trace expects an nn.Module, got {type(model).__name__}. "
@@ -382,7 +385,7 @@ def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
     auto_leaves: list[tuple[str, str]] = []
     # forward and its hooks run on Proxies, and what they write on the user's objects (an
     # attribute, FSDP's lazy init, fx's Proxy for a parameter read by a hook) is put back
-    before = ModelSnapshot(model)
+    before = ModelSnapshot(model) if snapshot is None else snapshot
     while True:
         tracer = _Tracer(leaf_paths + [path for path, _ in auto_leaves], leaf_types)
         tracer.hooks_owner = model if root_hooks else None

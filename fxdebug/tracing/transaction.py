@@ -70,13 +70,21 @@ _SKIPPED = (str, bytes, bytearray, int, float, complex, bool, type(None), type, 
             torch.device, torch.layout, torch.memory_format, torch.Size, range, slice,
             memoryview, weakref.ref, weakref.WeakKeyDictionary, weakref.WeakValueDictionary,
             weakref.WeakSet)
-_NO_HOP = (dict, list, set, collections.deque, tuple, frozenset, types.MethodType,
-           functools.partial, types.FunctionType)
+# What a value is, for the snapshot; from _HOP on, a step away from a module (an object with
+# state of its own, not a container or a hook)
+_SKIP, _MODULE, _CONTAINER, _SEQUENCE, _METHOD, _PARTIAL, _FUNCTION, _HOP = range(8)
+_TENSOR, _OBJECT = _HOP, _HOP + 1
 
 
-def _counts_as_hop(value) -> bool:
-    """A step away from a module: an object with state of its own, not a container or a hook."""
-    return not isinstance(value, _NO_HOP)
+def _kind(cls: type) -> int:
+    """What a value of class ``cls`` is (see the constants above)."""
+    for kind, classes in ((_SKIP, _SKIPPED), (_MODULE, torch.nn.Module), (_TENSOR, torch.Tensor),
+                          (_CONTAINER, (dict, list, set, collections.deque)),
+                          (_SEQUENCE, (tuple, frozenset)), (_METHOD, types.MethodType),
+                          (_PARTIAL, functools.partial), (_FUNCTION, types.FunctionType)):
+        if issubclass(cls, classes):
+            return kind
+    return _OBJECT
 
 
 class _TensorState:
@@ -133,7 +141,7 @@ class ModelSnapshot:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.complete = True
-        self._names: dict[int, str] = {}
+        self._names: dict[int, str | tuple] = {}  # see _resolve
         self._classes: dict[int, tuple[object, type]] = {}
         self._dicts: dict[int, tuple[dict, dict]] = {}
         self._containers: dict[int, tuple[Any, list]] = {}
@@ -151,51 +159,59 @@ class ModelSnapshot:
         registered = {id(tensor) for module in model.modules()
                       for tensor in [*module.parameters(recurse=False), *module.buffers(False)]}
         paths = {id(module): path for path, module in model.named_modules()}
+        kinds: dict[type, int] = {}  # what each type of value is, worked out once per snapshot
+        names = self._names
         queue: collections.deque = collections.deque([(model, "", 0)])
         while queue:
             value, name, hops = queue.popleft()
-            if id(value) in self._names or isinstance(value, _SKIPPED):
+            key = id(value)
+            if key in names:
                 continue
-            if len(self._names) >= MAX_OBJECTS:
+            kind = kinds.get(type(value))
+            if kind is None:
+                kind = kinds[type(value)] = _kind(type(value))
+            if kind == _SKIP:
+                continue
+            if len(names) >= MAX_OBJECTS:
                 self.complete = False
                 return
-            if isinstance(value, torch.nn.Module):
+            if kind == _MODULE:
                 hops = 0
-                name = f"{paths.get(id(value), name) or 'root'} ({type(value).__name__})"
-            elif _counts_as_hop(value):
+                name = f"{paths.get(key) or self._resolve(name) or 'root'} ({type(value).__name__})"
+            elif kind >= _HOP:
                 hops += 1
                 if hops > MAX_HOPS:
                     self.complete = False
                     continue
-            self._names[id(value)] = name
-            for child_name, child in self._remember(value, name, id(value) in registered):
-                queue.append((child, child_name, hops))
+            names[key] = name
+            item = kind == _CONTAINER or kind == _SEQUENCE  # its children are items, not attributes
+            for label, child in self._remember(value, kind, key in registered):
+                queue.append((child, (key, label, item), hops))
 
-    def _remember(self, value, name: str, registered: bool) -> Iterator[tuple[str, object]]:
-        """Remember ``value``'s own state; yield what it refers to."""
-        if isinstance(value, torch.Tensor):
+    def _remember(self, value, kind: int, registered: bool) -> Iterator[tuple[object, object]]:
+        """Remember ``value``'s own state; yield ``(label, child)`` for what it refers to (an
+        attribute's name, or an item's key or index)."""
+        if kind == _TENSOR:
             self._tensors[id(value)] = _TensorState(value, registered)
             if value.grad is not None:
-                yield f"{name}.grad", value.grad
-        if isinstance(value, (dict, list, set, collections.deque)):
-            self._containers[id(value)] = (value, _contents(value))
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            for key, item in list(items):
-                yield f"{name}[{key!r}]", item
+                yield "grad", value.grad
+        elif kind == _CONTAINER:
+            contents = _contents(value)
+            self._containers[id(value)] = (value, contents)
+            yield from (contents if isinstance(value, dict) else enumerate(contents))
             return
-        if isinstance(value, (tuple, frozenset)):
-            for index, item in enumerate(value):
-                yield f"{name}[{index}]", item
+        elif kind == _SEQUENCE:
+            yield from enumerate(value)
             return
-        if isinstance(value, types.MethodType):
-            yield f"{name}.__self__", value.__self__
+        elif kind == _METHOD:
+            yield "__self__", value.__self__
             return
-        if isinstance(value, functools.partial):
-            yield f"{name}.func", value.func
-            yield f"{name}.args", value.args
-            yield f"{name}.keywords", value.keywords
+        elif kind == _PARTIAL:
+            yield "func", value.func
+            yield "args", value.args
+            yield "keywords", value.keywords
             return
-        if isinstance(value, types.FunctionType):
+        elif kind == _FUNCTION:
             for index, cell in enumerate(value.__closure__ or ()):
                 try:
                     contents = cell.cell_contents
@@ -203,15 +219,30 @@ class ModelSnapshot:
                     contents = _ABSENT
                 self._cells[id(cell)] = (cell, contents)
                 if contents is not _ABSENT:
-                    yield f"{name}.<closure {index}>", contents
+                    yield f"<closure {index}>", contents
             return
         state = getattr(value, "__dict__", None)
         if not isinstance(state, dict):
             return
         self._classes[id(value)] = (value, type(value))
-        self._dicts[id(value)] = (state, dict(state))
-        for key, item in list(state.items()):
-            yield f"{name}.{key}", item
+        saved = dict(state)
+        self._dicts[id(value)] = (state, saved)
+        for key, item in saved.items():
+            yield key, item
+
+    def _resolve(self, name: str | tuple) -> str:
+        """A remembered value's name: a module's, or ``(parent's id, label, item)``, put
+        together only when read (most snapshots never name anything)."""
+        parts = []
+        while not isinstance(name, str):
+            parent, label, item = name
+            parts.append(f"[{label!r}]" if item else f".{label}")
+            name = self._names[parent]
+        return name + "".join(reversed(parts))
+
+    def _name(self, key: int, default: str = "?") -> str:
+        name = self._names.get(key)
+        return default if name is None else self._resolve(name)
 
     # -- comparing and restoring ------------------------------------------------------------
     def changes(self) -> list[str]:
@@ -219,20 +250,20 @@ class ModelSnapshot:
         found = []
         for key, (value, cls) in self._classes.items():
             if type(value) is not cls:
-                found.append(f"{self._names[key]}: class {cls.__name__} -> {type(value).__name__}")
+                found.append(f"{self._name(key)}: class {cls.__name__} -> {type(value).__name__}")
         for key, (own, saved_dict) in self._dicts.items():
-            found.extend(f"{self._names[key]}: {detail}"
+            found.extend(f"{self._name(key)}: {detail}"
                          for detail in _dict_changes(own, saved_dict))
         for key, (container, saved_items) in self._containers.items():
-            if _identities(_contents(container)) != _identities(saved_items):
-                found.append(f"{self._names.get(key, 'torch module hooks')}: contents differ")
+            if not _same_contents(container, saved_items):
+                found.append(f"{self._name(key, 'torch module hooks')}: contents differ")
         for key, kept in self._tensors.items():
             tensor = kept.tensor
             if (_place(tensor) != kept.place or tensor.requires_grad != kept.requires_grad
                     or (tensor.is_leaf and tensor.grad is not kept.grad)):
-                found.append(f"{self._names[key]}: tensor state differs")
+                found.append(f"{self._name(key)}: tensor state differs")
             elif kept.registered and tensor_version(tensor) != kept.version:
-                found.append(f"{self._names[key]}: written in place")
+                found.append(f"{self._name(key)}: written in place")
         return sorted(found)
 
     def restore(self) -> list[str]:
@@ -246,7 +277,7 @@ class ModelSnapshot:
             if type(value) is not cls:
                 object.__setattr__(value, "__class__", cls)
         for own, saved_dict in self._dicts.values():
-            if _dict_changes(own, saved_dict):
+            if not _same_dict(own, saved_dict):
                 own.clear()
                 own.update(saved_dict)
         for container, saved_items in self._containers.values():
@@ -255,7 +286,7 @@ class ModelSnapshot:
             if contents is not _ABSENT and _cell_value(cell) is not contents:
                 cell.cell_contents = contents
         for key, tensor_state in self._tensors.items():
-            tensor_state.restore(lost, self._names[key])
+            tensor_state.restore(lost, self._name(key))
         return sorted(lost)
 
 
@@ -272,13 +303,25 @@ def _contents(container):
     return list(container)
 
 
-def _identities(contents) -> list[int]:
-    items = contents if isinstance(contents, list) else _contents(contents)
-    return [id(v) for item in items for v in (item if isinstance(item, tuple) else (item,))]
+def _same_dict(state: dict, saved: dict) -> bool:
+    """Whether ``state`` holds the very objects ``saved`` holds, under the same keys."""
+    return len(state) == len(saved) and all(
+        state.get(key, _ABSENT) is value for key, value in saved.items())
+
+
+def _same_contents(container, saved: list) -> bool:
+    """Whether ``container`` holds the very objects of ``saved`` (what :func:`_contents` made
+    of it), in the same order."""
+    if len(container) != len(saved):
+        return False
+    if isinstance(container, dict):
+        return all(key is saved_key and value is saved_value for (key, value), (saved_key, saved_value)
+                   in zip(container.items(), saved))
+    return all(item is saved_item for item, saved_item in zip(container, saved))
 
 
 def _restore_contents(container, saved: list) -> None:
-    if _identities(_contents(container)) == _identities(saved):
+    if _same_contents(container, saved):
         return
     if isinstance(container, dict):
         container.clear()
