@@ -5,7 +5,9 @@ bits on any number of threads, a NaN or Inf anywhere sent to the exact path, and
 Ground truth: the values widened by torch (``.double()``) and reduced in float64.
 """
 
+import json
 import math
+import os
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ import torch
 from fxdebug.runtime import stats_from_summary, stats_kernel, stats_native, summarize
 from fxdebug.runtime.stats_kernel import MIN_NUMEL, ROW, one_pass_sums
 from fxdebug.runtime.stats_native import row_sums
+from subprocesses import run_python
 from test_stats import assert_stats_equal, truth
 
 needs_compiler = pytest.mark.skipif(stats_native._compiler() is None, reason="no C compiler here")
@@ -145,3 +148,45 @@ def test_without_a_compiler_the_compiled_kernel_gives_the_same_statistics(monkey
     assert_part_exact(compiled, x)
     if native is not None:
         assert_part_exact(native, x)
+
+
+_THREADS_SCRIPT = """
+import json, os, torch
+torch.set_num_threads(2)
+x = torch.randn(1 << 22, generator=torch.Generator().manual_seed(0))
+x.sum(), torch.mm(torch.randn(512, 512), torch.randn(512, 512))  # torch's own OpenMP threads
+from fxdebug.runtime import stats_native
+def state():
+    return stats_native.openmp_runtimes(), sorted(os.listdir("/proc/self/task"))
+before = state()
+part = stats_native.row_sums(x)
+print(json.dumps(dict(before=before, after=state(), built=part is not None,
+                      threaded=getattr(stats_native._library[0], "fxdebug_threaded", None))))
+"""
+
+
+@needs_compiler
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="threads are read from /proc")
+def test_the_kernel_runs_on_torchs_openmp_threads_and_starts_none_of_its_own():
+    """In a new process: building and calling the kernel maps no second OpenMP runtime and starts
+    no thread (its parallel region runs on the pool torch's own ops started)."""
+    child = run_python(_THREADS_SCRIPT)
+    assert child.returncode == 0, child.stderr
+    seen = json.loads(child.stdout)
+    assert seen["built"], child.stderr
+    assert seen["after"] == seen["before"]  # the same runtimes, the same threads
+    assert seen["threaded"] == stats_native.shares_openmp_runtime(seen["before"][0])
+
+
+@needs_compiler
+def test_beside_another_openmp_runtime_the_kernel_takes_one_thread_with_the_same_bits(monkeypatch):
+    """Where the process's OpenMP runtime is not one a ``-fopenmp`` build would share (LLVM's,
+    Intel's, a renamed libgomp), the kernel is built without OpenMP: the same sums, bit for bit."""
+    x = torch.randn(64 * ROW + 7, generator=torch.Generator().manual_seed(4))
+    threaded = row_sums(x, ROW)
+    monkeypatch.setattr(stats_native, "_library", [])
+    monkeypatch.setattr(stats_native, "openmp_runtimes", lambda: ["/opt/llvm/lib/libomp.so"])
+    alone = row_sums(x, ROW)
+    assert alone is not None and stats_native._library[0].fxdebug_threaded is False
+    assert threaded is None or torch.equal(alone, threaded)
+    assert_part_exact(alone, x)

@@ -22,6 +22,15 @@ the library never outlives the machine it was built for); without a C
 compiler, or where the build fails, :func:`row_sums` returns None and the
 caller takes the ``torch.compile`` kernel.
 
+Its threads are torch's own: it is built with OpenMP only where the one
+OpenMP runtime in the process is a ``libgomp.so.1`` (torch's, which the
+library then shares: its parallel region runs on torch's thread pool). Any
+other runtime (LLVM's ``libomp``, Intel's ``libiomp5``, a renamed
+``libgomp-<hash>.so.1``, two of them, or none) would mean a second runtime
+and a thread pool of its own in the user's process: there the rows take the
+calling thread, with the same bits. Should a new runtime show up anyway
+once the library is loaded, it is never asked for a thread.
+
 >>> part = row_sums(torch.tensor([0.0, 2.0] * 20000))
 >>> part is None or part.tolist() == [40000.0, 1.0, 40000.0, 0.0, 2.0, 20000.0, 80000.0]
 True
@@ -31,6 +40,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -39,7 +49,7 @@ import threading
 
 import torch
 
-__all__ = ["row_sums", "fills_memory", "unavailable_reason"]
+__all__ = ["row_sums", "fills_memory", "unavailable_reason", "openmp_runtimes", "shares_openmp_runtime"]
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -160,12 +170,45 @@ threads costs more than it saves."""
 _FLAGS = (["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp"],
           ["-O3", "-ffp-contract=fast", "-fopenmp"], ["-O3", "-march=native", "-ffp-contract=fast"],
           ["-O3"])
-"""Tried in order: without OpenMP the rows take one thread (the same bits)."""
+"""Tried in order (those with ``-fopenmp`` only where :func:`shares_openmp_runtime`): without
+OpenMP the rows take one thread (the same bits)."""
 
 _lock = threading.Lock()
 _library: list[ctypes.CDLL | None] = []
 unavailable_reason: list[str] = []
 """Why the C kernel could not be built (empty while it can, or before the first call)."""
+
+_OPENMP_RUNTIME = re.compile(r"^lib(gomp|iomp5|omp)(-[0-9a-f]+)?\.so(\.[0-9.]+)?$")
+
+
+def openmp_runtimes() -> list[str] | None:
+    """The OpenMP runtimes mapped into this process (their paths, sorted), or None where that
+    cannot be read (no ``/proc/self/maps``: not Linux).
+
+    >>> found = openmp_runtimes()
+    >>> found is None or all("omp" in os.path.basename(path) for path in found)
+    True
+    """
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            paths = {fields[5].strip() for line in maps if len(fields := line.split(None, 5)) == 6}
+    except OSError:
+        return None
+    return sorted(path for path in paths if _OPENMP_RUNTIME.match(os.path.basename(path)))
+
+
+def shares_openmp_runtime(runtimes: list[str] | None) -> bool:
+    """Whether a library built with ``-fopenmp`` (which asks for ``libgomp.so.1``) would run on
+    the process's one OpenMP runtime rather than load a second: ``runtimes`` as
+    :func:`openmp_runtimes` gives them.
+
+    >>> shares_openmp_runtime(["/site-packages/torch/lib/libgomp.so.1"])
+    True
+    >>> shares_openmp_runtime(["/site-packages/torch/lib/libgomp-a34b3233.so.1"]), shares_openmp_runtime(None)
+    (False, False)
+    """
+    return runtimes is not None and len(runtimes) == 1 \
+        and os.path.basename(runtimes[0]) == "libgomp.so.1"
 
 
 def _compiler() -> list[str] | None:
@@ -187,7 +230,11 @@ def _build() -> ctypes.CDLL | None:
         source = os.path.join(folder, "stats.c")
         with open(source, "w", encoding="utf-8") as file:
             file.write(_SOURCE)
+        runtimes = openmp_runtimes()
+        threaded = shares_openmp_runtime(runtimes)
         for number, flags in enumerate(_FLAGS):
+            if "-fopenmp" in flags and not threaded:
+                continue
             target = os.path.join(folder, f"stats{number}.so")
             command = [*compiler, *flags, "-std=c11", "-shared", "-fPIC", source, "-o", target]
             try:
@@ -207,19 +254,21 @@ def _build() -> ctypes.CDLL | None:
             function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                                  ctypes.c_int, ctypes.c_int64, ctypes.c_void_p]
             function.restype = ctypes.c_int
+            # a runtime loaded with the library would start a thread pool of its own: never ask it
+            library.fxdebug_threaded = ("-fopenmp" in flags  # type: ignore[attr-defined]
+                                        and openmp_runtimes() == runtimes)
             return library
     unavailable_reason.append(f"{shlex.join(compiler)} could not build it: "
                               f"{errors[0] if errors else '?'}")
     return None
 
 
-def _function():
+def _library_loaded() -> ctypes.CDLL | None:
     if not _library:
         with _lock:
             if not _library:
                 _library.append(_build())
-    library = _library[0]
-    return None if library is None else library.fxdebug_row_sums
+    return _library[0]
 
 
 def row_sums(tensor: torch.Tensor, row: int = 2048) -> torch.Tensor | None:
@@ -238,12 +287,13 @@ def row_sums(tensor: torch.Tensor, row: int = 2048) -> torch.Tensor | None:
             or tensor.layout != torch.strided or tensor.is_neg() or tensor.numel() == 0 \
             or not fills_memory(tensor):
         return None
-    function = _function()
-    if function is None:
+    library = _library_loaded()
+    if library is None:
         return None
     out = torch.empty(7, dtype=torch.float64)
-    if function(tensor.data_ptr(), tensor.numel(), row, kind, torch.get_num_threads(),
-                _PARALLEL_ROWS, out.data_ptr()) != 0:
+    threads = torch.get_num_threads() if getattr(library, "fxdebug_threaded", False) else 1
+    if library.fxdebug_row_sums(tensor.data_ptr(), tensor.numel(), row, kind, threads, _PARALLEL_ROWS,
+                out.data_ptr()) != 0:
         return None  # out of memory for the rows' sums: the compiled kernel tries
     return out
 
