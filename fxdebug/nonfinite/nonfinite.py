@@ -6,8 +6,9 @@ Call tree::
       ├─ trace(model)                          keyed graph (a GraphModule: a keyed copy)
       ├─ ControlledRuns                        model's own mode, same RNG/buffers, cloned inputs
       ├─ _Watch (torch.fx.Interpreter), one forward + one backward:
-      │    ├─ after each node: isfinite(out.sum())   (kept as a tensor, no sync per node)
-      │    └─ Tensor.register_hook on each activation: isfinite(grad.sum()), in backward order
+      │    ├─ after each node: out.sum()   (kept as a tensor: no sync, no isfinite per node)
+      │    ├─ Tensor.register_hook on each activation: grad.sum(), in backward order
+      │    └─ then the sums stacked, isfinite once, read once (per device and dtype)
       ├─ a forward hit: replay the forward up to that node to read what it received
       └─ a backward hit: run again to count that gradient's non-finite values
 
@@ -63,10 +64,11 @@ class _Watch(fx.Interpreter):
         super().__init__(gm)
         self.finish = finish  # run on past stop_at: a sharded model's collectives must all run
         self.hooks = hooks
-        self.check = _all_finite if exact else _sum_finite
+        self.check = _all_finite if exact else _sum
         self.ignore = ignore
         self.stop_at = stop_at
         self.count_grad_of = count_grad_of
+        # (node, check): a sum, finite where the values are; an exact check's flag (see _flags)
         self.finite: list[tuple[fx.Node, torch.Tensor]] = []
         self.grads: list[tuple[fx.Node, torch.Tensor]] = []
         self.hooked: list[torch.Tensor] = []  # the activations whose gradients are watched
@@ -110,15 +112,37 @@ class _Watch(fx.Interpreter):
         return hook
 
 
-def _sum_finite(tensor: torch.Tensor) -> torch.Tensor:
-    """False if ``tensor`` holds a NaN or Inf (or, rarely, if its sum overflows)."""
+def _sum(tensor: torch.Tensor) -> torch.Tensor:
+    """A number that is not finite if ``tensor`` holds a NaN or Inf (or, rarely, if its sum
+    overflows): the check :func:`_flags` reads."""
     if tensor.dtype in (torch.float16, torch.bfloat16):
-        return torch.isfinite(tensor.sum(dtype=torch.float32))
-    return torch.isfinite(tensor.sum())
+        return tensor.sum(dtype=torch.float32)
+    return tensor.sum()
 
 
 def _all_finite(tensor: torch.Tensor) -> torch.Tensor:
+    """The exact check: a bool tensor, True where every value is finite."""
     return torch.isfinite(tensor).all()
+
+
+def _flags(checks: list[torch.Tensor]) -> list[bool]:
+    """Whether each check (a sum from :func:`_sum`, or :func:`_all_finite`'s bool) says
+    finite: the checks of each device and dtype stacked where they are, ``isfinite`` once,
+    read once (one synchronization per device, not one per node).
+
+    >>> _flags([torch.tensor(1.0), torch.tensor(float("nan")), torch.tensor(False)])
+    [True, False, False]
+    """
+    found = [True] * len(checks)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for index, check in enumerate(checks):
+        groups.setdefault((check.device, check.dtype), []).append(index)
+    for (_, dtype), indices in groups.items():  # (in the order of the checks)
+        stacked = torch.stack([checks[index] for index in indices])
+        for index, ok in zip(indices, (stacked if dtype == torch.bool
+                                       else torch.isfinite(stacked)).tolist()):
+            found[index] = bool(ok)
+    return found
 
 
 def _count_nonfinite(tensor: torch.Tensor) -> int:
@@ -130,16 +154,16 @@ def _describe_inputs(inputs) -> str:
                      else type(t).__name__ for t in inputs) or "none"
 
 
-def _first_bad(flags: list[tuple[fx.Node, torch.Tensor]]
+def _first_bad(checks: list[tuple[fx.Node, torch.Tensor]]
                ) -> tuple[fx.Node | None, list[str], int]:
-    """The first node with a False flag, the keys of later nodes with one (in order), and
-    the first one's place in ``flags`` (-1: none)."""
-    if not flags:
+    """The first node whose check says non-finite, the keys of later nodes with one (in
+    order), and the first one's place in ``checks`` (-1: none)."""
+    if not checks:
         return None, [], -1
-    values = torch.stack([flag.to("cpu") for _, flag in flags]).tolist()
+    values = _flags([check for _, check in checks])
     first, position = None, -1
     later: dict[str, None] = {}
-    for index, ((node, _), ok) in enumerate(zip(flags, values)):
+    for index, ((node, _), ok) in enumerate(zip(checks, values)):
         if ok:
             continue
         if first is None:
@@ -262,7 +286,7 @@ def _run_once(gm: fx.GraphModule, watch: _Watch, args: tuple, backward: bool, lo
         notes.append("parameter gradients not replayed: the forward read all-gathered copies "
                      "of the sharded parameters (FSDP2); the watch's flag read the step's own")
     if named_grads:
-        screened = torch.stack([_sum_finite(grad) for _, grad in named_grads]).tolist()
+        screened = _flags([_sum(grad) for _, grad in named_grads])
         for (name, grad), finite in zip(named_grads, screened):
             bad = 0 if finite else _count_nonfinite(grad)
             if bad:
@@ -300,7 +324,7 @@ def _creators(gm: fx.GraphModule, runs: ControlledRuns, ignore) -> tuple[list[st
     exact = _Watch(gm, hooks=False, ignore=ignore, exact=True)
     runs.run(exact.run)
     finite: dict[fx.Node, bool] = {}
-    flags = torch.stack([flag.to("cpu") for _, flag in exact.finite]).tolist() if exact.finite else []
+    flags = _flags([check for _, check in exact.finite])
     for (node, _), ok in zip(exact.finite, flags):
         finite[node] = finite.get(node, True) and bool(ok)
     found, sources = [], []
@@ -393,8 +417,8 @@ def _backward_hit(gm: fx.GraphModule, node: fx.Node, watch: _Watch,
                   count: tuple[int, tuple[int, ...], int] | None,
                   position: int = -1) -> BackwardHit:
     finite_by_node: dict[fx.Node, bool] = {}
-    for seen, flag in watch.grads:
-        finite_by_node[seen] = finite_by_node.get(seen, True) and bool(flag)
+    for (seen, _), ok in zip(watch.grads, _flags([check for _, check in watch.grads])):
+        finite_by_node[seen] = finite_by_node.get(seen, True) and ok
     made_by = tuple((node_key(user), op_name(user, gm), format_location(user.meta.get(META_SOURCE)))
                     for user in _watched_users(node, finite_by_node)
                     if finite_by_node.get(user) is True)
