@@ -223,6 +223,25 @@ def test_a_finite_tensor_whose_sum_overflows_is_not_reported():
     assert fxdebug.find_nonfinite(Scale(), ones).ok
 
 
+def test_values_of_several_dtypes_are_checked_each_in_their_own_dtype():
+    """float64, float32, bfloat16 and complex values in one graph: the first node that makes a
+    NaN is found among them, and the nodes before it (found finite by hand) are not."""
+    class Mixed(nn.Module):
+        def forward(self, x):
+            wide = x.double() * 3.0
+            narrow = wide.to(torch.bfloat16) + 1
+            turned = torch.polar(narrow.float(), narrow.float())  # complex64
+            return torch.log(turned.abs() - 2.5).sum()  # NaN where |narrow| < 2.5
+
+    x = torch.tensor([0.1, 2.0, 3.0])
+    eager = {"mul": x.double() * 3.0}
+    eager["add"] = eager["mul"].to(torch.bfloat16) + 1
+    assert [bool(torch.isfinite(v).all()) for v in eager.values()] == [True, True]
+    report = fxdebug.find_nonfinite(Mixed(), x, backward=False)
+    assert report.forward.key == "log" and report.forward.nan == 1, report.table()
+    assert fxdebug.find_nonfinite(Mixed(), torch.tensor([2.0, 3.0]), backward=False).ok
+
+
 def test_state_is_left_as_it_was():
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.3)).train()
     x = torch.randn(6, 4)
