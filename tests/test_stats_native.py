@@ -12,11 +12,12 @@ import os
 import pytest
 import torch
 
-from fxdebug.runtime import stats_from_summary, stats_kernel, stats_native, summarize
-from fxdebug.runtime.stats_kernel import MIN_NUMEL, ROW, one_pass_sums
+import fxdebug
+from fxdebug.runtime import stats_batch, stats_from_summary, stats_kernel, stats_native, summarize
+from fxdebug.runtime.stats_kernel import MIN_NUMEL, NATIVE_MIN_NUMEL, ROW, one_pass_sums
 from fxdebug.runtime.stats_native import row_sums
 from subprocesses import run_python
-from test_stats import assert_stats_equal, truth
+from test_stats import ADVERSARIAL, adversarial, assert_stats_equal, truth
 
 needs_compiler = pytest.mark.skipif(stats_native._compiler() is None, reason="no C compiler here")
 
@@ -190,3 +191,19 @@ def test_beside_another_openmp_runtime_the_kernel_takes_one_thread_with_the_same
     assert alone is not None and stats_native._library[0].fxdebug_threaded is False
     assert threaded is None or torch.equal(alone, threaded)
     assert_part_exact(alone, x)
+
+
+@needs_compiler
+@pytest.mark.parametrize("size", [NATIVE_MIN_NUMEL, 1500, 5 * ROW + 3, MIN_NUMEL - 1])
+@pytest.mark.parametrize("case", ADVERSARIAL)
+def test_tensors_too_large_for_the_cpu_batch_take_the_c_kernel_exactly(case, size):
+    """From NATIVE_MIN_NUMEL values on, a CPU tensor is summarized at once by the C kernel, not
+    batched: float64's answer on the adversarial inputs, called directly and as a capture."""
+    x = adversarial(case).reshape(-1)[:size]
+    expected = truth(x)
+    assert not stats_batch.batchable(x)
+    assert row_sums(stats_kernel.dense_memory(x), ROW) is not None  # (a strided one: a copy)
+    assert_stats_equal(stats_from_summary(summarize(x)), expected, x.dtype)
+    gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Identity()), mode="stats")
+    gm(x)
+    assert_stats_equal(fxdebug.records(gm)["0"], expected, x.dtype)

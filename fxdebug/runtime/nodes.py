@@ -31,7 +31,7 @@ from torch.fx.node import has_side_effect, map_aggregate
 from .compiled_ops import (ID_ATTR, compiled_begin_run, compiled_capture, register_recorder,
                            start_run)
 from .records import Records
-from .stats_batch import BATCH_DTYPES, SMALL
+from .stats_batch import BATCH_DTYPES, CPU_BATCH_NUMEL, SMALL
 from .stats_kernel import MIN_NUMEL
 from .torch_compat import read_version
 
@@ -203,7 +203,8 @@ def capture_stats(recorder: Recorder, value, key: str, op: str, clone: bool = Fa
                 version = read_version(value)
             except (RuntimeError, AttributeError):  # an inference tensor: add_stats copies it
                 version = None
-            if numel < MIN_NUMEL and dtype in BATCH_DTYPES and version is not None \
+            if (numel < CPU_BATCH_NUMEL or (numel < MIN_NUMEL and not value.is_cpu)) \
+                    and dtype in BATCH_DTYPES and version is not None \
                     and value.layout is STRIDED and not value.is_meta:
                 batch = records._small
                 records.pending.append((key, op, batch, SMALL, len(batch.tensors)))

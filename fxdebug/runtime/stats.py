@@ -11,7 +11,8 @@ deviation, Bessel-corrected (``sqrt(M2 / (n - 1))`` over the ``n`` finite
 values; NaN for a single value, as torch). Tables, saved runs and reports all
 show this one.
 
-A float tensor of at least ``MIN_NUMEL`` values takes one pass: a kernel (C on
+A float tensor of at least ``MIN_NUMEL`` values (on the CPU ``NATIVE_MIN_NUMEL``,
+where the C kernel is built) takes one pass: a kernel (C on
 the CPU, compiled by ``torch.compile`` elsewhere) returns its count, mean, M2,
 min, max and zero count together (:mod:`.stats_kernel`). No path takes the spread as ``sum(x**2) - n *
 mean**2`` where that could cancel: each sums deviations from a shift close to
@@ -41,7 +42,7 @@ from typing import NamedTuple
 
 import torch
 
-from .stats_kernel import BOUND_RATIO, MIN_NUMEL, one_pass_sums
+from .stats_kernel import BOUND_RATIO, MIN_NUMEL, NATIVE_MIN_NUMEL, one_pass_sums
 from .stats_triton import GPU_DTYPES, gpu_summary
 
 __all__ = ["Stats", "tensor_stats", "summarize", "combine", "stats_from_summary",
@@ -107,8 +108,9 @@ def summarize(tensor: torch.Tensor, sync_free: bool | None = None,
         summary = gpu_summary(tensor)  # two launches, nothing read back
         if summary is not None:
             return summary
-    if kernel_applies and numel >= MIN_NUMEL and tensor.dtype in _KERNEL_DTYPES \
-            and tensor.device.type in ("cpu", "cuda"):
+    if kernel_applies and tensor.dtype in _KERNEL_DTYPES and (
+            (numel >= MIN_NUMEL and tensor.device.type == "cuda")
+            or (numel >= NATIVE_MIN_NUMEL and tensor.device.type == "cpu")):
         sums = one_pass_sums(tensor, wide=sync_free)
         if sums is not None:
             summary = _from_sums_on_device(sums, numel) if sync_free else _from_sums(sums, numel)

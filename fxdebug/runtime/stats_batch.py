@@ -1,8 +1,8 @@
 """Statistics of many small tensors at once: a fixed number of torch ops for a whole forward.
 
-Stats mode's captures of small tensors (fewer than ``MIN_NUMEL`` values: most
-of a narrow model's activations, and on a GPU every one whose arithmetic costs
-less than its launch) are not summarized one by one. Each capture appends its
+Stats mode's captures of small tensors (fewer than ``MIN_NUMEL`` values, on the
+CPU ``CPU_BATCH_NUMEL``: most of a narrow model's activations, and on a GPU every
+one whose arithmetic costs less than its launch) are not summarized one by one. Each capture appends its
 tensor (a copy where a later in-place op of the graph writes to it) and its
 version counter to a :class:`PendingBatch`, and its place to the Records' list of
 pending captures; when the forward ends (the last capture node says so), or when
@@ -58,10 +58,15 @@ from . import torch_compat
 
 __all__ = ["batch_summaries", "batchable", "capturing", "capture_summary", "finish_pending",
            "summarize_small", "merge_runs", "PendingBatch", "SMALL", "READY", "MAX_PENDING_NUMEL",
-           "BATCH_DTYPES"]
+           "BATCH_DTYPES", "CPU_BATCH_NUMEL"]
 
 MAX_PENDING_NUMEL = 1 << 21
 """Values kept pending at most: past it the pending summaries are computed at once."""
+
+CPU_BATCH_NUMEL = 1 << 10
+"""On the CPU only tensors smaller than this wait for the batch (elsewhere: ``MIN_NUMEL``). The
+batch's float64 copy and per-size rows cost some 14 ns a value there, a summary taken at once
+10 to 30 µs (the C kernel, or torch's reductions): about even at this size."""
 
 BATCH_DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16, torch.float64,
                           torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
@@ -86,8 +91,12 @@ def batchable(tensor: torch.Tensor) -> bool:
 
     >>> batchable(torch.ones(3)), batchable(torch.ones(1 << 20)), batchable(torch.ones(2, dtype=torch.cfloat))
     (True, False, False)
+    >>> batchable(torch.ones(4096)), batchable(torch.ones(4096, device="meta"))  # CPU: summarized at once
+    (False, False)
     """
-    return (type(tensor) is torch.Tensor and tensor.numel() < MIN_NUMEL
+    numel = tensor.numel()
+    return (type(tensor) is torch.Tensor
+            and (numel < CPU_BATCH_NUMEL or (numel < MIN_NUMEL and not tensor.is_cpu))
             and tensor.dtype in BATCH_DTYPES and tensor.layout == torch.strided
             and not tensor.is_meta)
 

@@ -16,6 +16,7 @@ the rows on one thread, in a fixed order: one fork of threads per call, and the
 same bits whatever their number (the C kernel too)::
 
     one_pass_sums(tensor)                       tensor: float, at least MIN_NUMEL values
+                                                (CPU: NATIVE_MIN_NUMEL, for the C kernel)
       ├─ its memory, as it lies                 (contiguous or channels-last: no copy)
       ├─ CPU: the C kernel, every value         -> a part: [count, mean, M2, min, max,
       │    (the last row shorter)                    zeros, bound]
@@ -63,10 +64,15 @@ from ..errors import PerformanceWarning
 from .stats_native import fills_memory, row_sums
 from .torch_compat import load_inductor
 
-__all__ = ["one_pass_sums", "merge_parts", "dense_memory", "MIN_NUMEL", "ROW", "BOUND_RATIO"]
+__all__ = ["one_pass_sums", "merge_parts", "dense_memory", "MIN_NUMEL", "NATIVE_MIN_NUMEL",
+           "ROW", "BOUND_RATIO"]
 
 MIN_NUMEL = 1 << 15
 """Smaller tensors use torch's reductions: the compiled call costs more than it saves."""
+
+NATIVE_MIN_NUMEL = 1 << 10
+"""On the CPU the C kernel (a call costs a few µs) takes tensors from this size on; below
+``MIN_NUMEL`` the compiled kernel is not tried where the C kernel is missing."""
 
 ROW = 2048
 """Values per row of the float32 kernel: each row is reduced in registers, then the rows."""
@@ -274,6 +280,8 @@ def one_pass_sums(tensor: torch.Tensor, wide: bool = False) -> torch.Tensor | No
         part = row_sums(dense, ROW)
         if part is not None:
             return part
+    if tensor.numel() < MIN_NUMEL:  # a compiled call costs more than torch's reductions here
+        return None
     try:
         kernel = _kernel(device_type, wide, tensor.dtype)
         with torch.no_grad() if torch.is_grad_enabled() else _NO_CONTEXT:
