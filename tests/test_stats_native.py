@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fxdebug
-from fxdebug.runtime import stats_batch, stats_from_summary, stats_kernel, stats_native, summarize
+from fxdebug.runtime import stats, stats_batch, stats_from_summary, stats_kernel, stats_native, summarize
 from fxdebug.runtime.stats_kernel import MIN_NUMEL, NATIVE_MIN_NUMEL, ROW, one_pass_sums
 from fxdebug.runtime.stats_native import row_sums
 from subprocesses import run_python
@@ -207,3 +207,41 @@ def test_tensors_too_large_for_the_cpu_batch_take_the_c_kernel_exactly(case, siz
     gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Identity()), mode="stats")
     gm(x)
     assert_stats_equal(fxdebug.records(gm)["0"], expected, x.dtype)
+
+
+@needs_compiler
+@pytest.mark.parametrize("case", ADVERSARIAL)
+def test_the_one_call_summary_is_what_the_sums_and_their_checks_give(case):
+    """stats_native.summary (the C kernel's sums and stats._from_sums' checks in one call): the
+    same bits as row_sums then _from_sums, and None exactly where _from_sums declines."""
+    x = stats_kernel.dense_memory(adversarial(case))
+    part = row_sums(x, ROW)
+    expected = None if part is None else stats._from_sums(part, x.numel())
+    got = stats_native.summary(x, stats_kernel.BOUND_RATIO, ROW)
+    if expected is None:
+        assert got is None
+    else:
+        assert got is not None and torch.equal(got, expected)
+        assert_stats_equal(stats_from_summary(got), truth(x), x.dtype)
+
+
+_KERNEL_OFF_SCRIPT = """
+import torch, fxdebug
+from fxdebug.runtime import stats_native, stats_kernel
+x = torch.randn(1 << 16, generator=torch.Generator().manual_seed(0))
+gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), mode="stats")
+gm(x)
+got = fxdebug.records(gm)["0"]
+d = x.relu().double()
+print(len(stats_native._library), len(stats_kernel._kernels),
+      abs(got.mean - d.mean().item()) < 1e-6 * d.std().item(),
+      abs(got.std - d.std().item()) < 1e-5 * d.std().item())
+"""
+
+
+def test_fxdebug_stats_kernel_0_builds_no_kernel_and_gives_the_same_statistics():
+    """FXDEBUG_STATS_KERNEL=0: torch's own reductions, neither the C kernel nor the compiled one
+    built (in a new process), and the statistics those of float64."""
+    child = run_python(_KERNEL_OFF_SCRIPT, FXDEBUG_STATS_KERNEL="0")
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split() == ["0", "0", "True", "True"], child.stdout

@@ -38,11 +38,13 @@ to launch), other devices the compiled kernel in float64.
 from __future__ import annotations
 
 import math
+import os
 from typing import NamedTuple
 
 import torch
 
-from .stats_kernel import BOUND_RATIO, MIN_NUMEL, NATIVE_MIN_NUMEL, one_pass_sums
+from .stats_kernel import BOUND_RATIO, MIN_NUMEL, NATIVE_MIN_NUMEL, ROW, one_pass_sums
+from .stats_native import summary as native_summary
 from .stats_triton import GPU_DTYPES, gpu_summary
 
 __all__ = ["Stats", "tensor_stats", "summarize", "combine", "stats_from_summary",
@@ -106,6 +108,11 @@ def summarize(tensor: torch.Tensor, sync_free: bool | None = None,
     if kernel_applies and numel and sync_free and tensor.device.type == "cuda" \
             and tensor.dtype in GPU_DTYPES:
         summary = gpu_summary(tensor)  # two launches, nothing read back
+        if summary is not None:
+            return summary
+    if kernel_applies and numel >= NATIVE_MIN_NUMEL and not sync_free and tensor.is_cpu \
+            and os.environ.get("FXDEBUG_STATS_KERNEL", "1") != "0":
+        summary = native_summary(tensor, BOUND_RATIO, ROW)  # dense float32/16/bf16: one C call
         if summary is not None:
             return summary
     if kernel_applies and tensor.dtype in _KERNEL_DTYPES and (

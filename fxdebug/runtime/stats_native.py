@@ -49,7 +49,8 @@ import threading
 
 import torch
 
-__all__ = ["row_sums", "fills_memory", "unavailable_reason", "openmp_runtimes", "shares_openmp_runtime"]
+__all__ = ["row_sums", "summary", "fills_memory", "unavailable_reason", "openmp_runtimes",
+           "shares_openmp_runtime"]
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -160,6 +161,21 @@ int fxdebug_row_sums(const void* data, int64_t numel, int64_t row, int kind, int
     out[5] = zeros; out[6] = bound;
     return 0;
 }
+
+/* out: the summary, count, mean, M2, min, max, zeros, non-finite (0), numel; returns 2 where
+   the sums cannot give it (a NaN or Inf among the values, float32 overflow, or M2 imprecise:
+   bound > bound_ratio * M2), as stats._from_sums decides from fxdebug_row_sums' part. */
+int fxdebug_summary(const void* data, int64_t numel, int64_t row, int kind, int threads,
+                    int64_t parallel_rows, double bound_ratio, double* out) {
+    double part[7];
+    int status = fxdebug_row_sums(data, numel, row, kind, threads, parallel_rows, part);
+    if (status != 0) return status;
+    if (!(isfinite(part[1]) && isfinite(part[2]) && isfinite(part[6]) && isfinite(part[3])
+          && isfinite(part[4]) && part[6] <= bound_ratio * part[2])) return 2;
+    for (int i = 0; i < 6; i++) out[i] = part[i];
+    out[6] = 0.0; out[7] = (double)numel;
+    return 0;
+}
 """
 
 _KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -254,6 +270,10 @@ def _build() -> ctypes.CDLL | None:
             function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                                  ctypes.c_int, ctypes.c_int64, ctypes.c_void_p]
             function.restype = ctypes.c_int
+            function = library.fxdebug_summary
+            function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
+                                 ctypes.c_int, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p]
+            function.restype = ctypes.c_int
             # a runtime loaded with the library would start a thread pool of its own: never ask it
             library.fxdebug_threaded = ("-fopenmp" in flags  # type: ignore[attr-defined]
                                         and openmp_runtimes() == runtimes)
@@ -295,6 +315,34 @@ def row_sums(tensor: torch.Tensor, row: int = 2048) -> torch.Tensor | None:
     if library.fxdebug_row_sums(tensor.data_ptr(), tensor.numel(), row, kind, threads, _PARALLEL_ROWS,
                 out.data_ptr()) != 0:
         return None  # out of memory for the rows' sums: the compiled kernel tries
+    return out
+
+
+def summary(tensor: torch.Tensor, bound_ratio: float, row: int = 2048) -> torch.Tensor | None:
+    """The summary of a dense CPU float tensor (see :mod:`.stats`), float64, from one call: what
+    :func:`row_sums` and the checks of ``stats._from_sums`` give, without their Python.
+
+    None where the C kernel does not apply (as :func:`row_sums`) or the sums cannot give
+    the summary: a NaN or an Inf among the values, float32 overflow, or ``bound >
+    bound_ratio * M2`` (the caller takes a slower, exact path).
+
+    >>> s = summary(torch.tensor([0.0, 2.0] * 20000), 16.0)
+    >>> s is None or s.tolist() == [40000.0, 1.0, 40000.0, 0.0, 2.0, 20000.0, 0.0, 40000.0]
+    True
+    """
+    kind = _KINDS.get(tensor.dtype)
+    if kind is None or not tensor.is_cpu or type(tensor) not in _PLAIN \
+            or tensor.layout != torch.strided or tensor.is_neg() or tensor.numel() == 0 \
+            or not fills_memory(tensor):
+        return None
+    library = _library_loaded()
+    if library is None:
+        return None
+    out = torch.empty(8, dtype=torch.float64)
+    threads = torch.get_num_threads() if getattr(library, "fxdebug_threaded", False) else 1
+    if library.fxdebug_summary(tensor.data_ptr(), tensor.numel(), row, kind, threads,
+                               _PARALLEL_ROWS, bound_ratio, out.data_ptr()) != 0:
+        return None
     return out
 
 
