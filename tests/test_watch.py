@@ -327,10 +327,12 @@ class _ManyGradients(torch.nn.Module):
         return h + (torch.sqrt(self.gate) * 0).sum().float()  # gate's gradient: NaN at 0
 
 
+@pytest.mark.parametrize("alone", [2, 1 << 12], ids=["every-gradient-alone", "small-ones-grouped"])
 @pytest.mark.parametrize("chunk", [8, 1 << 20])
-def test_parameter_gradient_nan_found_in_any_chunk(monkeypatch, chunk):
+def test_parameter_gradient_nan_found_in_any_chunk(monkeypatch, chunk, alone):
     from fxdebug.nonfinite import gradient_flags
     monkeypatch.setattr(gradient_flags, "_CHUNK", chunk)
+    monkeypatch.setattr(gradient_flags, "_ALONE", alone)
     torch.manual_seed(0)
     model = _ManyGradients()
     watch = fxdebug.watch_nonfinite(model)
