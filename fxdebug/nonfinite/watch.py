@@ -11,8 +11,9 @@ Call tree::
       │                               buffers, exact whatever changed them since the last step
     loss.backward()
     watch.check(loss_fn)              one read per step: the output sum and the gradients'
-      │                               flags (gradient_flags.py: on the CPU a torch.cat and a
-      │                               sum per group of gradients, elsewhere one fused max|g|),
+      │                               flags (gradient_flags.py: on the CPU a sum per large
+      │                               gradient and per group of small ones concatenated,
+      │                               elsewhere one fused max|g|),
       │                               finite?
       │   under torch.distributed:    each rank puts its two numbers in its slot of a
       │                               2 x world vector, one all_reduce (watch_ranks.RankFlags),
@@ -198,8 +199,8 @@ class NonfiniteWatch:
     def _grad_max(self, parameters: list[torch.Tensor] | None = None
                   ) -> torch.Tensor | list[torch.Tensor] | None:
         """Numbers that are all finite when every parameter gradient is (gradient_flags.py):
-        on the CPU a few sums of concatenated gradients, cheaper to read one by one than to
-        stack; elsewhere one fused max|g|."""
+        on the CPU a sum of each large gradient and of small ones concatenated, cheaper to
+        read one by one than to stack; elsewhere one fused max|g|."""
         return self._gradient_flags(list(self.model.parameters()) if parameters is None
                                     else parameters)
 
