@@ -139,7 +139,7 @@ def _instrument(model, capture, depth, include, exclude, grads, mode, passes,
         gm = keyed_copy(model, recompile=False)  # run_pipeline recompiles once
     else:
         try:
-            gm = trace_in_transaction(model, snapshot)  # nothing ran on the model since it
+            gm = trace_in_transaction(model, snapshot)  # nothing has run on the model since
         except TraceFailure as failure:  # the root cannot be traced: instrument its parts
             if next(model.children(), None) is None:
                 raise  # no submodules: there are no parts, the TraceFailure says what to do
