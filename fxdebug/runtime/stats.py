@@ -112,9 +112,10 @@ def summarize(tensor: torch.Tensor, sync_free: bool | None = None,
             return summary
     if kernel_applies and numel >= NATIVE_MIN_NUMEL and not sync_free and tensor.is_cpu \
             and os.environ.get("FXDEBUG_STATS_KERNEL", "1") != "0":
-        summary = native_summary(tensor, BOUND_RATIO, ROW)  # dense float32/16/bf16: one C call
+        summary, declined = native_summary(tensor, BOUND_RATIO, ROW)  # dense float32/16/bf16
         if summary is not None:
             return summary
+        kernel_applies = not declined  # (the same sums another kernel would find: the exact path)
     if kernel_applies and tensor.dtype in _KERNEL_DTYPES and (
             (numel >= MIN_NUMEL and tensor.device.type == "cuda")
             or (numel >= NATIVE_MIN_NUMEL and tensor.device.type == "cpu")):

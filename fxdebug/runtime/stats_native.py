@@ -302,48 +302,46 @@ def row_sums(tensor: torch.Tensor, row: int = 2048) -> torch.Tensor | None:
     >>> part is None or part.tolist() == [5000.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
     True
     """
-    kind = _KINDS.get(tensor.dtype)
-    if kind is None or tensor.device.type != "cpu" or type(tensor) not in _PLAIN \
-            or tensor.layout != torch.strided or tensor.is_neg() or tensor.numel() == 0 \
-            or not fills_memory(tensor):
-        return None
-    library = _library_loaded()
-    if library is None:
-        return None
-    out = torch.empty(7, dtype=torch.float64)
-    threads = torch.get_num_threads() if getattr(library, "fxdebug_threaded", False) else 1
-    if library.fxdebug_row_sums(tensor.data_ptr(), tensor.numel(), row, kind, threads, _PARALLEL_ROWS,
-                out.data_ptr()) != 0:
-        return None  # out of memory for the rows' sums: the compiled kernel tries
-    return out
+    out, status = _call("fxdebug_row_sums", tensor, row, 7)
+    return out if status == 0 else None  # 1: out of memory for the rows' sums
 
 
-def summary(tensor: torch.Tensor, bound_ratio: float, row: int = 2048) -> torch.Tensor | None:
-    """The summary of a dense CPU float tensor (see :mod:`.stats`), float64, from one call: what
-    :func:`row_sums` and the checks of ``stats._from_sums`` give, without their Python.
+def summary(tensor: torch.Tensor, bound_ratio: float, row: int = 2048
+            ) -> tuple[torch.Tensor | None, bool]:
+    """``(the summary, declined)`` of a dense CPU float tensor (see :mod:`.stats`), float64, from
+    one call: what :func:`row_sums` and the checks of ``stats._from_sums`` give, without their
+    Python.
 
-    None where the C kernel does not apply (as :func:`row_sums`) or the sums cannot give
-    the summary: a NaN or an Inf among the values, float32 overflow, or ``bound >
-    bound_ratio * M2`` (the caller takes a slower, exact path).
+    The summary is None where the C kernel does not apply (as :func:`row_sums`) or its sums
+    cannot give it; ``declined`` says it was the latter (a NaN or an Inf among the values,
+    float32 overflow, or ``bound > bound_ratio * M2``): any kernel with these sums declines
+    too, and the caller takes the slower, exact path.
 
-    >>> s = summary(torch.tensor([0.0, 2.0] * 20000), 16.0)
-    >>> s is None or s.tolist() == [40000.0, 1.0, 40000.0, 0.0, 2.0, 20000.0, 0.0, 40000.0]
-    True
+    >>> s, declined = summary(torch.tensor([0.0, 2.0] * 20000), 16.0)
+    >>> declined, s is None or s.tolist() == [40000.0, 1.0, 40000.0, 0.0, 2.0, 20000.0, 0.0, 40000.0]
+    (False, True)
     """
+    out, status = _call("fxdebug_summary", tensor, row, 8, ctypes.c_double(bound_ratio))
+    return (out if status == 0 else None), status == 2
+
+
+def _call(name: str, tensor: torch.Tensor, row: int, size: int, *extra) -> tuple[
+        torch.Tensor | None, int]:
+    """The C function ``name`` on ``tensor``'s memory, into a new float64 tensor of ``size``:
+    ``(out, its status)``; ``(None, -1)`` where the kernel does not apply or was not built."""
     kind = _KINDS.get(tensor.dtype)
     if kind is None or not tensor.is_cpu or type(tensor) not in _PLAIN \
             or tensor.layout != torch.strided or tensor.is_neg() or tensor.numel() == 0 \
             or not fills_memory(tensor):
-        return None
+        return None, -1
     library = _library_loaded()
     if library is None:
-        return None
-    out = torch.empty(8, dtype=torch.float64)
+        return None, -1
+    out = torch.empty(size, dtype=torch.float64)
     threads = torch.get_num_threads() if getattr(library, "fxdebug_threaded", False) else 1
-    if library.fxdebug_summary(tensor.data_ptr(), tensor.numel(), row, kind, threads,
-                               _PARALLEL_ROWS, bound_ratio, out.data_ptr()) != 0:
-        return None
-    return out
+    status = getattr(library, name)(tensor.data_ptr(), tensor.numel(), row, kind, threads,
+                                    _PARALLEL_ROWS, *extra, out.data_ptr())
+    return out, status
 
 
 def fills_memory(tensor: torch.Tensor) -> bool:
