@@ -155,11 +155,11 @@ def _describe_inputs(inputs) -> str:
 
 
 def _first_bad(checks: list[tuple[fx.Node, torch.Tensor]]
-               ) -> tuple[fx.Node | None, list[str], int]:
+               ) -> tuple[fx.Node | None, list[str], int, list[bool]]:
     """The first node whose check says non-finite, the keys of later nodes with one (in
-    order), and the first one's place in ``checks`` (-1: none)."""
+    order), the first one's place in ``checks`` (-1: none), and every check's verdict."""
     if not checks:
-        return None, [], -1
+        return None, [], -1, []
     values = _flags([check for _, check in checks])
     first, position = None, -1
     later: dict[str, None] = {}
@@ -170,7 +170,7 @@ def _first_bad(checks: list[tuple[fx.Node, torch.Tensor]]
             first, position = node, index
         elif node is not first:
             later[node_key(node)] = None
-    return first, list(later), position
+    return first, list(later), position, values
 
 
 def _module_stats(gm: fx.GraphModule, node: fx.Node) -> tuple[ValueStats, ...]:
@@ -296,7 +296,7 @@ def _run_once(gm: fx.GraphModule, watch: _Watch, args: tuple, backward: bool, lo
 
 def _forward_search(gm: fx.GraphModule, runs: ControlledRuns, watch: _Watch, ignore,
                     lockstep: bool = False) -> tuple[ForwardHit | None, list[str]]:
-    first, later, _ = _first_bad(watch.finite)
+    first, later, _, _ = _first_bad(watch.finite)
     if lockstep:  # exact already; the replay's forward runs to the end, hit or not
         return _replay(gm, runs, first, ignore, finish=True), later
     if first is None:
@@ -306,7 +306,7 @@ def _forward_search(gm: fx.GraphModule, runs: ControlledRuns, watch: _Watch, ign
         # a sum overflowed on finite values: search again, exactly
         exact = _Watch(gm, hooks=False, ignore=ignore, exact=True)
         runs.run(exact.run)
-        first, later, _ = _first_bad(exact.finite)
+        first, later, _, _ = _first_bad(exact.finite)
         hit = None if first is None else _replay(gm, runs, first, ignore)
     return hit, later
 
@@ -346,21 +346,22 @@ def _backward_search(gm: fx.GraphModule, runs: ControlledRuns, watch: _Watch, ig
         runs.run(lambda *args: _run_once(gm, recount, args, True, loss, [], []), grad=True)
         return recount.grad_count
 
-    node, later, position = _first_bad(watch.grads)
+    node, later, position, flags = _first_bad(watch.grads)
     if lockstep:  # exact already; the count's forward and backward run on every rank
         count = count_of(node)
-        return (None if node is None else _backward_hit(gm, node, watch, count, position)), later
+        hit = None if node is None else _backward_hit(gm, node, watch, flags, count, position)
+        return hit, later
     if node is None:
         return None, []
     count = count_of(node)
     if count is None or count[0] == 0:  # a sum overflowed on finite values: search exactly
         watch = _Watch(gm, hooks=True, ignore=ignore, exact=True)
         runs.run(lambda *args: _run_once(gm, watch, args, True, loss, [], []), grad=True)
-        node, later, position = _first_bad(watch.grads)
+        node, later, position, flags = _first_bad(watch.grads)
         if node is None:
             return None, []
         count = count_of(node)
-    return _backward_hit(gm, node, watch, count, position), later
+    return _backward_hit(gm, node, watch, flags, count, position), later
 
 
 def _loss(out: Any, loss) -> torch.Tensor | None:
@@ -413,11 +414,12 @@ def _kind(gm: fx.GraphModule, node: fx.Node) -> str:
             "buffer" if name in torch_compat.own_buffers(module) else "attribute")
 
 
-def _backward_hit(gm: fx.GraphModule, node: fx.Node, watch: _Watch,
+def _backward_hit(gm: fx.GraphModule, node: fx.Node, watch: _Watch, flags: list[bool],
                   count: tuple[int, tuple[int, ...], int] | None,
                   position: int = -1) -> BackwardHit:
+    """``flags``: the verdict of each of ``watch.grads``' checks (from :func:`_first_bad`)."""
     finite_by_node: dict[fx.Node, bool] = {}
-    for (seen, _), ok in zip(watch.grads, _flags([check for _, check in watch.grads])):
+    for (seen, _), ok in zip(watch.grads, flags):
         finite_by_node[seen] = finite_by_node.get(seen, True) and ok
     made_by = tuple((node_key(user), op_name(user, gm), format_location(user.meta.get(META_SOURCE)))
                     for user in _watched_users(node, finite_by_node)
