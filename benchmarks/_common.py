@@ -28,7 +28,10 @@ import torch
 import torchvision
 from tabulate import tabulate
 
-__all__ = ["parse_args", "header", "interleaved", "median", "table", "host_syncs"]
+import fxdebug
+
+__all__ = ["parse_args", "header", "interleaved", "paired_medians", "median", "table",
+           "host_syncs", "training_step", "watched_step"]
 
 
 def parse_args(doc: str, *, input: str, repeats: int, warmup: int = 2,
@@ -134,12 +137,59 @@ def interleaved(variants: dict[str, Callable[[], object]], *, repeats: int, warm
         for name in names[shift:] + names[:shift]:
             if before is not None:
                 before()
-            _synchronize()
-            start = time.perf_counter()
-            variants[name]()
-            _synchronize()  # a GPU's queued work counts
-            times[name].append(time.perf_counter() - start)
+            times[name].append(_timed(variants[name]))
     return times
+
+
+def paired_medians(baseline: Callable[[], object], variant: Callable[[], object], *,
+                   repeats: int, warmup: int) -> tuple[float, float]:
+    """Median seconds per call of ``baseline`` and of ``variant``, called in alternating pairs
+    (which goes first alternates too), after ``warmup`` untimed pairs."""
+    for _ in range(warmup):
+        baseline()
+        variant()
+    base: list[float] = []
+    took: list[float] = []
+    for r in range(repeats):
+        order = ((baseline, base), (variant, took)) if r % 2 == 0 else \
+            ((variant, took), (baseline, base))
+        for fn, times in order:
+            times.append(_timed(fn))
+    return median(base), median(took)
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    """Seconds one call of ``fn`` takes, a GPU's queued work included."""
+    _synchronize()
+    start = time.perf_counter()
+    fn()
+    _synchronize()
+    return time.perf_counter() - start
+
+
+def _sum(out) -> torch.Tensor:
+    return out.sum()
+
+
+def training_step(model, loss: Callable = _sum) -> Callable:
+    """A training step's forward + ``loss(output).backward()`` (parameter ``.grad`` set to None
+    first), as a callable of the input."""
+    def run(x):
+        model.zero_grad(set_to_none=True)
+        loss(model(x)).backward()
+    return run
+
+
+def watched_step(model, loss: Callable = _sum) -> Callable:
+    """The same step through ``fxdebug.watch_nonfinite``, ``check()`` after the backward."""
+    watch = fxdebug.watch_nonfinite(model)
+
+    def run(x):
+        model.zero_grad(set_to_none=True)
+        loss(watch(x)).backward()
+        if watch.check() is not None:
+            raise AssertionError("watch_nonfinite reported a finite step")
+    return run
 
 
 def median(times: Sequence[float]) -> float:

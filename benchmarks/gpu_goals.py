@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import gc
 import math
-import time
 import warnings
 from copy import deepcopy
 from functools import partial
@@ -51,7 +50,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 import torchvision
-from _common import header, median, parse_args, table
+from _common import header, paired_medians, parse_args, table, training_step, watched_step
 from torch import nn
 
 import fxdebug
@@ -156,31 +155,12 @@ def loss_of(out):
     return out.float().sum()
 
 
-def step(model):
-    """Forward, ``loss.backward()``; parameter gradients set to None first."""
-    def run(x):
-        model.zero_grad(set_to_none=True)
-        loss_of(model(x)).backward()
-    return run
-
-
 def anomaly(model):
     def run(x):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "Anomaly Detection has been enabled"
             with torch.autograd.detect_anomaly(check_nan=True):
-                step(model)(x)
-    return run
-
-
-def watched(model):
-    watch = fxdebug.watch_nonfinite(model)
-
-    def run(x):
-        model.zero_grad(set_to_none=True)
-        loss_of(watch(x)).backward()
-        if watch.check() is not None:
-            raise AssertionError("watch_nonfinite reported a finite step")
+                training_step(model, loss_of)(x)
     return run
 
 
@@ -219,34 +199,6 @@ ROWS = {
 }
 
 
-def _timed(fn, x) -> float:
-    _synchronize()
-    start = time.perf_counter()
-    fn(x)
-    _synchronize()  # a GPU's queued work counts
-    return time.perf_counter() - start
-
-
-def _synchronize() -> None:
-    if torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
-def paired(baseline, variant, x, repeats: int, warmup: int) -> tuple[float, float]:
-    """Median seconds of ``baseline(x)`` and ``variant(x)``, called in alternating pairs (which
-    goes first alternates too)."""
-    for _ in range(warmup):
-        baseline(x)
-        variant(x)
-    base, took = [], []
-    for r in range(repeats):
-        order = ((baseline, base), (variant, took)) if r % 2 == 0 else \
-            ((variant, took), (baseline, base))
-        for fn, times in order:
-            times.append(_timed(fn, x))
-    return median(base), median(took)
-
-
 def bench(name: str, args) -> None:
     """Each row timed in pairs with its baseline; each variant built just before its pairs and
     dropped after them, so no other variant's memory (a tensor-mode run's captures, say) is
@@ -262,16 +214,17 @@ def bench(name: str, args) -> None:
         "eager forward, CUDA graph": lambda: cuda_graph(model, x),
         "stats mode, CUDA graph": lambda: cuda_graph(
             fxdebug.instrument(deepcopy(model), mode="stats"), x),
-        "forward + backward": lambda: step(model),
-        "register_hook on every module output": lambda: step(gradient_hooks(model, store)),
-        "grads=True (capture=[])": lambda: step(fxdebug.instrument(deepcopy(model), capture=[],
-                                                                   grads=True)),
+        "forward + backward": lambda: training_step(model, loss_of),
+        "register_hook on every module output":
+            lambda: training_step(gradient_hooks(model, store), loss_of),
+        "grads=True (capture=[])": lambda: training_step(
+            fxdebug.instrument(deepcopy(model), capture=[], grads=True), loss_of),
         "detect_anomaly": lambda: anomaly(model),
         "find_nonfinite(model, x)": lambda: lambda x: fxdebug.find_nonfinite(model, x,
                                                                              loss=loss_of),
         "find_nonfinite on a traced GraphModule":
             lambda: lambda x: fxdebug.find_nonfinite(traced, x, loss=loss_of),
-        "watch_nonfinite step + check()": lambda: watched(model),
+        "watch_nonfinite step + check()": lambda: watched_step(model, loss_of),
     }
     ratios: dict[str, float] = {}
     rows = []
@@ -281,7 +234,8 @@ def bench(name: str, args) -> None:
         try:
             base_fn = factories[baseline]()
             fn = base_fn if label == baseline else factories[label]()
-            base, took = paired(base_fn, fn, x, args.repeats, args.warmup)
+            base, took = paired_medians(partial(base_fn, x), partial(fn, x),
+                                        repeats=args.repeats, warmup=args.warmup)
         except Exception as error:  # noqa: BLE001 - the row says why; the others still run
             rows.append([label, "-", "-", baseline, "",
                          f"not measured: {type(error).__name__}: {str(error).splitlines()[0][:150]}"])

@@ -37,7 +37,7 @@ from functools import partial
 
 import torch
 import torchvision
-from _common import header, interleaved, median, parse_args, table
+from _common import header, interleaved, median, parse_args, table, training_step, watched_step
 
 import fxdebug
 
@@ -55,26 +55,6 @@ def anomaly(model, params):
     def run(x):
         with torch.autograd.detect_anomaly():
             torch.autograd.grad(model(x).sum(), params, allow_unused=True)
-    return run
-
-
-def step(model):
-    """A training step's forward + ``loss.backward()`` (parameter ``.grad`` set to None first)."""
-    def run(x):
-        model.zero_grad(set_to_none=True)
-        model(x).sum().backward()
-    return run
-
-
-def watched_step(model):
-    """The same step through ``fxdebug.watch_nonfinite``, ``check()`` after the backward."""
-    watch = fxdebug.watch_nonfinite(model)
-
-    def run(x):
-        model.zero_grad(set_to_none=True)
-        watch(x).sum().backward()
-        if watch.check() is not None:
-            raise AssertionError("watch_nonfinite reported a finite step")
     return run
 
 
@@ -124,7 +104,7 @@ def bench_model(name, shape, repeats, warmup, device="cpu"):
         "forward (no_grad)": forward_only(model),
         "find_nonfinite(backward=False)": lambda x: fxdebug.find_nonfinite(model, x,
                                                                            backward=False),
-        "training step (loss.backward())": step(model),
+        "training step (loss.backward())": training_step(model),
         "watch_nonfinite step (+ check())": watched_step(model),
     }
     baseline = {"forward (no_grad)": "forward (no_grad)",
