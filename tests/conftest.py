@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -33,6 +36,62 @@ def pytest_configure(config):
         # waiting for each other: on 2 cores with 2 workers, 2 threads each cost 2-3 times the
         # CPU. Set here, before the workers start, every thread of theirs has the same count.
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
+    _private_temp_folder_start()
+
+
+def pytest_unconfigure(config):
+    _private_temp_folder_end()
+
+
+# Temporary files. The docstring examples, the examples in examples/ and the Pythons the tests
+# start make folders with tempfile.mkdtemp() and leave them, as a user who wants to look at the
+# result would: each run of the suite left about 50 folders (150 MB) in /tmp. Every pytest process
+# (the controller and each worker) sends tempfile, and through TMPDIR every process it starts,
+# to a folder of its own, removed when it ends. Two caches stay where they would be without this:
+# pytest's own (PYTEST_DEBUG_TEMPROOT: tmp_path, and the last runs' failures kept to look at) and
+# inductor's (compiled kernels shared by the workers and with the next run).
+_TEMP_SETTINGS = ("TMPDIR", "PYTEST_DEBUG_TEMPROOT", "TORCHINDUCTOR_CACHE_DIR")
+_temp_state: dict = {}
+
+
+def _private_temp_folder_start() -> None:
+    root = tempfile.gettempdir()
+    _temp_state.update(environ={name: os.environ.get(name) for name in _TEMP_SETTINGS},
+                       tempdir=tempfile.tempdir)
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", root)
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # another torch: its cache moves into the private folder (slower only)
+        pass
+    else:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    folder = tempfile.mkdtemp(prefix="fxdebug-tests-", dir=root)
+    os.chmod(folder, 0o711)  # tests that run a child as ``nobody`` give it folders in here
+    _temp_state["folder"] = folder
+    os.environ["TMPDIR"] = tempfile.tempdir = folder
+
+
+def _private_temp_folder_end() -> None:
+    folder = _temp_state.pop("folder", None)
+    if folder is None:
+        return
+    for name, value in _temp_state["environ"].items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    tempfile.tempdir = _temp_state["tempdir"]
+
+    for parent, folders, _ in os.walk(folder):  # a failed test may have left folders read-only
+        for name in folders:
+            path = os.path.join(parent, name)
+            if not os.path.islink(path):
+                os.chmod(path, stat.S_IRWXU)
+    left = []
+    shutil.rmtree(folder, onerror=lambda _, path, error: left.append(f"{path}: {error[1]}"))
+    if left:  # said, not raised: a child still writing there must not fail a finished run
+        sys.stderr.write(f"fxdebug tests: {len(left)} temporary file(s) could not be removed, "
+                         f"e.g. {left[0]}\n")
 
 
 # The files that take longest, longest first (seconds on 2 cores, roughly). pytest-xdist hands
