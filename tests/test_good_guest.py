@@ -1,10 +1,10 @@
-"""fxdebug leaves the user's process as it found it: threads, collector, plots, global state.
+"""fxdebug leaves the user's process as it found it: threads, collector, plots, global state, files.
 
 Ground truth is the same code run without fxdebug: another thread's torch calls
 give what they give with no trace in progress, the collector state a forward
 sees is the one the user set, and every public entry point leaves RNG state,
-default dtype, grad mode, thread count, the collector, warning filters and
-torch's own functions exactly as they were.
+default dtype, grad mode, thread count, the collector, warning filters,
+torch's own functions and the temporary folder exactly as they were.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import tempfile
 import threading
 import warnings
 
@@ -228,6 +229,8 @@ def _state() -> dict:
         "warning filters": list(warnings.filters),
         "sys.path": list(sys.path),
         "cwd": os.getcwd(),
+        # (the tests' own temporary folder, see conftest.py: only this test writes there now)
+        "temporary files": sorted(os.listdir(tempfile.gettempdir())),
         "function modes": _function_modes(),
         "torch functions": (nn.Module.__call__, nn.Module.__getattr__, nn.Module.__setattr__,
                             torch.rand, torch.from_numpy, torch.is_grad_enabled,
