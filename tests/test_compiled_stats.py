@@ -210,6 +210,32 @@ def test_float32_sums_inside_inductor_equal_float64_on_the_adversarial_inputs():
         assert_stats_equal(stats_from_summary(summarize(x)), truth(x), x.dtype)
 
 
+def _same_as_eager_ops_and_float64(got, value: torch.Tensor) -> None:
+    """``got`` is what the same ops give run eagerly (NaN where they decline, see the module
+    of graph_summary), and float64's answer wherever they give a std."""
+    eager = stats_from_summary(graph_summary(value))
+    for field in ("mean", "std", "min", "max", "zeros_pct", "nonfinite", "numel"):
+        a, b = getattr(got, field), getattr(eager, field)
+        assert (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-6), field
+    if not math.isnan(eager.std):
+        assert_stats_equal(got, truth(value), value.dtype)
+
+
+def test_symbolic_sizes_give_what_the_ops_give_eagerly_and_float64():
+    """Under ``dynamic=True`` (sizes as symbols where dynamo keeps them so), at several sizes of
+    one and two dimensions: the statistics are the eager ops' and float64's."""
+    summarize = torch.compile(graph_summary, backend="aot_eager", fullgraph=True, dynamic=True)
+    for case in FLOAT32_CASES:
+        x = adversarial(case).reshape(-1).clone()  # (fresh tensors, not views: no base guards)
+        assert_stats_equal(stats_from_summary(summarize(x)), truth(x), x.dtype)
+        for value in (x[: x.numel() - 3].clone(), x[: x.numel() // 2 + 1].clone()):
+            _same_as_eager_ops_and_float64(stats_from_summary(summarize(value)), value)
+    matrix = adversarial("nonfinite").reshape(-1)[:8000]
+    for rows in (40, 30, 25):  # (all of at least FLOAT32_MIN_NUMEL values: one way of summing)
+        value = matrix[: rows * 200].reshape(rows, 200).clone()
+        _same_as_eager_ops_and_float64(stats_from_summary(summarize(value)), value)
+
+
 @pytest.mark.parametrize("tiny", [False, True])
 def test_float32_squares_that_overflow_or_underflow_give_nan_never_a_wrong_std(tiny):
     x = torch.randn(10_000, generator=torch.Generator().manual_seed(10))
