@@ -87,8 +87,11 @@ def _private_temp_folder_end() -> None:
             path = os.path.join(parent, name)
             if not os.path.islink(path):
                 os.chmod(path, stat.S_IRWXU)
-    left = []
-    shutil.rmtree(folder, onerror=lambda _, path, error: left.append(f"{path}: {error[1]}"))
+    left: list[str] = []
+    if sys.version_info >= (3, 12):  # (onerror: deprecated there)
+        shutil.rmtree(folder, onexc=lambda _, path, error: left.append(f"{path}: {error}"))
+    else:
+        shutil.rmtree(folder, onerror=lambda _, path, error: left.append(f"{path}: {error[1]}"))
     if left:  # said, not raised: a child still writing there must not fail a finished run
         sys.stderr.write(f"fxdebug tests: {len(left)} temporary file(s) could not be removed, "
                          f"e.g. {left[0]}\n")
