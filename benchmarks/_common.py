@@ -31,7 +31,8 @@ from tabulate import tabulate
 import fxdebug
 
 __all__ = ["parse_args", "header", "interleaved", "paired_medians", "median", "table",
-           "host_syncs", "training_step", "watched_step"]
+           "host_syncs", "training_step", "watched_step", "forward_only", "leaf_modules",
+           "leaf_hooks"]
 
 
 def parse_args(doc: str, *, input: str, repeats: int, warmup: int = 2,
@@ -169,6 +170,29 @@ def _timed(fn: Callable[[], object]) -> float:
 
 def _sum(out) -> torch.Tensor:
     return out.sum()
+
+
+def forward_only(model) -> Callable:
+    """``model``'s forward under ``torch.no_grad()``, as a callable of the input."""
+    def run(x):
+        with torch.no_grad():
+            model(x)
+    return run
+
+
+def leaf_modules(model) -> list[tuple[str, torch.nn.Module]]:
+    """``(name, module)`` of every module of ``model`` with no children, the root left out."""
+    return [(n, m) for n, m in model.named_modules() if n and next(m.children(), None) is None]
+
+
+def leaf_hooks(model, store: dict, clone: bool = False) -> list:
+    """A forward hook on each leaf module of ``model`` that stores ``output.detach()`` (and a
+    ``.clone()`` of it with ``clone``) in ``store`` by the module's name; the handles."""
+    def make(name):
+        def hook(module, args, output):
+            store[name] = output.detach().clone() if clone else output.detach()
+        return hook
+    return [m.register_forward_hook(make(n)) for n, m in leaf_modules(model)]
 
 
 def training_step(model, loss: Callable = _sum) -> Callable:

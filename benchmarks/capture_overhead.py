@@ -42,19 +42,10 @@ from functools import partial
 
 import torch
 import torchvision
-from _common import header, host_syncs, interleaved, median, parse_args, table
+from _common import header, host_syncs, interleaved, leaf_hooks, median, parse_args, table
 from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 import fxdebug
-
-
-def leaf_hooks(model, store, clone):
-    def make(name):
-        def hook(module, args, output):
-            store[name] = output.detach().clone() if clone else output.detach()
-        return hook
-    return [m.register_forward_hook(make(n)) for n, m in model.named_modules()
-            if n and not any(True for _ in m.children())]
 
 
 def hooked(model, store, clone):

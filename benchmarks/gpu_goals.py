@@ -50,7 +50,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 import torchvision
-from _common import header, paired_medians, parse_args, table, training_step, watched_step
+from _common import (forward_only, header, leaf_hooks, leaf_modules, paired_medians, parse_args,
+                     table, training_step, watched_step)
 from torch import nn
 
 import fxdebug
@@ -119,16 +120,10 @@ def build(name: str, args) -> tuple[nn.Module, torch.Tensor]:
     return model.eval().to(args.device), x.to(args.device)
 
 
-def _leaves(model):
-    return [(n, m) for n, m in model.named_modules() if n and next(m.children(), None) is None]
-
-
 def forward_hooks(model, store):
     """A copy of ``model`` whose leaf modules store ``output.detach()`` (a forward hook each)."""
     copy = deepcopy(model)
-    for name, module in _leaves(copy):
-        module.register_forward_hook(
-            lambda mod, args, out, name=name: store.__setitem__(name, out.detach()))
+    leaf_hooks(copy, store)
     return copy
 
 
@@ -139,16 +134,9 @@ def gradient_hooks(model, store):
     def hook(module, args, out, name):
         if isinstance(out, torch.Tensor) and out.requires_grad:
             out.register_hook(lambda grad: store.__setitem__(name, grad))
-    for name, module in _leaves(copy):
+    for name, module in leaf_modules(copy):
         module.register_forward_hook(partial(hook, name=name))
     return copy
-
-
-def no_grad(fn):
-    def run(x):
-        with torch.no_grad():
-            fn(x)
-    return run
 
 
 def loss_of(out):
@@ -207,10 +195,10 @@ def bench(name: str, args) -> None:
     store: dict = {}
     traced = fxdebug.trace(model)
     factories = {
-        "eager forward": lambda: no_grad(model),
-        "hooks: output.detach()": lambda: no_grad(forward_hooks(model, store)),
-        "tensor mode": lambda: no_grad(fxdebug.instrument(deepcopy(model))),
-        "stats mode": lambda: no_grad(fxdebug.instrument(deepcopy(model), mode="stats")),
+        "eager forward": lambda: forward_only(model),
+        "hooks: output.detach()": lambda: forward_only(forward_hooks(model, store)),
+        "tensor mode": lambda: forward_only(fxdebug.instrument(deepcopy(model))),
+        "stats mode": lambda: forward_only(fxdebug.instrument(deepcopy(model), mode="stats")),
         "eager forward, CUDA graph": lambda: cuda_graph(model, x),
         "stats mode, CUDA graph": lambda: cuda_graph(
             fxdebug.instrument(deepcopy(model), mode="stats"), x),
@@ -251,7 +239,7 @@ def bench(name: str, args) -> None:
         rows.append([label, f"{took * 1e3:.2f}", f"{base * 1e3:.2f}", f"{ratios[label]:.3f}x",
                      baseline, goal if isinstance(goal, str) else "", verdict])
     size = tuple(x.shape)
-    print(f"\n### {name}, input {size} ({x.dtype}), {sum(1 for _ in _leaves(model))} leaf modules\n")
+    print(f"\n### {name}, input {size} ({x.dtype}), {len(leaf_modules(model))} leaf modules\n")
     print(table(rows, ["variant", "median ms", "baseline ms", "ratio", "ratio to", "goal from",
                        "goal"]))
 

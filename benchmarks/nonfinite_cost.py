@@ -37,7 +37,8 @@ from functools import partial
 
 import torch
 import torchvision
-from _common import header, interleaved, median, parse_args, table, training_step, watched_step
+from _common import (forward_only, header, interleaved, median, parse_args, table, training_step,
+                     watched_step)
 
 import fxdebug
 
@@ -55,13 +56,6 @@ def anomaly(model, params):
     def run(x):
         with torch.autograd.detect_anomaly():
             torch.autograd.grad(model(x).sum(), params, allow_unused=True)
-    return run
-
-
-def forward_only(model):
-    def run(x):
-        with torch.no_grad():
-            model(x)
     return run
 
 
