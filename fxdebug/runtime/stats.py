@@ -38,7 +38,6 @@ to launch), other devices the compiled kernel in float64.
 from __future__ import annotations
 
 import math
-import os
 from typing import NamedTuple
 
 import torch
@@ -110,8 +109,7 @@ def summarize(tensor: torch.Tensor, sync_free: bool | None = None,
         summary = gpu_summary(tensor)  # two launches, nothing read back
         if summary is not None:
             return summary
-    if kernel_applies and numel >= NATIVE_MIN_NUMEL and not sync_free and tensor.is_cpu \
-            and os.environ.get("FXDEBUG_STATS_KERNEL", "1") != "0":
+    if kernel_applies and numel >= NATIVE_MIN_NUMEL and not sync_free and tensor.is_cpu:
         summary, declined = native_summary(tensor, BOUND_RATIO, ROW)  # dense float32/16/bf16
         if summary is not None:
             return summary

@@ -52,7 +52,6 @@ True
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import types
 import warnings
@@ -61,7 +60,7 @@ from typing import Callable
 import torch
 
 from ..errors import PerformanceWarning
-from .stats_native import fills_memory, row_sums
+from .stats_native import fills_memory, kernels_turned_off, row_sums
 from .torch_compat import load_inductor
 
 __all__ = ["one_pass_sums", "merge_parts", "dense_memory", "MIN_NUMEL", "NATIVE_MIN_NUMEL",
@@ -272,7 +271,7 @@ def one_pass_sums(tensor: torch.Tensor, wide: bool = False) -> torch.Tensor | No
     >>> part is None or part.tolist() == [65536.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
     True
     """
-    if _unavailable or os.environ.get("FXDEBUG_STATS_KERNEL", "1") == "0":
+    if _unavailable or kernels_turned_off():
         return None
     device_type = tensor.device.type
     dense = dense_memory(tensor.detach())  # (detached: a copy records no autograd)

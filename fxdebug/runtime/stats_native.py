@@ -49,7 +49,8 @@ import threading
 
 import torch
 
-__all__ = ["row_sums", "summary", "fills_memory", "unavailable_reason", "openmp_runtimes",
+__all__ = ["row_sums", "summary", "fills_memory", "kernels_turned_off", "unavailable_reason",
+           "openmp_runtimes",
            "shares_openmp_runtime"]
 
 _SOURCE = r"""
@@ -328,9 +329,10 @@ def summary(tensor: torch.Tensor, bound_ratio: float, row: int = 2048
 def _call(name: str, tensor: torch.Tensor, row: int, size: int, *extra) -> tuple[
         torch.Tensor | None, int]:
     """The C function ``name`` on ``tensor``'s memory, into a new float64 tensor of ``size``:
-    ``(out, its status)``; ``(None, -1)`` where the kernel does not apply or was not built."""
+    ``(out, its status)``; ``(None, -1)`` where the kernel does not apply, is turned off or
+    was not built."""
     kind = _KINDS.get(tensor.dtype)
-    if kind is None or not tensor.is_cpu or type(tensor) not in _PLAIN \
+    if kind is None or kernels_turned_off() or not tensor.is_cpu or type(tensor) not in _PLAIN \
             or tensor.layout != torch.strided or tensor.is_neg() or tensor.numel() == 0 \
             or not fills_memory(tensor):
         return None, -1
@@ -342,6 +344,16 @@ def _call(name: str, tensor: torch.Tensor, row: int, size: int, *extra) -> tuple
     status = getattr(library, name)(tensor.data_ptr(), tensor.numel(), row, kind, threads,
                                     _PARALLEL_ROWS, *extra, out.data_ptr())
     return out, status
+
+
+def kernels_turned_off() -> bool:
+    """Whether ``FXDEBUG_STATS_KERNEL=0`` turns the statistics kernels off (this C kernel, the
+    compiled and the Triton ones): torch's own reductions then, the same values, slower.
+
+    >>> kernels_turned_off() == (os.environ.get("FXDEBUG_STATS_KERNEL") == "0")
+    True
+    """
+    return os.environ.get("FXDEBUG_STATS_KERNEL", "1") == "0"
 
 
 def fills_memory(tensor: torch.Tensor) -> bool:

@@ -39,6 +39,7 @@ import torch
 
 from ..errors import PerformanceWarning
 from .stats_kernel import dense_memory
+from .stats_native import kernels_turned_off
 
 __all__ = ["gpu_summary", "GPU_DTYPES"]
 
@@ -139,7 +140,7 @@ def gpu_summary(tensor: torch.Tensor) -> torch.Tensor | None:
     >>> summary is None or summary.tolist() == [3.0, 4 / 3, 14 / 3, 0.0, 3.0, 1.0, 1.0, 4.0]
     True
     """
-    if _unavailable or os.environ.get("FXDEBUG_STATS_KERNEL", "1") == "0":
+    if _unavailable or kernels_turned_off():
         return None
     if tensor.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return None
