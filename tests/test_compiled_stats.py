@@ -223,8 +223,10 @@ def _same_as_eager_ops_and_float64(got, value: torch.Tensor) -> None:
 
 def test_symbolic_sizes_give_what_the_ops_give_eagerly_and_float64():
     """Under ``dynamic=True`` (sizes as symbols where dynamo keeps them so), at several sizes of
-    one and two dimensions: the statistics are the eager ops' and float64's."""
-    summarize = torch.compile(graph_summary, backend="aot_eager", fullgraph=True, dynamic=True)
+    one and two dimensions: the statistics are the eager ops' and float64's, from one graph per
+    number of dimensions (no size read as a Python number, which would compile anew per size)."""
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    summarize = torch.compile(graph_summary, backend=counter, fullgraph=True, dynamic=True)
     for case in FLOAT32_CASES:
         x = adversarial(case).reshape(-1).clone()  # (fresh tensors, not views: no base guards)
         assert_stats_equal(stats_from_summary(summarize(x)), truth(x), x.dtype)
@@ -234,6 +236,27 @@ def test_symbolic_sizes_give_what_the_ops_give_eagerly_and_float64():
     for rows in (40, 30, 25):  # (all of at least FLOAT32_MIN_NUMEL values: one way of summing)
         value = matrix[: rows * 200].reshape(rows, 200).clone()
         _same_as_eager_ops_and_float64(stats_from_summary(summarize(value)), value)
+    assert counter.frame_count == 2
+
+
+def test_new_batch_sizes_compile_no_more_often_than_the_model_itself():
+    """Default ``torch.compile``: a new size compiles once more with sizes as symbols, then no
+    more, as for the model without fxdebug; each call's records are that call's values."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                LargeMean()).eval()
+    gm = fxdebug.instrument(model, mode="stats")
+    torch._dynamo.reset()  # (sizes other tests compiled for would count as seen already)
+    plain = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    instrumented = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    run_plain = torch.compile(model, backend=plain)
+    run_instrumented = torch.compile(gm, backend=instrumented)
+    for batch in (2, 3, 4, 5):
+        x = torch.randn(batch, 3, 18, 18, generator=torch.Generator().manual_seed(batch))
+        with torch.no_grad():
+            run_plain(x)
+            run_instrumented(x)
+        assert_records_match(fxdebug.records(gm), hooked_truth(model, x))
+    assert instrumented.frame_count == plain.frame_count == 2
 
 
 @pytest.mark.parametrize("tiny", [False, True])

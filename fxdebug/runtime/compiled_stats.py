@@ -39,15 +39,15 @@ and the counts are exact::
 
 ``_float64_summary`` takes one pass over the finite values: count, min, max
 and zeros, and the sums of their deviations from a shift and of the squares,
-in float64. The shift is the first finite one of a few values read at fixed
+in float64. The shift is the same trimmed mean of a few values read at fixed
 places of the tensor (NaN and Inf count as a deviation of exactly 0), so
-``M2 = squares - total**2 / count`` cannot cancel: a shift that is itself one
-of the values lies at most ``sqrt(M2)`` from the mean, so the squares are at
-most ``count * M2`` and float64 rounding leaves ``M2`` within
-``count * 2**-53`` of itself (a large mean with a small spread, values near
-float32's overflow: their squares are finite in float64). Where no pick is
-finite the shift is 0; if that leaves ``M2`` imprecise, the std is NaN, never
-a wrong number. float64 values take two passes, scaled by their largest
+``M2 = squares - total**2 / count`` cannot cancel: a shift between the
+smallest and the largest value lies at most ``sqrt(M2)`` from the mean, so
+the squares are at most ``(count + 1) * M2`` and float64 rounding leaves
+``M2`` within ``count * 2**-53`` of itself (a large mean with a small spread,
+values near float32's overflow: their squares are finite in float64). Where
+no pick is finite the shift is 0; if that leaves ``M2`` imprecise, the std is
+NaN, never a wrong number. float64 values take two passes, scaled by their largest
 magnitude (as :func:`.stats._summarize_masked`) so their squares cannot
 overflow. The Records object of a compiled run is a :class:`CompiledRecords`;
 it fills itself from the recorder's sink the first time it is read.
@@ -163,30 +163,31 @@ def _vector(scalars: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _trimmed_picks(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mean of the finite ones of a few values spread over ``value``, less the largest and
-    the smallest (0 if none is finite), and 1 / the largest magnitude among them (1 if none is
-    finite): scalar ops on the picks, stored by one tiny reduction (inductor stores a value's
-    deviations in a buffer of their own where the ops that compute them are many; each scalar
-    node it stores is one more buffer the compiled code allocates per capture)."""
-    picks = [pick.double() for pick in _picks(value)]
-    finite = [_finite(pick) for pick in picks]
-    count = finite[0].double()
-    total = torch.where(finite[0], picks[0], 0.0)
-    low = torch.where(finite[0], picks[0], _INF)
-    high = torch.where(finite[0], picks[0], -_INF)
-    for pick, ok in zip(picks[1:], finite[1:]):
-        count = count + ok.double()
-        total = total + torch.where(ok, pick, 0.0)
-        low = torch.minimum(low, torch.where(ok, pick, _INF))
-        high = torch.maximum(high, torch.where(ok, pick, -_INF))
-    trimmed = torch.where(count > 2, (total - low - high) / (count - 2).clamp(min=1),
-                          total / count.clamp(min=1))
-    reach = torch.maximum(low.abs(), high.abs())
-    scale = torch.where((count > 0) & (reach > 0), 1.0 / reach.clamp(min=_TINY), 1.0)
+    """The shift (see :func:`_trimmed_shift`) and 1 / the picks' largest finite magnitude (1 if
+    none is finite), each stored by one tiny reduction (inductor stores a value's deviations in a
+    buffer of their own where the ops that compute them are many; each scalar node it stores is
+    one more buffer the compiled code allocates per capture)."""
+    shift, reach = _trimmed_shift(value)
+    scale = torch.where((reach > 0) & (reach < _INF), 1.0 / reach.clamp(min=_TINY), 1.0)
     # a reduction's result is a stored number: the value's loop loads it rather than computing
     # it anew per value (inductor would store the deviations in a buffer of their own instead)
-    stored = torch.stack([trimmed.float(), scale.float()])[:, None].expand(2, 2).amax(1)
+    stored = torch.stack([shift.float(), scale.float()])[:, None].expand(2, 2).amax(1)
     return stored[0], stored[1]
+
+
+def _trimmed_shift(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean of the finite ones of ``_PICKS`` values spread over ``value``, less the largest
+    and the smallest (0 if none is finite), and their largest magnitude (Inf if none is
+    finite), in float64: a few vector ops on the picks, whatever the sizes."""
+    picks = _picks(value).to(torch.float64)
+    finite = _finite(picks)
+    count = finite.sum(dtype=torch.float64)
+    total = torch.where(finite, picks, 0.0).sum()
+    low = torch.where(finite, picks, _INF).amin()
+    high = torch.where(finite, picks, -_INF).amax()
+    trimmed = torch.where(count > 2, (total - low - high) / (count - 2).clamp(min=1),
+                          total / count.clamp(min=1))
+    return trimmed, torch.maximum(low.abs(), high.abs())
 
 
 def _float64_summary(value: torch.Tensor) -> torch.Tensor:
@@ -194,22 +195,22 @@ def _float64_summary(value: torch.Tensor) -> torch.Tensor:
     if not value.is_floating_point():  # integers, bools: exact in float64, squares finite
         value = value.to(torch.float64)
     finite = torch.isfinite(value)
-    shift = _shift(value)
-    # deviations from the shift, NaN and Inf replaced by the shift itself (exactly 0), in float64
-    deviation = torch.where(finite, value, shift).to(torch.float64) - shift.to(torch.float64)
+    shift = _trimmed_shift(value)[0]
+    # deviations from the shift in float64, NaN and Inf counting as exactly 0
+    deviation = torch.where(finite, value.to(torch.float64) - shift, 0.0)
     counter = torch.int32 if value.numel() < 2 ** 31 else torch.int64  # int32: narrower vectors
     count = finite.sum(dtype=counter).to(torch.float64)
     safe = count.clamp(min=1)
     total = deviation.sum()
     squares = (deviation * deviation).sum()
     m2 = (squares - total * total / safe).clamp(min=0)
-    # a shift that is one of the finite values adds at most count * M2 to the squares; only a
+    # a shift within the finite values' range adds at most count * M2 to the squares; only a
     # shift of 0 (every pick not finite) can be far from the values: no std then, never a wrong one
     m2 = torch.where(squares <= _PRECISE_RATIO * m2, m2, _NAN)
     low = torch.where(finite, value, _INF).amin().to(torch.float64)
     high = torch.where(finite, value, -_INF).amax().to(torch.float64)
     zeros = (value == 0).sum(dtype=counter).to(torch.float64)
-    mean = torch.where(count > 0, shift.to(torch.float64) + total / safe, _NAN)
+    mean = torch.where(count > 0, shift + total / safe, _NAN)
     numel = torch.full_like(count, float(value.numel()))
     return torch.stack([count, mean, m2, low, high, zeros, numel - count, numel])
 
@@ -220,28 +221,20 @@ _PRECISE_RATIO = float(2 ** 30)
 _PICKS = 8  # values looked at for the shift, spread over the tensor
 
 
-def _shift(value: torch.Tensor) -> torch.Tensor:
-    """The first finite one of a few values spread over ``value`` (0 if none is): read at their
-    index, so inductor computes them where the value is computed and the sums stay one pass."""
-    shift = torch.zeros((), dtype=value.dtype, device=value.device)
-    for pick in reversed(_picks(value)):
-        shift = torch.where(torch.isfinite(pick), pick, shift)
-    return shift
-
-
-def _picks(value: torch.Tensor) -> list[torch.Tensor]:
-    """The values at ``_PICKS`` flat (row-major) places spread over ``value``, each read by its
-    index in every dimension: no reshape, which would force inductor to store the value (and
-    whatever computes it) in row-major order rather than the layout it chose (channels-last)."""
-    numel = value.numel()
-    picks = []
-    for i in range(_PICKS):
-        place, index = numel * i // _PICKS, []
-        for size in reversed(value.shape):
-            index.append(place % size)  # (no divmod: a size may be a SymInt)
-            place = place // size
-        picks.append(value[tuple(reversed(index))])
-    return picks
+def _picks(value: torch.Tensor) -> torch.Tensor:
+    """The values at ``_PICKS`` flat (row-major) places spread over ``value``, read by one
+    indexing op whose index tensors are computed from the sizes: no reshape, which would force
+    inductor to store the value (and whatever computes it) in row-major order rather than the
+    layout it chose (channels-last), and no Python integer computed from a size, which would
+    make dynamo compile the graph anew for each size."""
+    if value.dim() == 0:
+        return value.expand(_PICKS)
+    place = torch.arange(_PICKS, device=value.device) * value.numel() // _PICKS
+    index = []
+    for size in reversed(value.shape):
+        index.append(place % size)
+        place = place // size
+    return value[tuple(reversed(index))]
 
 
 def _finite(value: torch.Tensor) -> torch.Tensor:
