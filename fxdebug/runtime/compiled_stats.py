@@ -62,6 +62,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .records import Record, Records
 from .stats import combine
@@ -97,9 +98,21 @@ def graph_summary(tensor: torch.Tensor) -> torch.Tensor:
         value = value.abs()
     if value.dtype == torch.float64:
         return _two_pass_scaled(value)
-    if value.dtype in _NARROW and value.numel() >= FLOAT32_MIN_NUMEL:
+    if value.dtype in _NARROW and _always(value.numel() >= FLOAT32_MIN_NUMEL):
         return _float32_summary(value)
     return _float64_summary(value)
+
+
+def _always(condition: Any) -> bool:
+    """Whether ``condition`` on the sizes holds at every size the graph being traced can be
+    called with, without a guard (a guard on a size would compile the graph anew each time the
+    size crosses it); a Python bool as it is."""
+    return statically_known_true(condition)
+
+
+def _counter(value: torch.Tensor) -> torch.dtype:
+    """The dtype that counts ``value``'s elements: int32 (narrower vectors) where it always can."""
+    return torch.int32 if _always(value.numel() < 2 ** 31) else torch.int64
 
 
 FLOAT32_MIN_NUMEL = 1 << 12
@@ -133,7 +146,7 @@ def _float32_summary(value: torch.Tensor) -> torch.Tensor:
     deviation = torch.where(finite, (wide - shift) * scale, 0.0)
     total = deviation.sum().double()
     squares = (deviation * deviation).sum().double()
-    counter = torch.int32 if value.numel() < 2 ** 31 else torch.int64
+    counter = _counter(value)
     count = finite.sum(dtype=counter).double()
     low = torch.where(finite, wide, _INF).amin().double()
     high = torch.where(finite, wide, -_INF).amax().double()
@@ -198,7 +211,7 @@ def _float64_summary(value: torch.Tensor) -> torch.Tensor:
     shift = _trimmed_shift(value)[0]
     # deviations from the shift in float64, NaN and Inf counting as exactly 0
     deviation = torch.where(finite, value.to(torch.float64) - shift, 0.0)
-    counter = torch.int32 if value.numel() < 2 ** 31 else torch.int64  # int32: narrower vectors
+    counter = _counter(value)
     count = finite.sum(dtype=counter).to(torch.float64)
     safe = count.clamp(min=1)
     total = deviation.sum()
@@ -211,7 +224,7 @@ def _float64_summary(value: torch.Tensor) -> torch.Tensor:
     high = torch.where(finite, value, -_INF).amax().to(torch.float64)
     zeros = (value == 0).sum(dtype=counter).to(torch.float64)
     mean = torch.where(count > 0, shift + total / safe, _NAN)
-    numel = torch.full_like(count, float(value.numel()))
+    numel = torch.full_like(count, value.numel())
     return torch.stack([count, mean, m2, low, high, zeros, numel - count, numel])
 
 
@@ -258,7 +271,7 @@ def _two_pass_scaled(value: torch.Tensor) -> torch.Tensor:
     m2 = ((deviation * deviation).sum() - total * total / safe).clamp(min=0) * scale * scale
     zeros = (value == 0).sum().to(torch.float64)
     mean = torch.where(count > 0, mean + total * scale / safe, _NAN)
-    numel = torch.full_like(count, float(value.numel()))
+    numel = torch.full_like(count, value.numel())
     return torch.stack([count, mean, m2, low, high, zeros, numel - count, numel])
 
 
