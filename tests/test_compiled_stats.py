@@ -308,3 +308,23 @@ def test_float32_squares_that_overflow_or_underflow_give_nan_never_a_wrong_std(t
     assert stats.numel == expected["numel"] and stats.nonfinite == 0
     assert stats.zeros_pct == expected["zeros_pct"]
     assert math.isnan(stats.mean) or math.isclose(stats.mean, expected["mean"], rel_tol=1e-5)
+
+
+def test_graphs_after_a_graph_break_compile_no_more_for_new_sizes():
+    """The graph after a break reads the summaries filed before it: each new batch size past
+    the second compiles nothing, and each call's records are that call's values."""
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), Breaks(), torch.nn.Tanh(), LargeMean(),
+                                torch.nn.Linear(6, 3)).eval()
+    gm = fxdebug.instrument(fxdebug.trace(model, leaf_modules=[Breaks]), mode="stats")
+    torch._dynamo.reset()  # (sizes other tests compiled for would count as seen already)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(gm, backend=counter)
+    frames = []
+    for batch in (2, 3, 4, 5, 6):
+        x = torch.randn(batch, 6, generator=torch.Generator().manual_seed(batch))
+        with torch.no_grad():
+            compiled(x)
+        frames.append(counter.frame_count)
+        assert_records_match(fxdebug.records(gm), hooked_truth(model, x))
+        assert fxdebug.records(gm).record("4").shape == (batch, 3)
+    assert frames[1] == frames[-1] > frames[0], frames

@@ -180,6 +180,17 @@ def _in_graph_stats(recorder) -> bool:
             and getattr(recorder, "layouts", None) is None)
 
 
+def _shape(tensor: torch.Tensor) -> Any:
+    """A summarized tensor's shape as its entry holds it: a graph after a graph break reads the
+    entries before it, and dynamo guards on the numbers of a tuple it reads (the graph would be
+    compiled anew for each size), not on a tensor's values. On the CPU, a tensor of the sizes;
+    elsewhere the tuple (a CPU tensor would keep a CUDA graph from being recorded, and a device
+    tensor would cost a device read per capture when the Records fill)."""
+    if tensor.device.type == "cpu":
+        return torch.tensor(tensor.shape)
+    return tuple(tensor.shape)
+
+
 def compiled_capture(recorder, value: Any, key: str, op: str, stats_only: bool,
                      in_graph: bool = False) -> None:
     """``capture``/``capture_stats`` as dynamo records them: one op per tensor of ``value``,
@@ -201,7 +212,7 @@ def compiled_capture(recorder, value: Any, key: str, op: str, stats_only: bool,
     for name, tensor in tensors:
         entry: tuple
         if in_graph and summarizable_in_graph(tensor):  # graph ops; no Python when it runs
-            entry = (name, op, tuple(tensor.shape), tensor.dtype, graph_summary(tensor))
+            entry = (name, op, _shape(tensor), tensor.dtype, graph_summary(tensor))
         else:
             _OPS["capture"](_TOKEN, tensor, number, name, op, stats_only)
             entry = (name, op, None, None, None)  # its place in the order of the Records

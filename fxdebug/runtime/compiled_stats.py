@@ -10,6 +10,7 @@ and nothing runs in Python per capture::
       ├─ begin_run                        fxdebug::begin_run op; sink.pending = ()
       ├─ capture_stats(recorder, v, ...)  per tensor t of v: graph_summary(t), then
       │                                   sink.pending += ((key, op, shape, dtype, summary),)
+      │                                   (on the CPU the shape a tensor: compiled_ops._shape)
       │                                   (a value graph ops cannot summarize: today's
       │                                    fxdebug::capture op, and a place in the order)
       └─ end of the graph (or a graph break): dynamo stores sink.pending once, its
@@ -341,7 +342,8 @@ def file_entries(records: Records, entries: tuple) -> None:
         old = store.pop(key, None)
         if accumulating and old is not None and old.summary is not None:
             summary = combine(old.summary, summary)
-        store[key] = Record(key, op, tuple(shape), dtype, None, False, summary=summary)
+        shape = tuple(shape.tolist()) if isinstance(shape, torch.Tensor) else tuple(shape)
+        store[key] = Record(key, op, shape, dtype, None, False, summary=summary)
 
 
 class CompiledRecords(Records):
