@@ -36,14 +36,18 @@ def truth(t: torch.Tensor) -> dict:
                 nonfinite=int((~torch.isfinite(t)).sum()), numel=t.numel())
 
 
-def assert_stats_equal(stats, expected, dtype):
+def assert_stats_equal(stats, expected, dtype, may_decline=False):
+    """``stats`` equal float64's ``expected``; with ``may_decline``, a mean or std may be NaN
+    instead (a path that declines to give an imprecise number)."""
     rtol = 1e-5
     scale = max(abs(expected["mean"]), 0.0 if math.isnan(expected["std"]) else expected["std"],
                 1e-30)
-    assert math.isclose(stats.mean, expected["mean"], rel_tol=rtol, abs_tol=rtol * scale), stats
+    if not (may_decline and math.isnan(stats.mean)):
+        assert math.isclose(stats.mean, expected["mean"], rel_tol=rtol, abs_tol=rtol * scale), \
+            stats
     if math.isnan(expected["std"]):  # one finite value: torch.std says NaN, and so do we
         assert math.isnan(stats.std), stats
-    else:
+    elif not (may_decline and math.isnan(stats.std)):
         assert math.isclose(stats.std, expected["std"], rel_tol=1e-4), stats
     assert stats.min == expected["min"] and stats.max == expected["max"], stats
     assert stats.zeros_pct == expected["zeros_pct"], stats
