@@ -50,8 +50,7 @@ import threading
 import torch
 
 __all__ = ["row_sums", "summary", "fills_memory", "kernels_turned_off", "unavailable_reason",
-           "openmp_runtimes",
-           "shares_openmp_runtime"]
+           "openmp_runtimes", "shares_openmp_runtime"]
 
 _SOURCE = r"""
 #include <stdint.h>
