@@ -31,8 +31,11 @@ Run (from the repository root)::
     python benchmarks/capture_overhead.py --compiled --models resnet50 --input 4,3,224,224 --repeats 5
 
 ``--compiled`` times ``torch.compile(fxdebug.instrument(model, mode="stats"))`` against
-``torch.compile(model)`` instead (inductor, both compiled before timing; the first compile of
+``torch.compile(model)`` instead (inductor, all compiled before timing; the first compile of
 resnet50 takes a minute or more on a small CPU), and counts the graphs dynamo made of each.
+Beside them, a floor that no in-graph statistics can go below: ``torch.compile(model)`` with a
+forward hook on every leaf module that keeps only ``output.sum()`` (dynamo compiles the hooks
+into the graph): one more read of each activation, the least a summary of it costs.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ from functools import partial
 
 import torch
 import torchvision
-from _common import header, host_syncs, interleaved, leaf_hooks, median, parse_args, table
+from _common import (header, host_syncs, interleaved, leaf_hooks, leaf_modules, median,
+                     parse_args, table)
 from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 import fxdebug
@@ -105,29 +109,48 @@ def bench_model(name, shape, repeats, warmup, device="cpu"):
           f"(the in-place ReLU after bn1 overwrites a detached view; fxdebug copies there)")
 
 
+FLOOR = "floor: leaf hooks keeping output.sum()"
+
+
+def _keep_sum(sums: list, module, args, output) -> None:
+    """A forward hook: keep the sum of the module's output (the floor's one read of it)."""
+    sums.append(output.sum())
+
+
 def bench_compiled(name, shape, repeats, warmup, device="cpu"):
-    """``torch.compile`` of the model against ``torch.compile`` of its stats-mode instrumented copy."""
+    """``torch.compile`` of the model against ``torch.compile`` of its stats-mode instrumented copy,
+    and the floor (leaf hooks keeping ``output.sum()``, compiled into the graph)."""
     model = torchvision.models.get_model(name, weights=None).eval().to(device)
     x = torch.randn(shape, device=device)
     gm = fxdebug.instrument(deepcopy(model), mode="stats").eval()
-    graphs = {"torch.compile(model)": [], "torch.compile(fxdebug stats)": []}
+    graphs = {"torch.compile(model)": [], "torch.compile(fxdebug stats)": [], FLOOR: []}
 
     def counting(label):
         def backend(graph, example_inputs):
             graphs[label].append(graph)
             return torch._inductor.compile(graph, example_inputs)
         return backend
+    floor, sums = deepcopy(model), []
+    for _, module in leaf_modules(floor):  # (a module called twice keeps two sums)
+        module.register_forward_hook(partial(_keep_sum, sums))
+    compiled_floor = torch.compile(floor, backend=counting(FLOOR))
+
+    def floor_run(x):
+        sums.clear()
+        return compiled_floor(x)
     variants = {"torch.compile(model)": torch.compile(deepcopy(model),
                                                       backend=counting("torch.compile(model)")),
                 "torch.compile(fxdebug stats)": torch.compile(
-                    gm, backend=counting("torch.compile(fxdebug stats)"))}
+                    gm, backend=counting("torch.compile(fxdebug stats)")),
+                FLOOR: floor_run}
     with torch.no_grad():
         times = interleaved({v: partial(fn, x) for v, fn in variants.items()},
                             repeats=repeats, warmup=warmup)
         count = len(fxdebug.records(gm))
     base = median(times["torch.compile(model)"])
     rows = [[v, f"{median(t) * 1e3:.2f}", f"{min(t) * 1e3:.2f}", f"{median(t) / base:.2f}x",
-             len(graphs[v]), count if "fxdebug" in v else ""] for v, t in times.items()]
+             len(graphs[v]), count if "fxdebug" in v else len(sums) if v == FLOOR else ""]
+            for v, t in times.items()]
     print(f"\n### {name}, compiled (inductor)\n")
     print(table(rows, ["variant", "median ms", "min ms", "vs torch.compile(model) (median)",
                        "dynamo graphs", "captured tensors"]))
