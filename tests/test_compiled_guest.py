@@ -315,6 +315,29 @@ def test_compiled_grads_equal_eager_gradients(capfd):
     _no_graph_break_output(capfd.readouterr().err)
 
 
+def test_compiled_grads_at_new_shapes_compile_no_frame_of_the_hook_registration():
+    """After each graph break, the compiled code calls record_grads on the real tensors: it runs
+    eagerly, so dynamo keeps no compiled frame of it (one per activation shape before: five
+    for resnet18), and gradients equal tensor hooks' at every input size."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from fxdebug.runtime.gradients import record_grads
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = SmallCNN().eval()
+    gm = fxdebug.instrument(model, grads=True)
+    compiled = torch.compile(gm, backend="eager")
+    for batch, size in ((2, 8), (3, 6), (1, 10)):
+        x = torch.randn(batch, 3, size, size)
+        expected = _grad_hooks(model, x)
+        compiled(x).sum().backward()
+        rec = fxdebug.records(compiled)
+        assert sorted(rec.grads.keys()) == sorted(expected)
+        for key, value in expected.items():
+            torch.testing.assert_close(rec.grads[key], value, msg=key)
+    assert _debug_get_cache_entry_list(record_grads.__code__) == []
+
+
 def test_compiled_grads_with_fullgraph_are_refused_saying_why():
     gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(2, 2)), grads=True)
     with pytest.raises(Exception, match="fxdebug registers the gradient hooks") as failure:

@@ -4,8 +4,12 @@ Call tree::
 
     record_grads(recorder, value, key, op)      while dynamo traces (is_compiling())
       └─ register_grad_hooks(record_grads, ...)  torch.compiler.disable: dynamo ends the graph
-           └─ record_grads(...)                  here, runs eagerly on the real tensors: hooks
-                                                 file into the Records of this run
+                                                 before the call of record_grads
+    record_grads(recorder, value, key, op)      the compiled code's call, after that graph:
+                                                 run eagerly on the real tensors (dynamo
+                                                 compiles no frame of it: torch_compat.
+                                                 run_eagerly_from_compiled_code), hooks file
+                                                 into the Records of this run
 
 A hook must sit on a tensor autograd sees, and file into the Records of the
 run that made it; neither exists while dynamo traces. Dynamo runs a

@@ -26,7 +26,7 @@ from torch.overrides import TorchFunctionMode
 from ..errors import FxdebugError
 from .nodes import Recorder, emit_if_tracing
 from .records import Records
-from .torch_compat import add_tensor_hook
+from .torch_compat import add_tensor_hook, run_eagerly_from_compiled_code
 from .values import flatten_tensors, map_tensors
 
 __all__ = ["PASSES_THROUGH", "GradEdit", "own_value", "record_grads", "edit_grads", "edited_parameter",
@@ -112,6 +112,11 @@ def record_grads(recorder: Recorder, value, key: str, op: str, stats_only: bool 
                 continue
             add_tensor_hook(tensor, _StoreGrad(records, name, op, stats_only))
     return None
+
+
+# After the graph break, compiled code calls record_grads itself: dynamo runs it eagerly (see
+# compiled_grads.py) instead of compiling a graph of it per new activation shape
+run_eagerly_from_compiled_code(record_grads)
 
 
 def _note_leaf(records: Records, name: str) -> None:

@@ -40,7 +40,8 @@ from .autograd import (add_tensor_hook, at_backward_end, read_version,  # noqa: 
 from .dtensor import (ParallelLayout, distribute_module_applied,  # noqa: E402
                       parallel_output_layout)
 from .dynamo import (compiled_backend, compiled_inner, dynamo_frame_id,  # noqa: E402
-                     graph_break_reason, inductor_backend, load_inductor, lookup_backend)
+                     graph_break_reason, inductor_backend, load_inductor, lookup_backend,
+                     run_eagerly_from_compiled_code)
 from .export_nodes import (AUTOCAST_NODE_FUNCTIONS, ENTER_AUTOCAST, EXIT_AUTOCAST,  # noqa: E402
                            SET_GRAD_ENABLED, autocast_arguments, is_autocast_function,
                            is_export_guard_call)
@@ -71,7 +72,7 @@ __all__ = [
     "ParallelLayout", "distribute_module_applied", "parallel_output_layout",
     # dynamo
     "compiled_backend", "compiled_inner", "dynamo_frame_id", "graph_break_reason", "inductor_backend",
-    "load_inductor", "lookup_backend",
+    "load_inductor", "lookup_backend", "run_eagerly_from_compiled_code",
     # export_nodes
     "AUTOCAST_NODE_FUNCTIONS", "ENTER_AUTOCAST", "EXIT_AUTOCAST", "SET_GRAD_ENABLED",
     "autocast_arguments", "is_autocast_function", "is_export_guard_call",

@@ -15,7 +15,7 @@ import warnings
 import torch
 
 __all__ = ["compiled_backend", "compiled_inner", "dynamo_frame_id", "graph_break_reason", "inductor_backend",
-           "load_inductor", "lookup_backend"]
+           "load_inductor", "lookup_backend", "run_eagerly_from_compiled_code"]
 
 _inductor_lock = threading.Lock()
 
@@ -187,3 +187,29 @@ def dynamo_frame_id(gm) -> int | None:
     """
     compile_id = getattr(gm, "meta", {}).get("dynamo_compile_id")
     return getattr(compile_id, "frame_id", None)
+
+
+def run_eagerly_from_compiled_code(function):
+    """Have dynamo run ``function`` eagerly, with every function it calls, where compiled code
+    calls it (after a graph break): no graph of its own, no guards on its arguments, so no
+    compile per new argument shape; returns ``function``. A plain call is untouched (no
+    wrapper), and dynamo still inlines ``function`` while it traces its caller.
+
+    Private: ``torch._C._dynamo.eval_frame.set_code_exec_strategy`` with
+    ``_FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)`` on the function's code, what
+    ``torch._dynamo.eval_frame.skip_code`` does for one frame (checked on torch 2.9.1 and
+    2.14.1; it loads no dynamo). Fallback: nothing is set, and dynamo compiles the frame as any
+    other (the same result, compiled anew for each new guard).
+
+    >>> def hooks(value): return value
+    >>> run_eagerly_from_compiled_code(hooks) is hooks
+    True
+    """
+    try:
+        from torch._C._dynamo.eval_frame import (_FrameAction, _FrameExecStrategy,
+                                                 set_code_exec_strategy)
+    except ImportError:  # pragma: no cover - a torch without them
+        return function
+    skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+    set_code_exec_strategy(function.__code__, skip)
+    return function
