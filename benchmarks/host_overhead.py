@@ -28,6 +28,7 @@ grads=True, stats mode     the same with ``mode="stats"``                   regi
 detect_anomaly             forward + backward under ``detect_anomaly``      (per module)
 find_nonfinite             ``find_nonfinite(m, x)`` forward + backward      detect_anomaly
 watch_nonfinite            a training step through the watch + ``check()``  the training step
+watch_nonfinite, SGD       the same, then ``torch.optim.SGD(lr=0).step()``  the step with SGD too
 =========================  ===============================================  ======================
 
 Run (from the repository root)::
@@ -198,6 +199,20 @@ def main() -> None:
         if watch.check() is not None:
             raise AssertionError("watch_nonfinite reported a finite step")
     row("watch_nonfinite step", forward_backward, watched_step, modules, None, "training step")
+
+    # the same with the optimizer's step in both (lr 0: the same work, the model unchanged): the
+    # watch's first read of each fresh .grad makes the Python tensor the optimizer then reuses
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+
+    def sgd_step():
+        forward_backward()
+        optimizer.step()
+
+    def watched_sgd_step():
+        watched_step()
+        optimizer.step()
+    row("watch_nonfinite step, SGD step()", sgd_step, watched_sgd_step, modules, None,
+        "training step with SGD step()")
 
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"torch {torch.__version__}, {where}, threads {torch.get_num_threads()}, "
