@@ -74,7 +74,8 @@ __all__ = ["graph_summary", "summarizable_in_graph", "StatsSink", "CompiledRecor
 # The attribute of a Recorder that holds its StatsSink.
 SINK_ATTR = "fxdebug_stats_sink"
 _INF = float("inf")
-_NAN = float("nan")
+# NaN is written float("nan") in the graph ops: dynamo folds that call into a constant, where
+# it guards a global NaN by a Python check per use (NaN != NaN: its guards are never merged)
 
 
 def summarizable_in_graph(tensor: Any) -> bool:
@@ -158,11 +159,12 @@ def _float32_summary(value: torch.Tensor) -> torch.Tensor:
     precise = (torch.isfinite(total + squares) & (squares <= FLOAT32_RATIO * m2)
                & ((squares >= count * _TINY) | (low == high)))
     unscale = 1.0 / scale.double()
-    m2 = torch.where(precise, m2 * unscale * unscale, _NAN)
+    m2 = torch.where(precise, m2 * unscale * unscale, float("nan"))
     mean = shift.double() + total * unscale / safe
     # the float32 sum of the deviations is off by at most _SUM_ERROR * sqrt(count * squares)
     close = _SUM_ERROR * torch.sqrt(squares / safe) <= 2.0 ** -20 * mean.abs() / unscale
-    mean = torch.where((count > 0) & torch.isfinite(total + squares) & (precise | close), mean, _NAN)
+    mean = torch.where((count > 0) & torch.isfinite(total + squares) & (precise | close), mean,
+                       float("nan"))
     numel = torch.full_like(count, value.numel())
     return _vector([count, mean, m2, low, high, zeros, numel - count, numel])
 
@@ -220,11 +222,11 @@ def _float64_summary(value: torch.Tensor) -> torch.Tensor:
     m2 = (squares - total * total / safe).clamp(min=0)
     # a shift within the finite values' range adds at most count * M2 to the squares; only a
     # shift of 0 (every pick not finite) can be far from the values: no std then, never a wrong one
-    m2 = torch.where(squares <= _PRECISE_RATIO * m2, m2, _NAN)
+    m2 = torch.where(squares <= _PRECISE_RATIO * m2, m2, float("nan"))
     low = torch.where(finite, value, _INF).amin().to(torch.float64)
     high = torch.where(finite, value, -_INF).amax().to(torch.float64)
     zeros = (value == 0).sum(dtype=counter).to(torch.float64)
-    mean = torch.where(count > 0, shift + total / safe, _NAN)
+    mean = torch.where(count > 0, shift + total / safe, float("nan"))
     numel = torch.full_like(count, value.numel())
     return torch.stack([count, mean, m2, low, high, zeros, numel - count, numel])
 
@@ -271,7 +273,7 @@ def _two_pass_scaled(value: torch.Tensor) -> torch.Tensor:
     total = deviation.sum()
     m2 = ((deviation * deviation).sum() - total * total / safe).clamp(min=0) * scale * scale
     zeros = (value == 0).sum().to(torch.float64)
-    mean = torch.where(count > 0, mean + total * scale / safe, _NAN)
+    mean = torch.where(count > 0, mean + total * scale / safe, float("nan"))
     numel = torch.full_like(count, value.numel())
     return torch.stack([count, mean, m2, low, high, zeros, numel - count, numel])
 
