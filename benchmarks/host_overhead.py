@@ -29,6 +29,9 @@ detect_anomaly             forward + backward under ``detect_anomaly``      (per
 find_nonfinite             ``find_nonfinite(m, x)`` forward + backward      detect_anomaly
 watch_nonfinite            a training step through the watch + ``check()``  the training step
 watch_nonfinite, SGD       the same, then ``torch.optim.SGD(lr=0).step()``  the step with SGD too
+torch.compile, stats mode  ``--compiled N``: a model of N modules, its     hook: output.detach()
+                           stats-mode copy compiled, against
+                           ``torch.compile(model)``
 =========================  ===============================================  ======================
 
 Run (from the repository root)::
@@ -36,6 +39,7 @@ Run (from the repository root)::
     python benchmarks/host_overhead.py              # 400 modules, 200 pairs per variant
     python benchmarks/host_overhead.py --quick      # smoke test
     python benchmarks/host_overhead.py --device cuda   # the same on a GPU (each call synchronized)
+    python benchmarks/host_overhead.py --compiled 100  # and stats mode under torch.compile
 """
 
 from __future__ import annotations
@@ -98,6 +102,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke test: 40 modules, 10 pairs")
     parser.add_argument("--device", default="cpu",
                         help="cuda: the same model on the GPU, each call synchronized")
+    parser.add_argument("--compiled", type=int, default=0, metavar="LAYERS",
+                        help="also stats mode under torch.compile (inductor) against "
+                             "torch.compile(model), on a model of LAYERS modules (its first "
+                             "compile takes about a minute per 100 modules on a small CPU)")
     args = parser.parse_args()
     if args.quick:
         args.layers, args.pairs, args.warmup = 40, 10, 2
@@ -213,6 +221,17 @@ def main() -> None:
         optimizer.step()
     row("watch_nonfinite step, SGD step()", sgd_step, watched_sgd_step, modules, None,
         "training step with SGD step()")
+
+    if args.compiled:  # each capture's statistics inside the compiled graph
+        small = deep_narrow(args.compiled).to(device)
+        with torch.no_grad():
+            compiled_model = torch.compile(copy.deepcopy(small))
+            compiled_stats = torch.compile(fxdebug.instrument(copy.deepcopy(small), mode="stats"))
+            compiled_model(x)
+            compiled_stats(x)
+            count = len(fxdebug.records(compiled_stats))
+            row("torch.compile, stats mode", lambda: compiled_model(x), lambda: compiled_stats(x),
+                count, detach, "hook: output.detach()")
 
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"torch {torch.__version__}, {where}, threads {torch.get_num_threads()}, "
