@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from types import FunctionType, MethodType
 from typing import Any, Callable
 
 import torch
@@ -303,7 +304,11 @@ class RegionForward:
 
     def __call__(self, *args, **kwargs):
         module = self.module
-        forward = type(module).forward.__get__(module)
+        forward = type(module).forward
+        # bound as MethodType: dynamo cannot trace function.__get__ on torch 2.9 (a warning and
+        # a graph break); other descriptors (a classmethod forward) bind themselves
+        forward = (MethodType(forward, module) if type(forward) is FunctionType
+                   else forward.__get__(module))
         if not self.scope.running_here():  # another thread calls the user's module: plain
             return forward(*args, **kwargs)
         if self.entry:
