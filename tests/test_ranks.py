@@ -139,7 +139,8 @@ def test_rtol_accepts_bits_that_differ_and_a_stale_capture_is_not_compared():
     assert close["ok"] and statuses == [("0.weight", "close")]
     assert "within rtol=1e-06" in close["table"]
     # the last module's capture is a view of the output rank 1 wrote to
-    assert records["status"] == {"5": ("stale", (1,))} and records["ok"]
+    assert records["status"] == {"5": ("stale", (1,))} and not records["ok"]
+    assert "verdict: INCOMPLETE" in records["table"]
     assert "1 stale capture(s) not compared (5)" in records["table"]
 
 
@@ -226,7 +227,7 @@ def test_fsdp2_buffers_and_hsdp_replicas_compared_sharded_parameters_have_one_co
     results = on_ranks(_fsdp2, 2)
     assert results[0] == results[1]
     clean, planted, statuses = results[0]["fsdp"]
-    assert clean["ok"]
+    assert not clean["ok"] and "verdict: INCOMPLETE" in clean["table"]  # buffers compared only
     assert ("0.weight", "one copy") in statuses and ("3.weight", "one copy") in statuses
     assert ("1.running_var", "differs") in statuses
     assert planted["first"] == ("1.running_var", "buffer", (1,))

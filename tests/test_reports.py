@@ -225,7 +225,9 @@ def test_rank_reports_in_a_world_of_one(world_of_one):
     torch.manual_seed(0)
     report = fxdebug.compare_ranks(torch.nn.Linear(2, 2))
     check_shape(report, "RankReport")
-    assert report.ok  # one rank agrees with itself
+    # one rank has no second copy: never "equal" over what was not compared
+    assert not report.ok and report.verdict_text == "NOTHING TO COMPARE"
+    assert "verdict: NOTHING TO COMPARE: a world of one rank" in report.table()
     model, x = _LogOfNegative(), torch.randn(2, 3)
     watch = fxdebug.watch_nonfinite(model)
     watch(x).sum().backward()

@@ -147,6 +147,9 @@ def _differing_batches(rank, world, folder, mode):
 
 @pytest.mark.parametrize("mode", ["tensor", "stats"])
 def test_unplaced_captures_that_differ_name_which_ranks_hold_which(tmp_path, mode):
+    """Data parallel, a batch per rank: tensors are not assembled (which dim is the batch's is not
+    known), and say which ranks hold which value; statistics are pooled exactly (count, mean and
+    M2 merge whatever the dim): the global batch's, checked against the concatenated batches."""
     folder = str(tmp_path / mode)
     on_ranks(_differing_batches, 4, folder, mode)
     seen_a, _, _ = truth(full_input(seed=1))
@@ -154,10 +157,6 @@ def test_unplaced_captures_that_differ_name_which_ranks_hold_which(tmp_path, mod
     rec = fxdebug.load_records(folder)
     for key in rec.keys():
         record = rec.record(key)
-        assert "2 different values: ranks 0, 2 | ranks 1, 3" in record.problem(), key
-        with pytest.raises(fxdebug.FxdebugError, match=f"'{key}'.*ranks 0, 2 | ranks 1, 3"):
-            rec[key]
-        assert math.isnan(record.stats.mean)  # no one rank's statistics shown as the run's
         shards = rec.shards(key)  # each rank's own, as it was
         for rank in range(4):
             expected = (seen_a if rank % 2 == 0 else seen_b)[key]
@@ -165,7 +164,17 @@ def test_unplaced_captures_that_differ_name_which_ranks_hold_which(tmp_path, mod
                 torch.testing.assert_close(shards[rank], expected)
             else:
                 assert_stats(shards[rank], expected, key)
-    assert rec.table(wide=True).count("not assembled:") == len(rec.keys())
+        if mode == "stats":
+            assert record.problem() == "" and record.pooled, key
+            everything = torch.cat([seen_a[key], seen_b[key], seen_a[key], seen_b[key]])
+            assert_stats(rec[key], everything.detach(), key)
+            continue
+        assert "2 different values: ranks 0, 2 | ranks 1, 3" in record.problem(), key
+        with pytest.raises(fxdebug.FxdebugError, match=f"'{key}'.*ranks 0, 2 | ranks 1, 3"):
+            rec[key]
+        assert math.isnan(record.stats.mean)  # no one rank's statistics shown as the run's
+    count = rec.table(wide=True).count("not assembled:")
+    assert count == (len(rec.keys()) if mode == "tensor" else 0)
 
 
 def _fsdp_grads(rank, world, folder):

@@ -55,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fxdebug", description="Debug PyTorch models through torch.fx graph transformations.",
         epilog="exit status: 0 same / nothing found, 1 different / found, 2 trouble (bad "
-               "arguments, a missing run, an error)")
+               "arguments, a missing run, an error), 3 incomplete (compare: what was compared "
+               "agrees, but some keys could not be compared)")
     parser.add_argument("--traceback", action="store_true",
                         help="on an error, print the full traceback (default: the user's frames)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

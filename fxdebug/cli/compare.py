@@ -12,12 +12,16 @@ line stays one line whatever the terminal's width (the table is fitted), so
 ``--reference R`` (a saved run of the same model and input in float64, say),
 a key differs only where B's error against R exceeds F (4) times A's plus a
 floor (2 eps of B's dtype): rounding of another reduction order is not a
-difference. Exit status, as
-``diff``: 0 when the runs agree, 1 when they differ, 2 for trouble (a missing
-run, bad arguments, an error).
+difference. Exit status, as ``diff``: 0 when every key was compared and the runs
+agree, 1 when they differ, 2 for trouble (a missing run, bad arguments, an
+error), and 3 when nothing compared differs but some keys could not be compared
+(not assembled from a sharded run's pieces, stale): never 0 for a verdict that
+did not look at every key.
 """
 
 from __future__ import annotations
+
+EXIT_STATUS = {"EQUAL": 0, "DIFFERENT": 1, "INCOMPLETE": 3}  # 2: trouble (an error), as diff
 
 
 def register(subparsers) -> None:
@@ -68,4 +72,4 @@ def run(args) -> int:
                           rtol=args.rtol, atol=args.atol, reference=reference,
                           reference_factor=factor, reference_floor=args.reference_floor)
     print(report.table(wide=args.wide or None))
-    return 0 if report.ok else 1
+    return EXIT_STATUS[report.verdict_text]

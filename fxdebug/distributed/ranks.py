@@ -214,7 +214,9 @@ def compare_ranks(obj, group=None, *, rtol: float | None = None) -> RankReport:
             kernels that are not deterministic.
 
     Returns:
-        ``RankReport``: ``ok``; ``first_divergence`` (``.key``, ``.kind``, ``.ranks``:
+        ``RankReport``: ``ok`` (every key compared and equal); ``verdict_text`` (``EQUAL``,
+        ``DIFFERENT``, ``INCOMPLETE`` where some keys have no second copy, e.g. sharded
+        parameters, ``NOTHING TO COMPARE`` where none has); ``first_divergence`` (``.key``, ``.kind``, ``.ranks``:
         the ranks that differ from the majority, ``.detail``); ``entries`` (every
         key, in execution order); ``table()``; ``to_dict()``.
 
@@ -223,8 +225,8 @@ def compare_ranks(obj, group=None, *, rtol: float | None = None) -> RankReport:
         >>> import torch, torch.distributed as dist, fxdebug
         >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         >>> report = fxdebug.compare_ranks(torch.nn.Linear(2, 2))
-        >>> report.ok, report.first_divergence, [e.key for e in report.entries]
-        (True, None, ['weight', 'bias'])
+        >>> report.verdict_text, report.ok, [e.key for e in report.entries]
+        ('NOTHING TO COMPARE', False, ['weight', 'bias'])
         >>> dist.destroy_process_group()
     """
     where = format_location(user_location(sys._getframe(1)))
@@ -355,9 +357,10 @@ def _entry(key: str, kind: str, fps: list[Fingerprint | None], world: tuple[int,
         return make("one copy", (), (), "a local tensor whose placement is unknown (tensor "
                                         "parallelism): not compared")
     if not majority:
-        return make("equal" if len(world) == 1 else "one copy", (), (),
-                    "" if len(world) == 1 else f"sharded ({first.placement}): each element on "
-                                               f"one rank only, nothing to compare")
+        return make("one copy", (), (),
+                    "a world of one rank: no other copy" if len(world) == 1 else
+                    f"sharded ({first.placement or 'DTensor'}): each element on one rank only, "
+                    f"nothing to compare")
     if not found:
         return make("equal", (), sorted(majority))
     details = []

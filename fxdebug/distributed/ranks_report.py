@@ -14,6 +14,9 @@ Built from the fingerprints every rank sent (see :mod:`fxdebug.distributed.ranks
 >>> report = RankReport("module Net: parameters", (0, 1, 2), [entry], "gloo")
 >>> report.ok, report.first_divergence.key, report.first_divergence.ranks
 (False, 'fc.weight', (1,))
+>>> RankReport("Linear", (0,), [RankEntry("w", "parameter", "2", "float32", "one copy", (), (),
+...                                       (1.0,))]).verdict_text
+'NOTHING TO COMPARE'
 >>> report
 <RankReport 1 key(s) on 3 ranks, DIFFERENT: first divergence fc.weight (parameter) on rank 1: norm 2.5 vs 2>
 """
@@ -26,10 +29,12 @@ from ..tables.fit_to_width import fit_table, table_width
 from ..tables.report import Report
 from .rank_group import on_ranks, ranks_text
 
-__all__ = ["RankReport", "RankEntry", "DIVERGENT", "STATUS_TEXT"]
+__all__ = ["RankReport", "RankEntry", "DIVERGENT", "NOT_COMPARED", "STATUS_TEXT"]
 
 #: Statuses that make a report not ok.
 DIVERGENT = ("differs", "shape", "missing")
+#: Statuses of keys that were not compared across ranks (a verdict over them is never EQUAL).
+NOT_COMPARED = ("stale", "one copy")
 
 STATUS_TEXT = {
     "equal": "equal",
@@ -79,7 +84,11 @@ class RankEntry:
 
 @dataclasses.dataclass(repr=False)
 class RankReport(Report):
-    """What :func:`fxdebug.compare_ranks` found: ``ok`` when every key is equal on every rank.
+    """What :func:`fxdebug.compare_ranks` found: ``ok`` when every key was compared and is equal
+    on every rank. ``verdict_text``: ``"EQUAL"``; ``"DIFFERENT"``; ``"INCOMPLETE"`` (what was
+    compared agrees, but some keys hold one copy only, each element on one rank, or are stale);
+    ``"NOTHING TO COMPARE"`` (no key has a second copy: a world of one rank, or every tensor
+    sharded, as FSDP2's parameters).
 
     ``world`` lists the group's global ranks; ``entries`` every key in execution order
     (:class:`RankEntry`); ``first_divergence`` the first entry that differs, or None.
@@ -98,7 +107,33 @@ class RankReport(Report):
 
     @property
     def ok(self) -> bool:
-        return all(entry.ok for entry in self.entries)
+        """Every key compared, and equal on every rank (a verdict covers only what it compared)."""
+        return self.verdict_text == "EQUAL"
+
+    @property
+    def not_compared(self) -> list[RankEntry]:
+        """Entries with no second copy to compare (sharded, a world of one rank) or stale."""
+        return [entry for entry in self.entries if entry.status in NOT_COMPARED]
+
+    @property
+    def compared(self) -> int:
+        """How many keys were compared across ranks."""
+        return len(self.entries) - len(self.not_compared)
+
+    @property
+    def verdict_text(self) -> str:
+        """``"EQUAL"``, ``"DIFFERENT"``, ``"INCOMPLETE"`` or ``"NOTHING TO COMPARE"``."""
+        if any(not entry.ok for entry in self.entries):
+            return "DIFFERENT"
+        if not self.compared:
+            return "NOTHING TO COMPARE"
+        return "INCOMPLETE" if self.not_compared else "EQUAL"
+
+    def __repr__(self) -> str:
+        text = super().__repr__()
+        verdict = self.verdict_text
+        return text if verdict in ("EQUAL", "DIFFERENT") else \
+            text.replace(", DIFFERENT", f", {verdict}", 1)
 
     @property
     def divergences(self) -> list[RankEntry]:
@@ -125,10 +160,11 @@ class RankReport(Report):
 
     def _fields(self) -> dict:
         return {"what": self.what, "world": list(self.world), "backend": self.backend,
-                "rtol": self.rtol, "keys": len(self.entries),
+                "rtol": self.rtol, "keys": len(self.entries), "verdict": self.verdict_text,
+                "compared": self.compared,
                 "first_divergence": self.first_divergence, "ranks": list(self.ranks),
                 "divergences": self.divergences,
-                "not_compared": [e for e in self.entries if e.status in ("stale", "one copy")],
+                "not_compared": self.not_compared,
                 "notes": self.notes}
 
     def table(self, wide: bool | None = None) -> str:
@@ -141,14 +177,24 @@ class RankReport(Report):
         for entry in self.entries:
             counts[entry.status] = counts.get(entry.status, 0) + 1
         bad = self.divergences
-        if not bad:
-            agree = sum(counts.get(status, 0) for status in ("equal", "close", "resynced"))
-            lines.append(f"verdict: EQUAL: {agree} of {len(self.entries)} keys agree on "
-                         + (f"all {len(self.world)} ranks" if len(self.world) > 1 else
-                            "the one rank"))
+        skipped = len(self.not_compared)
+        why = ", ".join(f"{counts[s]} {STATUS_TEXT[s]}" for s in NOT_COMPARED if s in counts)
+        ranks = f"all {len(self.world)} ranks" if len(self.world) > 1 else "the one rank"
+        verdict = self.verdict_text
+        if verdict == "EQUAL":
+            lines.append(f"verdict: EQUAL: all {self.compared} keys compared and agree on {ranks}")
+        elif verdict == "NOTHING TO COMPARE":
+            reason = ("a world of one rank" if len(self.world) == 1 else
+                      f"every key is held as one copy ({why})")
+            lines.append(f"verdict: NOTHING TO COMPARE: {reason}; none of the "
+                         f"{len(self.entries)} keys has a second copy on another rank")
+        elif verdict == "INCOMPLETE":
+            lines.append(f"verdict: INCOMPLETE: the {self.compared} keys compared agree on "
+                         f"{ranks}; {skipped} of {len(self.entries)} not compared ({why})")
         else:
             lines.append(f"verdict: DIFFERENT: {len(bad)} of {len(self.entries)} keys differ, "
-                         f"on {on_ranks(self.ranks)}")
+                         f"on {on_ranks(self.ranks)}" + (f"; {skipped} not compared ({why})"
+                                                         if skipped else ""))
             lines.append(f"first divergence: {bad[0].describe()}")
         shown = [e for e in self.entries if e.status != "equal"]
         if shown:

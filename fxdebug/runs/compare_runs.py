@@ -57,87 +57,26 @@ import torch
 
 from ..errors import FidelityWarning
 from ..tables.fit_to_width import ELLIPSIS, fit_line, fit_table, table_width
-from ..runtime.records import Record, Records
+from ..runtime.records import Records
 from ..tables.report import Report
 from .saved_runs import load_records
-from ..equivalence.compare import compare_tensors, default_tolerances, dtype_text, format_error, shape_text
+from ..equivalence.compare import dtype_text, format_error
+from .key_compare import DIVERGENT, NOT_COMPARED, STATUS_TEXT, RunEntry, compare_all
 from .reference import (REFERENCE_FACTOR, REFERENCE_FLOOR_EPS, STATS_FLOOR_EPS, LastBits,
                         ReferenceCheck, check_reference_keys, reference_errors, reference_floor)
 from .live_shards import gathered
-from .sharded import align_wrapped, holding_ranks, unassembled
-from .rounding import (ROUNDING_FACTOR, RoundingCheck, rounding_dtype, rounding_ratio,
-                       stats_rounding_ratio)
+from .sharded import align_wrapped, holding_ranks
+from .rounding import ROUNDING_FACTOR, RoundingCheck, rounding_dtype
 
 __all__ = ["compare_runs", "RunComparison", "RunEntry", "STATUS_TEXT"]
-
-STATUS_TEXT = {
-    "equal": "equal",          # bitwise
-    "close": "close",          # within the tolerances
-    "differs": "DIFFERS",
-    "shape": "SHAPE",          # another shape, or an integer dtype against another
-    "only a": "only in a",
-    "only b": "only in b",
-    "stale": "stale",          # written in place after its capture in a run: not compared
-    "rounding": "rounding",    # with a reference: b no further from it than rounding explains
-    "beyond": "BEYOND",        # with a reference: b further from it than a is, beyond rounding
-    "unassembled": "not assembled",  # a sharded run's pieces do not make a full value
-}
-DIVERGENT = ("differs", "shape", "only a", "only b", "beyond")
-
-
-@dataclasses.dataclass(frozen=True)
-class RunEntry:
-    """One key compared across the two runs (``section``: ``"forward"`` or ``"grad"``)."""
-
-    key: str
-    op: str
-    location: str
-    section: str
-    status: str
-    max_abs: float = 0.0
-    max_rel: float = 0.0
-    shape: str = ""
-    dtype: str = ""
-    detail: str = ""
-    rounding: float | None = None  # across dtypes: error norm / (eps(rounding_dtype) * norm)
-    rounding_dtype: str = ""
-    last_bits: float | None = None  # one dtype in both: error norm / (eps(dtype) * norm)
-    err_a: float | None = None      # with a reference r: ||a - r|| / ||r||
-    err_b: float | None = None      # ... and ||b - r|| / ||r||
-    bound: float | None = None      # ... b diverges where err_b > bound
-    by_stats: bool = False          # ... the errors of the statistics (stats-only captures)
-    ranks: tuple[int, ...] = ()  # sharded runs: the ranks whose shard holds the differences
-
-    @property
-    def ok(self) -> bool:
-        return self.status not in DIVERGENT
-
-    @property
-    def beyond_rounding(self) -> bool:
-        """Compared across dtypes, and further apart than that rounding explains."""
-        return self.rounding is not None and self.rounding > ROUNDING_FACTOR
-
-    def describe(self) -> str:
-        """``layer1.0.conv1 (Conv2d, resnet.py:92): max abs 0.5, max rel 1.2``."""
-        where = ", ".join(part for part in (self.op, self.location) if part)
-        what = "gradient of " if self.section == "grad" else ""
-        if self.status in ("only a", "only b", "shape", "stale"):
-            text = self.detail or STATUS_TEXT[self.status]
-        elif self.err_b is not None:
-            stats = " (statistics)" if self.by_stats else ""
-            text = (f"err(b,r) {format_error(self.err_b)} vs err(a,r) "
-                    f"{format_error(self.err_a or 0.0)}{stats}, bound {format_error(self.bound or 0.0)}; "
-                    f"max abs {format_error(self.max_abs)}, max rel {format_error(self.max_rel)}")
-        else:
-            text = f"max abs {format_error(self.max_abs)}, max rel {format_error(self.max_rel)}"
-            text += f"; {self.detail}" if self.detail else ""
-        ranks = f" on rank(s) {', '.join(map(str, self.ranks))}" if self.ranks else ""
-        return f"{what}{self.key} ({where}){ranks}: {text}"
 
 
 @dataclasses.dataclass(repr=False)
 class RunComparison(Report):
-    """What :func:`compare_runs` found: ``ok`` when every key is equal or close in both runs."""
+    """What :func:`compare_runs` found: ``ok`` when every key of either run was compared and is
+    equal or close in both; ``verdict_text`` ``"EQUAL"``, ``"DIFFERENT"`` (a compared key
+    differs, or a key is only in one run) or ``"INCOMPLETE"`` (nothing compared differs, but
+    :attr:`not_compared` lists keys whose values could not be compared)."""
 
     a: str
     b: str
@@ -153,7 +92,43 @@ class RunComparison(Report):
 
     @property
     def ok(self) -> bool:
-        return all(entry.ok for entry in self.entries + self.grad_entries)
+        """Every key compared, and equal or close (a verdict covers only what it compared)."""
+        return all(entry.ok and entry.compared for entry in self.entries + self.grad_entries)
+
+    @property
+    def not_compared(self) -> list[RunEntry]:
+        """Entries whose values were not compared: not assembled, stale, or in one run only."""
+        return [entry for entry in self.entries + self.grad_entries if not entry.compared]
+
+    @property
+    def complete(self) -> bool:
+        """Whether every key of either run was compared."""
+        return not self.not_compared
+
+    @property
+    def verdict_text(self) -> str:
+        """``"EQUAL"``, ``"DIFFERENT"`` or ``"INCOMPLETE"`` (see the class docstring)."""
+        if self.divergences:
+            return "DIFFERENT"
+        return "EQUAL" if self.complete else "INCOMPLETE"
+
+    def __repr__(self) -> str:
+        text = super().__repr__()
+        return text.replace(", DIFFERENT", ", INCOMPLETE", 1) \
+            if self.verdict_text == "INCOMPLETE" else text
+
+    def coverage(self) -> str:
+        """``"43 of 45 keys compared; 2 not: 2 not assembled"``."""
+        total = len(self.entries) + len(self.grad_entries)
+        missing = self.not_compared
+        text = f"{total - len(missing)} of {total} keys compared"
+        if not missing:
+            return text
+        counts: dict[str, int] = {}
+        for entry in missing:
+            counts[entry.status] = counts.get(entry.status, 0) + 1
+        why = ", ".join(f"{counts[s]} {STATUS_TEXT[s]}" for s in NOT_COMPARED if s in counts)
+        return f"{text}; {len(missing)} not: {why}"
 
     @property
     def divergences(self) -> list[RunEntry]:
@@ -162,8 +137,12 @@ class RunComparison(Report):
 
     @property
     def first_divergence(self) -> RunEntry | None:
-        """The first key, in execution order, whose values differ beyond the tolerances."""
-        return next(iter(self.divergences), None)
+        """The first key, in execution order, whose values differ beyond the tolerances; across
+        dtypes (no reference), the first whose difference rounding cannot explain, where one is
+        (a key that differs only as the less precise dtype rounds is not where a bug is)."""
+        divergences = self.divergences
+        beyond = [e for e in divergences if e.beyond_rounding]
+        return next(iter(beyond or divergences), None)
 
     def _size(self) -> str:
         grads = f" and {len(self.grad_entries)} gradient(s)" if self.grad_entries else ""
@@ -175,6 +154,11 @@ class RunComparison(Report):
 
     def _fields(self) -> dict:
         return {"a": self.a, "b": self.b, "rtol": self.rtol, "atol": self.atol,
+                "verdict": self.verdict_text, "complete": self.complete,
+                "compared": sum(e.compared for e in self.entries + self.grad_entries),
+                "not_compared": [{"key": ("grad " if e.section == "grad" else "") + e.key,
+                                  "status": e.status, "why": e.detail}
+                                 for e in self.not_compared],
                 "keys": len(self.entries), "gradients": len(self.grad_entries),
                 "first_divergence": self.first_divergence, "divergences": self.divergences,
                 "rounding": self.rounding, "reference": self.reference,
@@ -230,17 +214,25 @@ class RunComparison(Report):
         counts: dict[str, int] = {}
         for entry in self.entries + self.grad_entries:
             counts[entry.status] = counts.get(entry.status, 0) + 1
-        total = len(self.entries) + len(self.grad_entries)
         bad = self.divergences
         judged = " beyond rounding, judged by the reference" if self.reference else ""
+        compared = sum(e.compared for e in self.entries + self.grad_entries)
         if bad:
-            lines.append(f"verdict: DIFFERENT: {len(bad)} of {total} keys differ{judged}")
+            lines.append(f"verdict: DIFFERENT: {len(bad)} key(s) differ{judged} "
+                         f"({self.coverage()})")
+        elif self.not_compared:
+            lines.append(f"verdict: INCOMPLETE: the {compared} keys compared agree, "
+                         f"{len(self.not_compared)} could not be compared ({self.coverage()})")
         else:
-            lines.append(f"verdict: EQUAL: {total} keys agree"
+            lines.append(f"verdict: EQUAL: all {compared} keys compared and agree"
                          + (" within rounding, judged by the reference" if self.reference else ""))
         lines = [fit_line(line, width) for line in lines]
-        if bad:  # one line whatever the width: grep "first divergence:" finds key and file:line
-            lines.append(f"first divergence: {bad[0].describe()}")
+        first = self.first_divergence
+        if first is not None:  # one line whatever the width: grep finds key and file:line
+            lines.append(f"first divergence: {first.describe()}")
+        if self.not_compared:  # one line too: what was not compared, and why
+            first = self.not_compared[0]
+            lines.append(f"first not compared: {first.describe()}")
         if self.rounding is not None:
             lines.append(fit_line(self.rounding.describe(), width))
             if self.rounding.first_beyond:  # one line, as the first divergence
@@ -318,18 +310,19 @@ def compare_runs(a, b, rtol: float | None = None, atol: float | None = None, *,
     records_a, records_b = align_wrapped(records_a, records_b)  # DDP's "module." (sharded.py)
     judge = reference is not None
     run_rounding = rounding_dtype(_run_dtype(records_a), _run_dtype(records_b))
-    entries = _compare_all(records_a, records_b, "forward", rtol, atol, None, run_rounding,
-                           last_bits=not judge)
+    resolved: dict = {}  # sharded keys of unknown placement, resolved against the other run
+    entries = compare_all(records_a, records_b, "forward", rtol, atol, None, run_rounding,
+                          last_bits=not judge, resolved=resolved)
     grads_a = records_a._grads if records_a._grads is not None else Records()
     grads_b = records_b._grads if records_b._grads is not None else Records()
-    grad_entries = _compare_all(grads_a, grads_b, "grad", rtol, atol,
-                                 getattr(records_a, "locations", {}), run_rounding,
-                                 last_bits=not judge)
-    entries = holding_ranks(entries, records_a, records_b, rtol, atol)  # sharded runs
-    grad_entries = holding_ranks(grad_entries, grads_a, grads_b, rtol, atol)
+    grad_entries = compare_all(grads_a, grads_b, "grad", rtol, atol,
+                               getattr(records_a, "locations", {}), run_rounding,
+                               last_bits=not judge, resolved=resolved)
     report = RunComparison(label_a, label_b, entries, grad_entries, rtol, atol,
                            _rounding_check(entries + grad_entries))
     if not judge:
+        report.entries = holding_ranks(entries, records_a, records_b, rtol, atol)
+        report.grad_entries = holding_ranks(grad_entries, grads_a, grads_b, rtol, atol)
         report.last_bits = _last_bits(entries + grad_entries)
         return report
     label_r, records_r = _open(reference, "reference")
@@ -343,7 +336,8 @@ def compare_runs(a, b, rtol: float | None = None, atol: float | None = None, *,
                          f"error of at least 0, or None for {REFERENCE_FLOOR_EPS:g} eps of b's "
                          f"dtype.")
     check_reference_keys(records_a, records_b, records_r, "forward")
-    report.entries = _judge_all(entries, records_a, records_b, records_r, factor, reference_floor)
+    report.entries = _judge_all(entries, records_a, records_b, records_r, factor, reference_floor,
+                                resolved)
     grads_r = records_r._grads if records_r._grads is not None else Records()
     if any(key in grads_b for key in grads_a.keys()):
         if len(grads_r) == 0:
@@ -354,7 +348,9 @@ def compare_runs(a, b, rtol: float | None = None, atol: float | None = None, *,
         else:
             check_reference_keys(grads_a, grads_b, grads_r, "grad")
             report.grad_entries = _judge_all(grad_entries, grads_a, grads_b, grads_r, factor,
-                                             reference_floor)
+                                             reference_floor, resolved)
+    report.entries = holding_ranks(report.entries, records_a, records_b, rtol, atol)
+    report.grad_entries = holding_ranks(report.grad_entries, grads_a, grads_b, rtol, atol)
     judged = report.entries + report.grad_entries
     b_dtypes = [(grads_b if e.section == "grad" else records_b).record(e.key).dtype
                 for e in judged if e.err_b is not None]
@@ -364,14 +360,17 @@ def compare_runs(a, b, rtol: float | None = None, atol: float | None = None, *,
 
 
 def _judge_all(entries: list[RunEntry], a: Records, b: Records, r: Records, factor: float,
-               floor: float | None) -> list[RunEntry]:
-    """Each entry compared in both runs judged by its errors against the reference."""
+               floor: float | None, resolved: dict) -> list[RunEntry]:
+    """Each entry compared in both runs judged by its errors against the reference (a sharded
+    key resolved against the other run: by the value its layout assembles)."""
     judged = []
     for entry in entries:
         if entry.status not in ("equal", "close", "differs"):
             judged.append(entry)
             continue
-        ra, rb, rr = a.record(entry.key), b.record(entry.key), r.record(entry.key)
+        ra, rb = resolved.get((entry.section, entry.key),
+                              (a.record(entry.key), b.record(entry.key)))
+        rr = r.record(entry.key)
         if rr.stale:
             judged.append(dataclasses.replace(entry, status="stale", detail=(
                 "stale in the reference run: written in place after its capture, not compared")))
@@ -464,112 +463,3 @@ def _open(run, name: str) -> tuple[str, Records]:
     raise TypeError(f"compare_runs: run {name} is a {type(run).__name__}; give Records "
                     f"(fxdebug.records(gm), fxdebug.load_records(path)) or the path of a saved "
                     f"run.")
-
-
-def _compare_all(a: Records, b: Records, section: str, rtol, atol,
-                 locations: dict | None = None,
-                 run_rounding: torch.dtype | None = None,
-                 last_bits: bool = False) -> list[RunEntry]:
-    locations = getattr(a, "locations", {}) if locations is None else locations
-    found = []
-    for key in a.keys():
-        record = a.record(key)
-        location = locations.get(key) or locations.get(key.split("/", 1)[0], "")
-        if key not in b:
-            found.append(RunEntry(key, record.op, location, section, "only a",
-                                  shape=shape_text(record.shape), dtype=dtype_text(record.dtype),
-                                  detail="only in run a"))
-            continue
-        found.append(_compare_key(record, b.record(key), location, section, rtol, atol,
-                                  run_rounding, last_bits))
-    for key in b.keys():
-        if key not in a:
-            record = b.record(key)
-            location = getattr(b, "locations", {}).get(key, "")
-            found.append(RunEntry(key, record.op, location, section, "only b",
-                                  shape=shape_text(record.shape), dtype=dtype_text(record.dtype),
-                                  detail="only in run b"))
-    return found
-
-
-def _compare_key(ra: Record, rb: Record, location: str, section: str, rtol,
-                 atol, run_rounding: torch.dtype | None = None,
-                 last_bits: bool = False) -> RunEntry:
-    common: dict[str, Any] = dict(key=ra.key, op=ra.op, location=location, section=section,
-                                  shape=shape_text(ra.shape), dtype=dtype_text(ra.dtype))
-    if ra.stale or rb.stale:
-        which = "a" if ra.stale else "b"
-        return RunEntry(status="stale", detail=f"stale in run {which}: written in place after "
-                                               f"its capture, not compared", **common)
-    if why := unassembled(ra, rb):  # a sharded run (runs/sharded.py)
-        return RunEntry(status="unassembled", detail=why, **common)
-    if tuple(ra.shape) != tuple(rb.shape):
-        return RunEntry(status="shape", max_abs=math.inf, max_rel=math.inf,
-                        detail=f"shape {shape_text(ra.shape)} vs {shape_text(rb.shape)}",
-                        **common)
-    rtol_d, atol_d = default_tolerances(ra.dtype, rb.dtype)
-    rtol = rtol_d if rtol is None else float(rtol)
-    atol = atol_d if atol is None else float(atol)
-    detail = ("" if ra.dtype == rb.dtype
-              else f"dtype {dtype_text(ra.dtype)} vs {dtype_text(rb.dtype)}")
-    rounds = rounding_dtype(ra.dtype, rb.dtype) or (
-        run_rounding if ra.dtype.is_floating_point and rb.dtype.is_floating_point else None)
-    if rounds is not None:
-        common["rounding_dtype"] = str(rounds).replace("torch.", "")
-    one_dtype = ra.dtype if last_bits and ra.dtype == rb.dtype and ra.dtype.is_floating_point \
-        else None
-    if ra.value is None or rb.value is None:  # statistics only
-        if rounds is not None:
-            common["rounding"] = stats_rounding_ratio(ra.stats, rb.stats, rounds)
-        if one_dtype is not None:
-            common["last_bits"] = stats_rounding_ratio(ra.stats, rb.stats, one_dtype)
-        return _compare_stats(ra, rb, rtol, atol, common, detail)
-    va, vb = ra.value, rb.value
-    if va.dtype != vb.dtype:
-        if not (_floating(va) and _floating(vb)):
-            return RunEntry(status="shape", max_abs=math.inf, max_rel=math.inf, detail=detail,
-                            **common)
-        wider = torch.promote_types(va.dtype, vb.dtype)
-        va, vb = va.to(wider), vb.to(wider)
-    if va.device != vb.device:
-        vb = vb.to(va.device)
-    if rounds is not None and _floating(va) and not va.is_complex():
-        common["rounding"] = rounding_ratio(va, vb, rounds)
-    result = compare_tensors(va, vb, ra.key, rtol, atol, equal_nan=True)
-    if one_dtype is not None and result.max_abs != 0 and not va.is_complex():
-        common["last_bits"] = rounding_ratio(va, vb, one_dtype)
-    if result.ok:  # equal: the same dtype and values (NaN where the other has NaN)
-        status = "equal" if result.max_abs == 0 and ra.dtype == rb.dtype else "close"
-    else:
-        status = "differs"
-    if not result.ok and result.detail:
-        detail = "; ".join(part for part in (detail, result.detail) if part)
-    elif status == "differs":
-        detail = "; ".join(part for part in (detail, f"{result.mismatched}/{result.numel} "
-                                                      f"elements beyond rtol={rtol:g}, "
-                                                      f"atol={atol:g}") if part)
-    return RunEntry(status=status, max_abs=result.max_abs, max_rel=result.max_rel, detail=detail,
-                    **common)
-
-
-def _floating(tensor: torch.Tensor) -> bool:
-    return tensor.is_floating_point() or tensor.is_complex()
-
-
-def _compare_stats(ra: Record, rb: Record, rtol, atol, common, detail) -> RunEntry:
-    sa, sb = ra.stats, rb.stats
-    max_abs = max_rel = 0.0
-    ok = sa.nonfinite == sb.nonfinite
-    for x, y in zip(sa[:4], sb[:4]):
-        if x == y or (math.isnan(x) and math.isnan(y)):
-            continue
-        diff = abs(y - x)
-        diff = math.inf if math.isnan(diff) else diff
-        max_abs = max(max_abs, diff)
-        max_rel = max(max_rel, diff / abs(x) if x else math.inf)
-        ok = ok and diff <= atol + rtol * abs(x)
-    exact = sa == sb or str(sa) == str(sb)
-    status = "equal" if exact else ("close" if ok else "differs")
-    what = "statistics compared (mean, std, min, max, non-finite)"
-    return RunEntry(status=status, max_abs=max_abs, max_rel=max_rel,
-                    detail="; ".join(part for part in (detail, what) if part), **common)

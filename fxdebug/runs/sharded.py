@@ -43,8 +43,9 @@ from ..equivalence.compare import default_tolerances
 from ..errors import FxdebugError
 from ..runtime.placement import Placement
 from ..runtime.records import PLACEMENT_NOTE, Record, Records
-from ..runtime.stats import Stats
+from ..runtime.stats import Stats, combine, stats_from_summary
 from .sharded_stats import PARTIAL_STATS, agreement_text, assemble_summaries, same_summary
+from .unknown_placement import Resolution, resolve, resolve_stats
 
 __all__ = ["ShardedRecords", "ShardedRecord", "assemble", "placement_entry", "placement_of",
            "unassembled", "holding_ranks", "align_wrapped", "RANK_FOLDER"]
@@ -198,6 +199,8 @@ class ShardedRecord(Record):
         self.plan = _plan(key, pieces, mesh_ranks, ranks)
         self._assembled = False
         self._problem = self.plan.problem
+        self.disagrees = False  # the groups hold different values (see resolve_against)
+        self.pooled = False     # statistics pooled over ranks holding different batches
         shape = tuple(first.shape)
         stale = any(p.stale for p in pieces.values())
         stats_only = all(p.value is None for p in pieces.values())
@@ -287,6 +290,7 @@ class ShardedRecord(Record):
             values = [self._group_value(group) for group in self.plan.groups]
             if all(_same_tensor(value, values[0]) for value in values[1:]):
                 return values[0]
+            self.disagrees = True
             self._problem = self._disagreement(values, _same_tensor)
         return None
 
@@ -320,7 +324,60 @@ class ShardedRecord(Record):
                 return None, f"{exc} (ranks {_ranks_text(group)})"
         if all(same_summary(value, values[0]) for value in values[1:]):
             return values[0], ""
+        if all(p.placement is None for p in self.pieces.values()):
+            # no mesh places it: a data-parallel run, each rank its own batch; the statistics of
+            # the global batch are the ranks' merged exactly, whatever dim the batch is split on
+            pooled = values[0]
+            for value in values[1:]:
+                pooled = combine(pooled, value)
+            self.pooled = True
+            return pooled, ""
+        self.disagrees = True
         return None, self._disagreement(values, same_summary)
+
+    def resolve_against(self, other: Record, rtol=None, atol=None
+                        ) -> tuple[Resolution, Record] | None:
+        """Where the groups hold different values and nothing says how they make the whole
+        (:attr:`disagrees`): the layout that holds ``other`` (the other run's full value of this
+        key, :mod:`.unknown_placement`), and a Record of the value it assembles; None where no
+        layout fits (or ``other`` has no value to test against)."""
+        if not self.disagrees:
+            return None
+        firsts = {group[0]: group for group in self.plan.groups}
+        if other.value is not None and all(p.value is not None for p in self.pieces.values()):
+            found = resolve({r: self._group_value(g) for r, g in firsts.items()},
+                            other.value, rtol, atol)
+            if found is None:
+                return None
+            value, summary = found.value, None
+        elif other.summary is not None or other.value is None:
+            summaries = {r: p.summary for r, p in self.pieces.items()}
+            if other.value is not None or any(s is None for s in summaries.values()) \
+                    or self.plan.placements:
+                return None
+            target = other.stats
+            rtol_d, atol_d = default_tolerances(self.dtype, other.dtype)
+
+            def close(x: Stats, y: Stats) -> bool:
+                return x.nonfinite == y.nonfinite and all(
+                    u == v or (math.isnan(u) and math.isnan(v)) or
+                    abs(u - v) <= (atol_d if atol is None else atol)
+                    + (rtol_d if rtol is None else rtol) * abs(v) for u, v in zip(x[:4], y[:4]))
+            stats = resolve_stats({r: summaries[g[0]] for r, g in firsts.items()}, target,
+                                  close, stats_from_summary, combine)
+            if stats is None:
+                return None
+            layout, ok, summary, failing = stats
+            found = Resolution(layout, ok, None, {}, failing, 0.0, 0.0)
+            value = None
+        else:
+            return None
+        found.ranks = tuple(sorted(r for first in found.ranks for r in firsts.get(first, [first])))
+        found.errors = {r: e for first, e in found.errors.items() for r in firsts.get(first, [first])}
+        shape = tuple(value.shape) if value is not None else tuple(other.shape)
+        record = Record(self.key, self.op, shape, self.dtype, value, False, via=self.via,
+                        summary=summary)
+        return found, record
 
     def holding_ranks(self, elements: torch.Tensor) -> list[int]:
         """The ranks whose piece holds any of ``elements`` (a bool mask of the full tensor)."""
@@ -443,17 +500,20 @@ def unassembled(a: Record, b: Record) -> str:
 
 
 def holding_ranks(entries: list, a: Records, b: Records, rtol, atol) -> list:
-    """``entries`` of :func:`compare_runs`, each differing one with ``ranks``: the ranks whose
-    shard holds the differing elements (in either sharded run)."""
+    """``entries`` of :func:`compare_runs`, each divergent one with ``ranks``: the ranks whose
+    shard holds the differing elements (in either sharded run): those beyond the tolerances,
+    or where every element is within them (a reference judged the key), the elements holding
+    the largest differences. Entries that already name ranks are kept as they are."""
     out = []
     for entry in entries:
         ra = a.record(entry.key) if entry.key in a else None
         rb = b.record(entry.key) if entry.key in b else None
-        sharded = [r for r in (ra, rb) if isinstance(r, ShardedRecord)]
+        sharded = [r for r in (ra, rb) if isinstance(r, ShardedRecord) and not r.problem()]
         # a run that places its pieces says which rank holds what; copies say "every rank"
         sharded = [r for r in sharded if r.plan.placements] or sharded
-        if entry.status != "differs" or not sharded or ra is None or rb is None \
-                or ra.value is None or rb.value is None:
+        if entry.status not in ("differs", "beyond") or entry.ranks or not sharded \
+                or ra is None or rb is None or ra.value is None or rb.value is None \
+                or tuple(ra.shape) != tuple(rb.shape):
             out.append(entry)
             continue
         va, vb = ra.value, rb.value
@@ -464,6 +524,9 @@ def holding_ranks(entries: list, a: Records, b: Records, rtol, atol) -> list:
             differing = ~torch.isclose(va, vb, rtol=rtol_d if rtol is None else float(rtol),
                                        atol=atol_d if atol is None else float(atol),
                                        equal_nan=True)
+            if not bool(differing.any()):
+                gap = torch.nan_to_num((va - vb).abs(), nan=0.0)
+                differing = gap >= 0.5 * gap.max() if bool((gap > 0).any()) else differing
         else:
             differing = va != vb
         ranks = sorted({r for record in sharded for r in record.holding_ranks(differing)})
