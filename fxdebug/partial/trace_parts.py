@@ -219,6 +219,9 @@ class _Context:
         self.shared = SharedRecorder()
         self.module_paths = dict.fromkeys(name for name, _ in
                                           source.named_modules(remove_duplicate=False))
+        # a tensor-parallel model: each module output's layout (a ParallelStyle's), and for every
+        # other capture, parts' and eager modules' alike, "local, placement unknown", never None
+        self.shared.layouts = runtime.plan_layouts(source, {p: p for p in self.module_paths})
         self.leaf_paths = [leaf for leaf in leaf_modules if isinstance(leaf, str)]
         self.leaf_types = tuple(leaf for leaf in leaf_modules if isinstance(leaf, type))
         self.parts: dict[str, fx.GraphModule] = {}

@@ -33,6 +33,7 @@ import torch
 from ..runtime.placement import local_value
 from ..runtime.records import Records
 from .sharded import ShardedRecords
+from .sharded_stats import local_shape
 
 __all__ = ["gathered", "is_sharded"]
 
@@ -73,11 +74,18 @@ def _portable(records: Records) -> tuple[Records, dict[tuple[str, str], tuple[in
         for key in source.keys():
             record = source.record(key)
             moved = copy.copy(record)
+            placement = record.placement
             if record.value is not None:
                 if record.stale:  # never shown: kept stale (empty, a version it cannot have)
                     moved.value, moved.version = torch.empty(0, dtype=record.dtype), -1
                 else:  # a snapshot now: the copy sent has no version counter to follow
                     moved.value, moved.version = local_value(record.value).detach().cpu(), None
+                    moved.shape = tuple(moved.value.shape)  # a DTensor's is global: the piece's
+            elif placement is not None and not placement.local and placement.known:
+                # a DTensor's statistics are its piece's: so is the shape they are assembled by
+                moved.shape = local_shape(tuple(record.shape), placement.placements,
+                                          tuple(n for _, n in placement.mesh_dims),
+                                          placement.coordinate)
             mesh = None if record.placement is None else record.placement.mesh
             mesh_ranks[(section, key)] = saved.get((section, key)) \
                 if mesh is None or not hasattr(mesh, "mesh") \
