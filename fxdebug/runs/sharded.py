@@ -41,13 +41,13 @@ import torch
 
 from ..equivalence.compare import default_tolerances
 from ..errors import FxdebugError
-from ..runtime.placement import Placement
+from ..runtime.placement import Placement, assemble
 from ..runtime.records import PLACEMENT_NOTE, Record, Records
 from ..runtime.stats import Stats, combine, stats_from_summary
 from .sharded_stats import PARTIAL_STATS, agreement_text, assemble_summaries, same_summary
 from .unknown_placement import Resolution, resolve, resolve_stats
 
-__all__ = ["ShardedRecords", "ShardedRecord", "assemble", "placement_entry", "placement_of",
+__all__ = ["ShardedRecords", "ShardedRecord", "placement_entry", "placement_of",
            "unassembled", "holding_ranks", "align_wrapped", "RANK_FOLDER"]
 
 RANK_FOLDER = "rank-"
@@ -90,38 +90,7 @@ def placement_of(entry: dict) -> tuple[Placement, tuple[int, ...] | None]:
             None if ranks is None else tuple(int(r) for r in ranks))
 
 
-# -- assembling --------------------------------------------------------------------------
-def _combine(parts: list[torch.Tensor], text: str, masks: bool) -> torch.Tensor:
-    if text.startswith("S("):
-        return torch.cat(parts, dim=int(text[2:-1]))
-    if masks:  # which elements a rank holds: any copy or term holds them
-        return torch.stack(parts).any(dim=0)
-    if text == "R":
-        return parts[0]
-    stacked = torch.stack(parts)
-    op = "sum" if text == "P" else text[2:-1]
-    if op == "sum":
-        return stacked.sum(dim=0)
-    if op == "avg":
-        return stacked.mean(dim=0)
-    if op in ("max", "min"):
-        return stacked.amax(dim=0) if op == "max" else stacked.amin(dim=0)
-    raise ValueError(f"a pending reduction {text!r} that fxdebug cannot assemble")
-
-
-def assemble(pieces: dict[tuple[int, ...], torch.Tensor], placements: tuple[str, ...],
-             masks: bool = False) -> torch.Tensor:
-    """The full tensor from one piece per mesh coordinate (every coordinate present), mesh
-    dims taken last to first (a DTensor shards along mesh dim 0 first)."""
-    current = dict(pieces)
-    for dim in reversed(range(len(placements))):
-        groups: dict[tuple[int, ...], list[torch.Tensor]] = {}
-        for coordinate in sorted(current):
-            groups.setdefault(coordinate[:dim], []).append(current[coordinate])
-        current = {rest: _combine(parts, placements[dim], masks) for rest, parts in groups.items()}
-    return current[()]
-
-
+# -- assembling ------------------------------------------------------------------------
 @dataclasses.dataclass
 class _Plan:
     """How one key's pieces make its full value: groups of ranks assembled on their mesh."""

@@ -36,7 +36,7 @@ from . import torch_compat
 from .stats import stats_from_summary, summarize
 
 __all__ = ["Placement", "dtensor_placement", "planned_placement", "plan_layouts", "local_value",
-           "full_value", "parameter_pieces", "grad_layouts", "UNKNOWN_PLACEMENT"]
+           "full_value", "assemble", "parameter_pieces", "grad_layouts", "UNKNOWN_PLACEMENT"]
 
 UNKNOWN_PLACEMENT = "local?"
 
@@ -252,20 +252,57 @@ def _torch_placement(text: str):
     return Partial() if text == "P" else Partial(text[2:-1])
 
 
-def full_value(key: str, value: torch.Tensor, placement: Placement | None) -> torch.Tensor:
-    """The full tensor of a capture: a collective every rank of its mesh calls."""
+def _combine(parts: list[torch.Tensor], text: str, masks: bool) -> torch.Tensor:
+    if text.startswith("S("):
+        return torch.cat(parts, dim=int(text[2:-1]))
+    if masks:  # which elements a rank holds: any copy or term holds them
+        return torch.stack(parts).any(dim=0)
+    if text == "R":
+        return parts[0]
+    stacked = torch.stack(parts)
+    op = "sum" if text == "P" else text[2:-1]
+    if op == "sum":
+        return stacked.sum(dim=0)
+    if op == "avg":
+        return stacked.mean(dim=0)
+    if op in ("max", "min"):
+        return stacked.amax(dim=0) if op == "max" else stacked.amin(dim=0)
+    raise ValueError(f"a pending reduction {text!r} that fxdebug cannot assemble")
+
+
+def assemble(pieces: dict[tuple[int, ...], torch.Tensor], placements: tuple[str, ...],
+             masks: bool = False) -> torch.Tensor:
+    """The full tensor from one piece per mesh coordinate (every coordinate present), mesh
+    dims taken last to first (a DTensor shards along mesh dim 0 first).
+
+    >>> pieces = {(0,): torch.tensor([1., 2.]), (1,): torch.tensor([3.])}
+    >>> assemble(pieces, ("S(0)",))
+    tensor([1., 2., 3.])
+    >>> assemble({(0,): torch.ones(2), (1,): torch.ones(2)}, ("P",))
+    tensor([2., 2.])
+    """
+    current = dict(pieces)
+    for dim in reversed(range(len(placements))):
+        groups: dict[tuple[int, ...], list[torch.Tensor]] = {}
+        for coordinate in sorted(current):
+            groups.setdefault(coordinate[:dim], []).append(current[coordinate])
+        current = {rest: _combine(parts, placements[dim], masks) for rest, parts in groups.items()}
+    return current[()]
+
+
+def full_value(key: str, value: torch.Tensor, placement: Placement | None,
+               mesh_ranks: tuple[int, ...] | None = None) -> torch.Tensor:
+    """The full tensor of a capture: a collective every rank of its mesh calls (where its
+    DeviceMesh was not kept, a run read back from disk, every rank of the default group:
+    ``mesh_ranks``, the global ranks of its mesh, say which pieces are its)."""
     if placement is None:
         return value
-    if not placement.local:
+    if not placement.local and placement.mesh is not None:
         return cast(Any, value).full_tensor()
-    if not placement.known or placement.mesh is None:
-        why = placement.source if not placement.known else "its mesh was not kept (a copy?)"
-        raise FxdebugError(
-            f"records.full({key!r}): the capture is this rank's local tensor and its placement "
-            f"is unknown ({why}), so its full value cannot be assembled. Give the ParallelStyle "
-            f"that produces it use_local_output=False (the module's output is then a DTensor, "
-            f"whose placement fxdebug reads exactly), or capture the output of the "
-            f"ColwiseParallel / RowwiseParallel / SequenceParallel module itself.")
+    if placement.known and placement.mesh is None:
+        return _gathered_full(key, local_value(value), placement, mesh_ranks)
+    if not placement.known:
+        return _same_on_every_rank(key, value, placement)
     from torch.distributed.tensor import DTensor
     mesh = placement.mesh
     shape = list(value.shape)
@@ -282,6 +319,68 @@ def full_value(key: str, value: torch.Tensor, placement: Placement | None) -> to
                                                        placement.placements],
                                 run_check=False, shape=torch.Size(shape), stride=stride)
     return placed.full_tensor()
+
+
+def _same_on_every_rank(key: str, value: torch.Tensor, placement: Placement) -> torch.Tensor:
+    """A local tensor whose placement is unknown: its value where every rank of the default
+    group holds the same bits (a replicated activation), else an error naming which ranks hold
+    which value (a collective: every rank calls it)."""
+    import torch.distributed as dist
+    held = value.detach()
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        sent: list = [None] * dist.get_world_size()
+        dist.all_gather_object(sent, held.cpu())
+        groups: list[list[int]] = []
+        for rank, piece in enumerate(sent):
+            for group in groups:
+                other = sent[group[0]]
+                if other.shape == piece.shape and other.dtype == piece.dtype and bool(
+                        torch.isclose(other, piece, rtol=0, atol=0, equal_nan=True).all()):
+                    group.append(rank)
+                    break
+            else:
+                groups.append([rank])
+        if len(groups) == 1:
+            return value
+        held_text = " | ".join(("rank " if len(g) == 1 else "ranks ") + ", ".join(map(str, g))
+                               for g in groups)
+        raise FxdebugError(
+            f"records.full({key!r}): the capture is this rank's local tensor, its placement is "
+            f"unknown ({placement.source}), and the ranks hold {len(groups)} different values "
+            f"({held_text}), so no one full value can be assembled without a guess. Compare it "
+            f"with a run of the unsharded model instead, fxdebug.compare_runs(unsharded_records, "
+            f"records), which tests every layout the pieces could have against the full value; "
+            f"or give the ParallelStyle that produces it use_local_output=False, so that its "
+            f"output is a DTensor whose placement fxdebug reads exactly.")
+    return value
+
+
+def _gathered_full(key: str, piece: torch.Tensor, placement: Placement,
+                   mesh_ranks: tuple[int, ...] | None) -> torch.Tensor:
+    """A known placement whose mesh was not kept: every rank's piece gathered over the default
+    process group, this mesh's pieces assembled by their coordinates."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        raise FxdebugError(
+            f"records.full({key!r}): the capture is this rank's piece ({placement.text}) of a run "
+            f"read back without its process group, so no other rank can send its piece. Load "
+            f"every rank's folder in one process instead: fxdebug.load_records(path)[{key!r}] "
+            f"assembles the full value from path/rank-R.")
+    world = dist.get_world_size()
+    sent: list = [None] * world
+    dist.all_gather_object(sent, (tuple(placement.coordinate), mesh_ranks,
+                                  piece.detach().cpu()))
+    pieces = {coordinate: held for coordinate, ranks, held in sent if ranks == mesh_ranks}
+    needed = 1
+    for _, size in placement.mesh_dims:
+        needed *= size
+    if len(pieces) != needed:
+        raise FxdebugError(
+            f"records.full({key!r}): its mesh {placement.describe()} needs {needed} pieces, and "
+            f"the ranks of the default group sent {len(pieces)} for it (ranks "
+            f"{mesh_ranks}): call records.full({key!r}) on every rank, with the Records of the "
+            f"same run.")
+    return assemble(pieces, placement.placements).to(piece.device)
 
 
 def parameter_pieces(named_parameters) -> list[tuple[str, tuple[int, ...], Any, Any]]:

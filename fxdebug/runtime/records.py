@@ -380,7 +380,9 @@ class Records(Report):
         if not isinstance(value, torch.Tensor):
             raise FxdebugError(f"records.full({key!r}): the capture holds statistics only "
                                f"(mode='stats'); instrument with mode='tensor' to assemble it.")
-        return full_value(key, value, record.placement)
+        section = "grads" if self._of is not None else "records"
+        mesh_ranks = getattr(self, "mesh_ranks", {}).get((section, key))  # a run read back
+        return full_value(key, value, record.placement, mesh_ranks)
 
     def record(self, key: str) -> Record:
         """The :class:`Record` (value, shape, dtype, stats) stored under ``key``."""
