@@ -318,6 +318,7 @@ def compare_runs(a, b, rtol: float | None = None, atol: float | None = None, *,
     grad_entries = compare_all(grads_a, grads_b, "grad", rtol, atol,
                                getattr(records_a, "locations", {}), run_rounding,
                                last_bits=not judge, resolved=resolved)
+    entries, grad_entries = _pending_sum_hints(entries), _pending_sum_hints(grad_entries)
     report = RunComparison(label_a, label_b, entries, grad_entries, rtol, atol,
                            _rounding_check(entries + grad_entries))
     if not judge:
@@ -359,6 +360,23 @@ def compare_runs(a, b, rtol: float | None = None, atol: float | None = None, *,
     return report
 
 
+def _pending_sum_hints(entries: list[RunEntry]) -> list[RunEntry]:
+    """A key that differs after keys whose ranks held unreduced terms of a sum (resolved as
+    ``P``): its detail names the last of them, where an all-reduce may be missing."""
+    out, pending = [], None
+    for entry in entries:
+        if entry.compared and entry.ok and "P" in entry.layout.split(" x "):
+            pending = entry.key
+        elif pending is not None and entry.status == "differs":
+            hint = (f"after {pending}, which the ranks hold as unreduced terms of a sum "
+                    f"(an all-reduce missing before this key?)")
+            entry = dataclasses.replace(entry, detail="; ".join(p for p in (entry.detail, hint)
+                                                                if p))
+            pending = None
+        out.append(entry)
+    return out
+
+
 def _judge_all(entries: list[RunEntry], a: Records, b: Records, r: Records, factor: float,
                floor: float | None, resolved: dict) -> list[RunEntry]:
     """Each entry compared in both runs judged by its errors against the reference (a sharded
@@ -397,7 +415,7 @@ def _reference_check(entries: list[RunEntry], path: str, dtype: torch.dtype | No
             floor_text += f"; {STATS_FLOOR_EPS:g} x eps for statistics"
     else:
         floor_text = format_error(float(floor))
-    ratios = [((e.err_b or 0.0) / e.err_a if e.err_a else math.inf,
+    ratios = [((e.err_b or 0.0) / e.bound if e.bound else 0.0,
                ("grad " if e.section == "grad" else "") + e.key)
               for e in judged if e.status == "rounding" and e.err_b]
     largest = max(ratios, key=lambda pair: pair[0], default=None)

@@ -179,7 +179,9 @@ class ReferenceCheck:
     """How run b was judged against run a by their errors against the reference run.
 
     ``beyond``: the keys where ``err(b, r) > factor * err(a, r) + floor``, in order;
-    ``largest``: the largest ``err(b, r) / err(a, r)`` among the keys within, and its key.
+    ``largest``: the largest ``err(b, r) / bound`` among the keys within (at most 1: how near
+    the nearest key came to diverging), and its key. A ratio ``err(b, r) / err(a, r)`` is no
+    measure there: where run a is exact at a key, any rounding of b makes it huge.
     """
 
     path: str
@@ -201,7 +203,7 @@ class ReferenceCheck:
     def describe(self) -> list[str]:
         """The reference, what an error is, the rule and the verdict: lines to fit a width."""
         worst = "" if self.largest is None else \
-            f"; largest err(b,r)/err(a,r) {self.largest[0]:.3g} at {self.largest[1]}"
+            f"; closest to the bound: {self.largest[1]} at {self.largest[0]:.2g} of it"
         verdict = (f"reference: every difference in the {self.checked} keys is rounding"
                    f"{worst}" if self.explained else
                    f"reference: {len(self.beyond)} of the {self.checked} keys are beyond "
