@@ -26,6 +26,13 @@ What a snapshot holds, and :meth:`ModelSnapshot.restore` puts back:
   undone without a copy of every weight, so it is named in the error instead;
 * torch's process-wide module hooks (``register_module_forward_hook``...).
 
+Its cost is some objects per module, not per object reached: a container
+empty when taken (most of a module's hook dictionaries) is only listed, to be
+emptied again; names (for messages) and the module tree's paths are worked
+out from what was saved, only when a message needs them. A snapshot keeps
+few objects the garbage collector tracks, so taking one on a model of 10k
+modules does not set off full collections (:attr:`ModelSnapshot.kept`).
+
 >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2))
 >>> try:
 ...     with model_transaction(net, "an example"):
@@ -44,6 +51,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import operator
 import threading
 import types
 import weakref
@@ -88,20 +96,31 @@ def _kind(cls: type) -> int:
 
 
 class _TensorState:
-    __slots__ = ("tensor", "requires_grad", "grad", "alias", "place", "version", "registered")
+    __slots__ = ("tensor", "cls", "requires_grad", "grad", "alias", "version")
 
-    def __init__(self, tensor: torch.Tensor, registered: bool) -> None:
+    def __init__(self, tensor: torch.Tensor) -> None:
         self.tensor = tensor
+        self.cls = type(tensor)
         self.requires_grad = tensor.requires_grad
         self.grad = tensor.grad if tensor.is_leaf else None
         self.alias = tensor.detach()  # the same memory: what to point ``.data`` back to
-        self.place = _place(tensor)
         self.version = tensor_version(tensor)
-        self.registered = registered
 
-    def restore(self, lost: list[str], name: str) -> None:
+    def differs(self) -> bool:
+        """Whether ``.data``, ``requires_grad`` or ``.grad`` is not what it was."""
         tensor = self.tensor
-        if _place(tensor) != self.place:
+        return (not _same_place(tensor, self.alias) or tensor.requires_grad != self.requires_grad
+                or (tensor.is_leaf and tensor.grad is not self.grad))
+
+    def written(self) -> bool:
+        return tensor_version(self.tensor) != self.version
+
+    def restore(self, registered: bool) -> list[str]:
+        """Put the tensor's state back; what could not be, as suffixes of its name."""
+        lost, tensor = [], self.tensor
+        if type(tensor) is not self.cls:
+            object.__setattr__(tensor, "__class__", self.cls)
+        if not _same_place(tensor, self.alias):
             with torch.no_grad():
                 tensor.data = self.alias
         if tensor.is_leaf and tensor.grad is not self.grad:
@@ -110,20 +129,29 @@ class _TensorState:
             if tensor.is_leaf:
                 tensor.requires_grad_(self.requires_grad)
             else:
-                lost.append(f"{name}.requires_grad (not a leaf tensor)")
-        if self.registered and tensor_version(tensor) != self.version:
-            lost.append(f"{name} (written in place)")
+                lost.append(".requires_grad (not a leaf tensor)")
+        if registered and self.written():
+            lost.append(" (written in place)")
+        return lost
 
 
-def _place(tensor: torch.Tensor) -> tuple:
-    """What a tensor is a view of: changes when ``.data`` is replaced, not when values change."""
+def _same_place(tensor: torch.Tensor, alias: torch.Tensor) -> bool:
+    """Whether ``tensor`` is still a view of what ``alias`` (its detached alias when taken) is:
+    false once ``.data`` is replaced, true when only values change."""
+    if (tensor.dtype != alias.dtype or tensor.device != alias.device
+            or tensor.layout != alias.layout or tensor.shape != alias.shape):
+        return False
+    if tensor.layout == torch.strided and (tensor.stride() != alias.stride()
+                                           or tensor.storage_offset() != alias.storage_offset()):
+        return False
+    return _pointer(tensor) == _pointer(alias)
+
+
+def _pointer(tensor: torch.Tensor) -> int | None:
     try:
-        pointer = tensor.data_ptr()
+        return tensor.data_ptr()
     except (RuntimeError, NotImplementedError, TypeError):  # a wrapper subclass (DTensor)
-        pointer = None
-    return (type(tensor), tensor.dtype, tensor.device, tuple(tensor.shape),
-            tuple(tensor.stride()) if tensor.layout == torch.strided else None,
-            tensor.storage_offset() if tensor.layout == torch.strided else None, pointer)
+        return None
 
 
 class ModelSnapshot:
@@ -141,129 +169,203 @@ class ModelSnapshot:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.complete = True
-        self._names: dict[int, str | tuple] = {}  # see _resolve
-        self._classes: dict[int, tuple[object, type]] = {}
-        self._dicts: dict[int, tuple[dict, dict]] = {}
-        self._containers: dict[int, tuple[Any, list]] = {}
-        self._cells: dict[int, tuple[types.CellType, object]] = {}
+        self._root = model
+        # what reached each value: its parent's id (None: the root) and its label (an
+        # attribute's name, or an item's key or index): names, see _resolve
+        self._parents: dict[int, int | None] = {}
+        self._labels: dict[int, object] = {}
+        self._sequences: set[int] = set()  # tuples walked: their children are items
+        # an object with a __dict__: (it, its class, its __dict__, a copy of that)
+        self._objects: dict[int, tuple[object, type, dict, dict]] = {}
+        self._full: dict[int, tuple[Any, Any]] = {}  # a container not empty: (it, a copy)
+        self._empty: list = []  # containers empty when taken
+        self._cells: list[tuple[types.CellType, object]] = []
         self._tensors: dict[int, _TensorState] = {}
+        self._paths: dict[int, str] | None = None  # worked out when a name is asked for
         owner = global_module_hooks_owner()
         self._globals = {name: getattr(owner, name, _ABSENT) for name in global_module_hook_names()}
-        for value in self._globals.values():
-            if isinstance(value, dict):
-                self._containers[id(value)] = (value, list(value.items()))
+        self._global_contents = [(value, dict(value)) for value in self._globals.values()
+                                 if isinstance(value, dict)]
         self._take(model)
+
+    @property
+    def kept(self) -> int:
+        """How many values the snapshot holds a saved state for (containers empty when taken
+        not counted): a test's measure of its work, which grows with modules and tensors."""
+        return len(self._objects) + len(self._full) + len(self._tensors) + len(self._cells)
 
     # -- taking -----------------------------------------------------------------------------
     def _take(self, model: torch.nn.Module) -> None:
-        registered = {id(tensor) for module in model.modules()
-                      for tensor in [*module.parameters(recurse=False), *module.buffers(False)]}
-        paths = {id(module): path for path, module in model.named_modules()}
+        """Breadth first from ``model``; a value is named by the path that reaches it first.
+
+        Allocation-light on purpose: no tuple per value walked (a link is two dict entries,
+        the queue two deques), so that the garbage collector is not set off."""
         kinds: dict[type, int] = {}  # what each type of value is, worked out once per snapshot
-        names = self._names
-        queue: collections.deque = collections.deque([(model, "", 0)])
-        while queue:
-            value, name, hops = queue.popleft()
+        parents, labels, objects, full, empty = (self._parents, self._labels, self._objects,
+                                                 self._full, self._empty)
+        values: collections.deque = collections.deque([model])
+        distances: collections.deque = collections.deque([0])  # hops from a module, per value
+        parents[id(model)] = None
+        while values:
+            value, hops = values.popleft(), distances.popleft()
             key = id(value)
-            if key in names:
-                continue
             kind = kinds.get(type(value))
             if kind is None:
                 kind = kinds[type(value)] = _kind(type(value))
-            if kind == _SKIP:
-                continue
-            if len(names) >= MAX_OBJECTS:
-                self.complete = False
-                return
-            if kind == _MODULE:
-                hops = 0
-                name = f"{paths.get(key) or self._resolve(name) or 'root'} ({type(value).__name__})"
-            elif kind >= _HOP:
-                hops += 1
-                if hops > MAX_HOPS:
+            children: Any = ()
+            if kind == _CONTAINER:
+                saved = dict(value) if isinstance(value, dict) else list(value)
+                full[key] = (value, saved)
+                children = saved.items() if isinstance(saved, dict) else enumerate(saved)
+            elif kind == _SEQUENCE:
+                self._sequences.add(key)
+                children = enumerate(value)
+            elif kind == _METHOD:
+                children = (("__self__", value.__self__),)
+            elif kind == _PARTIAL:
+                children = (("func", value.func), ("args", value.args),
+                            ("keywords", value.keywords))
+            elif kind == _FUNCTION:
+                children = self._closure(value)
+            else:  # a module, a tensor or an object: its __dict__
+                if kind == _TENSOR:
+                    self._tensors[key] = _TensorState(value)
+                    if value.grad is not None:
+                        children = (("grad", value.grad),)
+                state = getattr(value, "__dict__", None)
+                if isinstance(state, dict) and (state or kind != _TENSOR):
+                    saved = dict(state)
+                    objects[key] = (value, type(value), state, saved)
+                    children = [*children, *saved.items()] if children else saved.items()
+                elif isinstance(state, dict):
+                    empty.append(state)
+            for label, child in children:
+                child_kind = kinds.get(type(child))
+                if child_kind is None:
+                    child_kind = kinds[type(child)] = _kind(type(child))
+                if child_kind == _SKIP:
+                    continue
+                if child_kind == _CONTAINER or child_kind == _SEQUENCE:
+                    if not child:  # nothing to walk: an empty one is only emptied again
+                        if child_kind == _CONTAINER:
+                            empty.append(child)
+                        continue
+                child_key = id(child)
+                if child_key in parents:  # reached already: first come (nearest) first named
+                    continue
+                distance = 0 if child_kind == _MODULE else hops + (child_kind >= _HOP)
+                if distance > MAX_HOPS:
                     self.complete = False
                     continue
-            names[key] = name
-            item = kind == _CONTAINER or kind == _SEQUENCE  # its children are items, not attributes
-            for label, child in self._remember(value, kind, key in registered):
-                queue.append((child, (key, label, item), hops))
+                if len(parents) >= MAX_OBJECTS:
+                    self.complete = False
+                    return
+                parents[child_key] = key
+                labels[child_key] = label
+                values.append(child)
+                distances.append(distance)
 
-    def _remember(self, value, kind: int, registered: bool) -> Iterator[tuple[object, object]]:
-        """Remember ``value``'s own state; yield ``(label, child)`` for what it refers to (an
-        attribute's name, or an item's key or index)."""
-        if kind == _TENSOR:
-            self._tensors[id(value)] = _TensorState(value, registered)
-            if value.grad is not None:
-                yield "grad", value.grad
-        elif kind == _CONTAINER:
-            contents = _contents(value)
-            self._containers[id(value)] = (value, contents)
-            yield from (contents if isinstance(value, dict) else enumerate(contents))
-            return
-        elif kind == _SEQUENCE:
-            yield from enumerate(value)
-            return
-        elif kind == _METHOD:
-            yield "__self__", value.__self__
-            return
-        elif kind == _PARTIAL:
-            yield "func", value.func
-            yield "args", value.args
-            yield "keywords", value.keywords
-            return
-        elif kind == _FUNCTION:
-            for index, cell in enumerate(value.__closure__ or ()):
-                try:
-                    contents = cell.cell_contents
-                except ValueError:  # an empty cell
-                    contents = _ABSENT
-                self._cells[id(cell)] = (cell, contents)
-                if contents is not _ABSENT:
-                    yield f"<closure {index}>", contents
-            return
-        state = getattr(value, "__dict__", None)
-        if not isinstance(state, dict):
-            return
-        self._classes[id(value)] = (value, type(value))
-        saved = dict(state)
-        self._dicts[id(value)] = (state, saved)
-        for key, item in saved.items():
-            yield key, item
+    def _closure(self, function: types.FunctionType) -> list[tuple[str, object]]:
+        children = []
+        for index, cell in enumerate(function.__closure__ or ()):
+            contents = _cell_value(cell)
+            self._cells.append((cell, contents))
+            if contents is not _ABSENT:
+                children.append((f"<closure {index}>", contents))
+        return children
 
-    def _resolve(self, name: str | tuple) -> str:
-        """A remembered value's name: a module's, or ``(parent's id, label, item)``, put
-        together only when read (most snapshots never name anything)."""
-        parts = []
-        while not isinstance(name, str):
-            parent, label, item = name
-            parts.append(f"[{label!r}]" if item else f".{label}")
-            name = self._names[parent]
-        return name + "".join(reversed(parts))
+    # -- naming (only when a message needs it) ----------------------------------------------
+    def _module_paths(self) -> dict[int, str]:
+        """``id(module) -> path`` of the tree as it was taken, as ``named_modules`` names it."""
+        if self._paths is None:
+            paths: dict[int, str] = {}
+            stack = [(self._root, "")]
+            while stack:
+                module, path = stack.pop()
+                if id(module) in paths:
+                    continue
+                paths[id(module)] = path
+                children = [(child, f"{path}.{name}" if path else str(name))
+                            for name, child in self._saved_items(module, "_modules")
+                            if isinstance(child, torch.nn.Module)]
+                stack.extend(reversed(children))
+            self._paths = paths
+        return self._paths
 
-    def _name(self, key: int, default: str = "?") -> str:
-        name = self._names.get(key)
-        return default if name is None else self._resolve(name)
+    def _saved_items(self, owner: object, attribute: str) -> list:
+        """The items of ``owner.<attribute>`` (a dict) as taken."""
+        record = self._objects.get(id(owner))
+        registry = None if record is None else record[3].get(attribute)
+        kept = self._full.get(id(registry))
+        return list(kept[1].items()) if kept is not None and isinstance(kept[1], dict) else []
+
+    def _registered(self) -> set[int]:
+        """The ids of the tree's parameters and buffers as taken."""
+        found: set[int] = set()
+        for key in self._module_paths():
+            module = self._objects[key][0]
+            for attribute in ("_parameters", "_buffers"):
+                found.update(id(tensor) for _, tensor in self._saved_items(module, attribute)
+                             if isinstance(tensor, torch.Tensor))
+        return found
+
+    def _resolve(self, key: int) -> str:
+        """A remembered value's name: a module's path, or its parent's name and its label."""
+        record = self._objects.get(key)
+        if record is not None and isinstance(record[0], torch.nn.Module):
+            path = self._module_paths().get(key) or self._chain(key) or "root"
+            return f"{path} ({record[1].__name__})"
+        return self._chain(key) or "root"
+
+    def _chain(self, key: int) -> str:
+        """``key``'s parent's name and its label; "" for the root."""
+        parent = self._parents.get(key)
+        if parent is None:
+            return ""
+        label = self._labels[key]
+        item = parent in self._full or parent in self._sequences
+        return self._resolve(parent) + (f"[{label!r}]" if item else f".{label}")
+
+    def _empty_name(self, container: object) -> str:
+        """The name of a container that was empty when taken: found where it was held."""
+        for key, (value, _, state, saved) in self._objects.items():
+            for label, held in saved.items():
+                if held is container:
+                    return f"{self._resolve(key)}.{label}"
+        for key, (value, saved) in self._full.items():
+            for label, held in (saved.items() if isinstance(saved, dict) else enumerate(saved)):
+                if held is container:
+                    return f"{self._resolve(key)}[{label!r}]"
+        for key, kept in self._tensors.items():
+            if getattr(kept.tensor, "__dict__", None) is container:
+                return f"{self._resolve(key)}.__dict__"
+        return "?"
 
     # -- comparing and restoring ------------------------------------------------------------
     def changes(self) -> list[str]:
         """What differs from the snapshot now, one line each, sorted."""
         found = []
-        for key, (value, cls) in self._classes.items():
+        for key, (value, cls, state, saved) in self._objects.items():
             if type(value) is not cls:
-                found.append(f"{self._name(key)}: class {cls.__name__} -> {type(value).__name__}")
-        for key, (own, saved_dict) in self._dicts.items():
-            found.extend(f"{self._name(key)}: {detail}"
-                         for detail in _dict_changes(own, saved_dict))
-        for key, (container, saved_items) in self._containers.items():
-            if not _same_contents(container, saved_items):
-                found.append(f"{self._name(key, 'torch module hooks')}: contents differ")
+                found.append(f"{self._resolve(key)}: class {cls.__name__} -> "
+                             f"{type(value).__name__}")
+            found.extend(f"{self._resolve(key)}: {detail}"
+                         for detail in _dict_changes(state, saved))
+        for key, (container, saved) in self._full.items():
+            if not _same_contents(container, saved):
+                found.append(f"{self._resolve(key)}: contents differ")
+        found.extend(f"{self._empty_name(container)}: contents differ"
+                     for container in self._empty if container)
+        found.extend("torch module hooks: contents differ"
+                     for value, saved in self._global_contents if not _same_contents(value, saved))
+        registered = None
         for key, kept in self._tensors.items():
-            tensor = kept.tensor
-            if (_place(tensor) != kept.place or tensor.requires_grad != kept.requires_grad
-                    or (tensor.is_leaf and tensor.grad is not kept.grad)):
-                found.append(f"{self._name(key)}: tensor state differs")
-            elif kept.registered and tensor_version(tensor) != kept.version:
-                found.append(f"{self._name(key)}: written in place")
+            if kept.differs() or type(kept.tensor) is not kept.cls:
+                found.append(f"{self._resolve(key)}: tensor state differs")
+            elif kept.written():
+                registered = self._registered() if registered is None else registered
+                if key in registered:
+                    found.append(f"{self._resolve(key)}: written in place")
         return sorted(found)
 
     def restore(self) -> list[str]:
@@ -273,54 +375,54 @@ class ModelSnapshot:
         for name, value in self._globals.items():
             if getattr(owner, name, _ABSENT) is not value and value is not _ABSENT:
                 setattr(owner, name, value)
-        for value, cls in self._classes.values():
+        for value, saved in self._global_contents:
+            _restore_contents(value, saved)
+        for value, cls, state, saved in self._objects.values():
             if type(value) is not cls:
                 object.__setattr__(value, "__class__", cls)
-        for own, saved_dict in self._dicts.values():
-            if not _same_dict(own, saved_dict):
-                own.clear()
-                own.update(saved_dict)
-        for container, saved_items in self._containers.values():
-            _restore_contents(container, saved_items)
-        for cell, contents in self._cells.values():
+            if not _same_dict(state, saved):
+                state.clear()
+                state.update(saved)
+        for container, saved in self._full.values():
+            _restore_contents(container, saved)
+        for container in self._empty:
+            if container:
+                container.clear()
+        for cell, contents in self._cells:
             if contents is not _ABSENT and _cell_value(cell) is not contents:
                 cell.cell_contents = contents
-        for key, tensor_state in self._tensors.items():
-            tensor_state.restore(lost, self._name(key))
+        written = [key for key, kept in self._tensors.items() if kept.written()]
+        registered = self._registered() if written else set()
+        for key, kept in self._tensors.items():
+            lost.extend(self._resolve(key) + suffix for suffix in kept.restore(key in registered))
         return sorted(lost)
 
 
 def _cell_value(cell: types.CellType):
     try:
         return cell.cell_contents
-    except ValueError:
+    except ValueError:  # an empty cell
         return _ABSENT
 
 
-def _contents(container):
-    if isinstance(container, dict):
-        return list(container.items())
-    return list(container)
-
-
 def _same_dict(state: dict, saved: dict) -> bool:
-    """Whether ``state`` holds the very objects ``saved`` holds, under the same keys."""
-    return len(state) == len(saved) and all(
-        state.get(key, _ABSENT) is value for key, value in saved.items())
+    """Whether ``state`` holds the very objects ``saved`` holds, under the same keys (in the
+    same order: a reordered dict counts as changed, and is put back in order)."""
+    return (len(state) == len(saved) and state.keys() == saved.keys()
+            and all(map(operator.is_, state.values(), saved.values())))
 
 
-def _same_contents(container, saved: list) -> bool:
-    """Whether ``container`` holds the very objects of ``saved`` (what :func:`_contents` made
-    of it), in the same order."""
+def _same_contents(container, saved) -> bool:
+    """Whether ``container`` holds the very objects of ``saved`` (its copy), in the same order."""
     if len(container) != len(saved):
         return False
     if isinstance(container, dict):
-        return all(key is saved_key and value is saved_value for (key, value), (saved_key, saved_value)
-                   in zip(container.items(), saved))
-    return all(item is saved_item for item, saved_item in zip(container, saved))
+        return (all(map(operator.is_, container, saved))
+                and all(map(operator.is_, container.values(), saved.values())))
+    return all(map(operator.is_, container, saved))
 
 
-def _restore_contents(container, saved: list) -> None:
+def _restore_contents(container, saved) -> None:
     if _same_contents(container, saved):
         return
     if isinstance(container, dict):

@@ -182,12 +182,22 @@ def has_module_hooks(module: torch.nn.Module, backward: bool = True, forward: bo
     >>> has_module_hooks(lin), bool(lin.register_forward_hook(lambda *a: None)) and has_module_hooks(lin)
     (False, True)
     """
-    kinds = (["forward_pre_hooks", "forward_hooks"] if forward else []) + (
-        ["backward_hooks", "backward_pre_hooks"] if backward else [])
-    missing = object()
-    registries = [getattr(module, "_" + kind, missing) for kind in kinds]
-    registries += [getattr(torch.nn.modules.module, "_global_" + kind, missing) for kind in kinds]
-    return any(registry is missing or bool(registry) for registry in registries)
+    missing = _MISSING
+    for owner, name in _HOOK_NAMES[forward, backward]:  # a lookup each, up to the first hook
+        registry = getattr(module if owner is None else owner, name, missing)
+        if registry is missing or registry:
+            return True
+    return False
+
+
+_MISSING = object()
+_OWN = (("forward_pre_hooks", "forward_hooks"), ("backward_hooks", "backward_pre_hooks"))
+# (forward, backward) -> (owner, attribute) of each registry to look at: None for the module's
+# own (``_forward_hooks``...), then torch's process-wide ones (``_global_forward_hooks``...)
+_HOOK_NAMES = {(forward, backward): tuple(
+    (owner, prefix + kind) for owner, prefix in ((None, "_"), (torch.nn.modules.module, "_global_"))
+    for kind in (_OWN[0] if forward else ()) + (_OWN[1] if backward else ()))
+    for forward in (False, True) for backward in (False, True)}
 
 
 def hook_registrations() -> int | None:
