@@ -116,6 +116,8 @@ class NonfiniteReport(Report):
     notes: list[str] = dataclasses.field(default_factory=list)
     creators: list[str] = dataclasses.field(default_factory=list)
     sources: list[str] = dataclasses.field(default_factory=list)  # inputs, parameters... with NaN/Inf
+    # under torch.distributed: the ranks whose values this rank's received (watch_ranks.py)
+    received_from: str = ""
 
     @property
     def ok(self) -> bool:
@@ -155,8 +157,13 @@ class NonfiniteReport(Report):
             lines.append(f"forward: first non-finite output at {hit.key} ({hit.op}, "
                          f"{hit.location}): {hit.shape} {hit.dtype}, {hit.nan} NaN and {hit.inf} "
                          f"Inf of {hit.numel}")
-            lines.append("  it CREATED them: everything it received was finite" if hit.created
-                         else "  it RECEIVED them: a value it read was already non-finite")
+            if hit.created and self.received_from:  # finite here, NaN after its collective
+                lines.append(f"  it RECEIVED them from {self.received_from}: everything this rank "
+                             f"fed it was finite, and a collective inside it carried them in")
+            else:
+                lines.append("  it CREATED them: everything it received was finite" if
+                             hit.created else
+                             "  it RECEIVED them: a value it read was already non-finite")
         if hit is not None:
             received = [("input", v) for v in hit.inputs] + [("parameter", v)
                                                              for v in hit.parameters]
@@ -171,8 +178,9 @@ class NonfiniteReport(Report):
                                  colalign=("left",) * 4 + ("right",) * 5)
                 lines.extend("  " + line for line in body.splitlines())
             lines.append(_later("  later nodes with non-finite outputs", self.later_forward))
-            lines.append(_later("  every node that CREATED non-finite values (all it received "
-                                "was finite)", self.creators))
+            if not self.received_from:
+                lines.append(_later("  every node that CREATED non-finite values (all it "
+                                    "received was finite)", self.creators))
             if self.sources:
                 lines.append(_later("  non-finite before forward ran (inputs, parameters, "
                                     "buffers)", self.sources))

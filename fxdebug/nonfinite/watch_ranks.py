@@ -256,6 +256,7 @@ class RankFlags:
             if not local.reproduced:  # its own step finite: the values came in, as under DDP
                 local.flagged = ""
             source = on_ranks(made) if made else "another rank"
+            local.received_from = source  # its table then says RECEIVED, never CREATED
             local.notes.append(f"the values were made on {source}; this rank received them "
                                f"through a collective of the model")
         return RankNonfiniteReport(step=watch.steps, world=self.ranks.members,
