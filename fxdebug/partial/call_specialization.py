@@ -89,15 +89,6 @@ def call_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> CallPlan:
             extra = list(given)  # tensors through *args: graph inputs after the named ones
             described.append(f"*{name}={len(extra)} tensor(s)")
             continue
-        if parameter.kind == parameter.VAR_KEYWORD and given and not extra:
-            # keywords through **kwargs (how HF layers call attention): named inputs of the
-            # traced function, each fixed or a graph input like a parameter of forward's own
-            plan.keywords = tuple(given)
-            for keyword, value in given.items():
-                why = _add(plan, keyword, value, names, values, described)
-                if why:
-                    return CallPlan(reason=why)
-            continue
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             if given:
                 return CallPlan(reason=f"it is called with extra arguments through "

@@ -29,6 +29,7 @@ find the ``operator.add`` they look for.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -218,6 +219,12 @@ class _Tracer(fx.Tracer):
             with real_values():  # the patched torch.from_numpy calls the original
                 shared = super().create_arg(torch.from_numpy(a))
             return self.create_node("call_method", "numpy", (shared,), {})
+        if isinstance(a, dict) and type(a) is not dict and dataclasses.is_dataclass(a) and all(
+                isinstance(name, str) and name.isidentifier() for name in a):
+            # a dataclass that is a dict (HF's ModelOutput): built again by the graph, as
+            # forward built it; torch.fx alone would hand back a plain dict
+            return self.create_node("call_function", type(a), (),
+                                    {name: self.create_arg(value) for name, value in a.items()})
         return super().create_arg(a)
 
     # -- graph construction ----------------------------------------------------------
