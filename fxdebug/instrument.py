@@ -203,8 +203,9 @@ def _saving(partial: torch.nn.Module, save_to) -> torch.nn.Module:
     recorder, which every part and eager capture writes into, streams as a traced one does."""
     recorder = getattr(partial, RECORDER_ATTR, None)
     if save_to is not None and isinstance(recorder, Recorder):
-        recorder.run_writer = RunWriter(save_to)  # type: ignore[assignment]
-        recorder.run_writer.locations = {}
+        writer = RunWriter(save_to)
+        writer.locations = {}
+        recorder.run_writer = writer  # type: ignore[assignment]
     return partial
 
 

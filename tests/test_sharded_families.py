@@ -93,14 +93,15 @@ def _check_config(rank, world, family, config):
             continue
         value = saved[key]
         piece = _piece(truth[key], value, rank, world)
-        if piece is not None and config == "tp" and not torch.allclose(
-                value.float(), piece.float(), rtol=tolerance, atol=tolerance):
-            # a RowwiseParallel output captured before its all-reduce: this rank's addend
-            total = value.detach().clone()
-            torch.distributed.all_reduce(total)
-            value = total
+        if piece is None:
             problems.append(f"{key}: shape {tuple(value.shape)} vs {tuple(truth[key].shape)}")
-        elif not torch.allclose(value.float(), piece.float(), rtol=tolerance, atol=tolerance):
+            continue
+        if config == "tp" and not torch.allclose(value.float(), piece.float(), rtol=tolerance,
+                                                 atol=tolerance):
+            # a RowwiseParallel output captured before its all-reduce: this rank's addend
+            value = value.detach().clone()
+            torch.distributed.all_reduce(value)
+        if not torch.allclose(value.float(), piece.float(), rtol=tolerance, atol=tolerance):
             problems.append(f"{key}: differs by {(value.float() - piece.float()).abs().max():.3g}")
     for (name, mine), (_, theirs) in zip(model.named_parameters(), twin.named_parameters()):
         if (mine.grad is None) != (theirs.grad is None) or (

@@ -77,7 +77,10 @@ def call_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> CallPlan:
         bound = signature.bind(*((module,) if takes_self else ()), *args, **kwargs)
     except TypeError as exc:
         return CallPlan(reason=f"the call does not match forward's signature ({exc})")
-    names, values, described, extra = [], [], [], []
+    names: list[str] = []
+    values: list = []
+    described: list[str] = []
+    extra: list = []
     plan = CallPlan()
     keyword_only = any(p.kind == p.KEYWORD_ONLY for p in signature.parameters.values())
     for index, (name, parameter) in enumerate(signature.parameters.items()):
