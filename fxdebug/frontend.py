@@ -21,6 +21,7 @@ from .errors import EagerFallbackWarning, TraceFailure
 from .runtime.torch_compat import compiled_inner
 from .tracing.export import export_trace
 from .tracing.pipelining import refuse_pipelining
+from .tracing.unsupported import why_not_export
 from .tracing.fx_tracer import trace_fx
 from .tracing.graph_module import keyed_copy
 from .tracing.keys import META_KEY
@@ -197,7 +198,10 @@ def _trace_auto(model, example_inputs, leaf_modules, concrete_args, auto_leaf, s
     else:
         gm.meta["fxdebug_frontend_notes"] = notes
         return gm
-    if example_inputs:
+    sharded = why_not_export(model)
+    if sharded:
+        notes.append(f"export: {sharded}")
+    elif example_inputs:
         try:
             gm = export_trace(model, *example_inputs)
         except TraceFailure as failure:

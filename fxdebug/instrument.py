@@ -132,8 +132,7 @@ def _instrument(model, capture, depth, include, exclude, grads, mode, passes,
     user_passes = [as_pass(p) for p in passes]
     instrument_part = functools.partial(_instrument_part, user_passes=user_passes)
     if is_partial(model):
-        _no_save_to(save_to)
-        return instrument_parts(model, instrument_part, **arguments)
+        return _saving(instrument_parts(model, instrument_part, **arguments), save_to)
     gm: fx.GraphModule
     if isinstance(model, fx.GraphModule):
         gm = keyed_copy(model, recompile=False)  # run_pipeline recompiles once
@@ -143,8 +142,8 @@ def _instrument(model, capture, depth, include, exclude, grads, mode, passes,
         except TraceFailure as failure:  # the root cannot be traced: instrument its parts
             if next(model.children(), None) is None:
                 raise  # no submodules: there are no parts, the TraceFailure says what to do
-            _no_save_to(save_to)
-            return instrument_parts(model, instrument_part, **arguments, failure=failure)
+            return _saving(instrument_parts(model, instrument_part, **arguments,
+                                            failure=failure), save_to)
     gm = run_pipeline(gm, build_pipeline(**arguments) + user_passes)
     if not isinstance(model, fx.GraphModule):  # its graph follows model.train() / eval()
         follow_modes(gm, model, functools.partial(_instrument_mode, arguments=arguments,
@@ -199,13 +198,15 @@ def _after_mode_switch(gm: fx.GraphModule) -> None:
             writer.locations = recorder.locations
 
 
-def _no_save_to(save_to) -> None:
-    if save_to is not None:
-        raise FxdebugError(
-            f"instrument(..., save_to={os.fspath(save_to)!r}): this model is instrumented part by "
-            f"part (its root cannot be traced), and saving while it runs is not supported there "
-            f"yet. Instrument without save_to and save each run with "
-            f"fxdebug.save_records(fxdebug.records(gm), path).")
+def _saving(partial: torch.nn.Module, save_to) -> torch.nn.Module:
+    """A part-by-part model that writes each run to ``save_to`` (if given): its one shared
+    recorder, which every part and eager capture writes into, streams as a traced one does."""
+    recorder = getattr(partial, RECORDER_ATTR, None)
+    if save_to is not None and isinstance(recorder, Recorder):
+        writer = RunWriter(save_to)
+        writer.locations = {}
+        recorder.run_writer = writer  # type: ignore[assignment]
+    return partial
 
 
 def _describe_call(model, arguments: dict, passes) -> str:

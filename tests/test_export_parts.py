@@ -212,5 +212,5 @@ def test_train_mode_dropout_is_not_exported_and_equals_a_seeded_eager_run():
     assert torch.equal(out, model(ids).last_hidden_state)
     report = instrumented.fxdebug_partial
     assert all(part.frontend == "fx" for part in report.parts)
-    root = next(entry for entry in report.eager if entry.path == "")
-    assert root.export_reason.startswith("not tried: embeddings.dropout is a dropout in train mode")
+    # the root is traced with fx for the call (random ops as nodes), never exported
+    assert [part.path for part in report.parts][:1] == [""]

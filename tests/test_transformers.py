@@ -42,9 +42,12 @@ def test_instrument_captures_every_layer_like_forward_hooks(tiny):
     assert rec.keys() == list(truth)
     for key in truth:
         assert torch.equal(rec[key], truth[key]), key
-    # symbolic tracing cannot make a graph of the root (and why): torch.export of the call can
+    # symbolic tracing with symbolic arguments cannot make a graph of the root; with the call's
+    # arguments fixed it can, through the decorators that wrap forward in (*args, **kwargs)
+    # (BertModel); where the mask code branches on shapes (GPT2Model, LlamaModel) torch.export can
     root = instrumented.fxdebug_partial.parts[0]
-    assert (root.path, root.frontend) == ("", "export") and root.fx_reason
+    assert root.path == "" and (root.frontend, bool(root.fx_reason)) in (("fx", False), ("export", True))
+    assert root.frontend == ("fx" if name == "bert" else "export")
     assert instrumented.fxdebug_partial.eager == []
 
 

@@ -63,6 +63,7 @@ class CallPlan:
     concrete_args: dict = dataclasses.field(default_factory=dict)
     description: str = ""
     reason: str = ""
+    keywords: tuple = ()  # given through **kwargs: traced as named inputs, in this order
 
 
 def call_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> CallPlan:
@@ -76,7 +77,10 @@ def call_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> CallPlan:
         bound = signature.bind(*((module,) if takes_self else ()), *args, **kwargs)
     except TypeError as exc:
         return CallPlan(reason=f"the call does not match forward's signature ({exc})")
-    names, values, described, extra = [], [], [], []
+    names: list[str] = []
+    values: list = []
+    described: list[str] = []
+    extra: list = []
     plan = CallPlan()
     keyword_only = any(p.kind == p.KEYWORD_ONLY for p in signature.parameters.values())
     for index, (name, parameter) in enumerate(signature.parameters.items()):
@@ -98,30 +102,39 @@ def call_plan(module: torch.nn.Module, args: tuple, kwargs: dict) -> CallPlan:
         value = bound.arguments.get(name, parameter.default)
         if value is inspect.Parameter.empty:
             return CallPlan(reason=f"argument {name!r} is missing")
-        names.append(name)
-        values.append(value)
-        if isinstance(value, torch.Tensor):
-            described.append(name)
-            continue
-        leaves, spec = torch_compat.tree_flatten(value)
-        odd = [leaf for leaf in leaves if not isinstance(leaf, torch.Tensor)
-               and not _is_constant(leaf)]
-        if odd:
-            return CallPlan(reason=f"argument {name!r} holds a value of type {type(odd[0]).__name__}, which "
-                                    f"is neither a tensor, a container of tensors nor a constant")
-        if any(isinstance(leaf, torch.Tensor) for leaf in leaves):
-            plan.concrete_args[name] = torch_compat.tree_unflatten(
-                [fx.PH if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves], spec)
-        else:
-            plan.concrete_args[name] = value
-        described.append(f"{name}={_describe(value)}")
+        why = _add(plan, name, value, names, values, described)
+        if why:
+            return CallPlan(reason=why)
     leaves, spec = torch_compat.tree_flatten(values)
     marks = tuple(("tensor",) if isinstance(leaf, torch.Tensor) else (type(leaf), leaf)
                   for leaf in leaves)
-    plan.signature = (tuple(m.training for m in module.modules()), spec, marks, len(extra))
+    plan.signature = (tuple(m.training for m in module.modules()), spec, marks, len(extra),
+                      plan.keywords)
     plan.positional = values + extra
     plan.description = f"({', '.join(described)})"
     return plan
+
+
+def _add(plan: CallPlan, name: str, value, names: list, values: list, described: list) -> str:
+    """Add one argument to ``plan``: a graph input (tensors) or fixed; why not, or ``""``."""
+    names.append(name)
+    values.append(value)
+    if isinstance(value, torch.Tensor):
+        described.append(name)
+        return ""
+    leaves, spec = torch_compat.tree_flatten(value)
+    odd = [leaf for leaf in leaves if not isinstance(leaf, torch.Tensor)
+           and not _is_constant(leaf)]
+    if odd:
+        return (f"argument {name!r} holds a value of type {type(odd[0]).__name__}, which "
+                f"is neither a tensor, a container of tensors nor a constant")
+    if any(isinstance(leaf, torch.Tensor) for leaf in leaves):
+        plan.concrete_args[name] = torch_compat.tree_unflatten(
+            [fx.PH if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves], spec)
+    else:
+        plan.concrete_args[name] = value
+    described.append(f"{name}={_describe(value)}")
+    return ""
 
 
 @dataclasses.dataclass
@@ -196,7 +209,12 @@ def call_forward(module: torch.nn.Module, args: tuple, kwargs: dict):
 
 
 def strip_guards(gm: fx.GraphModule) -> None:
-    """Drop the asserts fx adds for fixed arguments: the dispatcher checks them on every call."""
+    """Drop the asserts fx adds for fixed arguments (the dispatcher checks them on every
+    call) and the inputs' defaults (it passes every input): fx prints defaults into the
+    target of its pytree unpacking (``a = None, = tree_flatten_spec(...)``, a SyntaxError)
+    where an argument holds tensors in a tuple (HF's ``position_embeddings``)."""
+    for node in gm.graph.find_nodes(op="placeholder"):
+        node.args = ()
     for node in reversed(list(gm.graph.nodes)):
         if node.op != "call_function" or node.users:
             continue
@@ -234,7 +252,7 @@ def set_submodule(root: torch.nn.Module, path: str, module: torch.nn.Module) -> 
 
 def clean_tree(module: torch.nn.Module) -> torch.nn.Module:
     """A copy of a dispatch subtree with the dispatchers taken out: what tracing sees."""
-    clean = module_tree_copy(module)
+    clean = module_tree_copy(module, share_parameters=True)  # FSDP2 swaps the module's own
     for sub in clean.modules():
         sub.__dict__.pop("forward", None)
         sub.__dict__.pop(PARTIAL_REPORT_ATTR, None)

@@ -70,6 +70,7 @@ from ..errors import EagerFallbackWarning, TraceFailure
 from ..runtime import (RECORDER_ATTR, PartRecorder, SharedRecorder, begin_part, clone_inputs, torch_compat)
 from .call_specialization import (CallPlan, ExportPlan, call_forward, call_plan, clean_tree, export_plan, is_container, is_fx_leaf, note_part_output, set_submodule, strip_guards)
 from ..tracing.export import export_trace
+from ..tracing.unsupported import why_not_export
 from ..tracing.fx_tracer import trace_fx
 from ..tracing.keys import META_KEY, join_path, prefix_keys
 from ..tracing.locations import caller_stacklevel
@@ -169,6 +170,9 @@ class _Dispatch:
 
     def _why_not_export(self, fx_failure: EagerModule | None) -> str:
         """Why torch.export is not tried on this module (seconds each), or ``""``."""
+        sharded = why_not_export(self.module)
+        if sharded:
+            return sharded
         if fx_failure is not None and fx_failure.kind.startswith(_EAGER_ONLY):
             return (f"not tried: fx found {fx_failure.kind.split(' (')[0].split(',')[0]}, "
                     f"which an exported graph would not do at run time either")
@@ -261,7 +265,7 @@ class _Context:
         def copy_tree(module: torch.nn.Module, path: str) -> torch.nn.Module:
             if id(module) in memo:
                 return memo[id(module)]
-            new = memo[id(module)] = shallow_module_copy(module)
+            new = memo[id(module)] = shallow_module_copy(module, share_parameters=True)
             for name, child in torch_compat.own_children(module).items():
                 if child is not None:
                     torch_compat.set_child(new, name, copy_tree(child, join_path(path, name)))
@@ -287,7 +291,7 @@ class _Context:
                   if not path or leaf.startswith(path + ".")]
         try:
             gm = trace_fx(clean_tree(module), leaf_modules=[*inside, *self.leaf_types],
-                          concrete_args=plan.concrete_args, warn=False,
+                          concrete_args=plan.concrete_args, warn=False, keywords=plan.keywords,
                           root_hooks=False)  # the dispatcher's module(...) runs them  # the report lists them
         except TraceFailure as failure:
             return failure

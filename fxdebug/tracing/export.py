@@ -132,6 +132,21 @@ def _output_items(outputs: list[fx.Node], eager: list[tuple[str, tuple]] | None)
             items.append((subpath, match.name))
         else:
             return tuple(items)
+    if eager and (len(eager) > 1 or eager[0][0]):
+        # a nested output of which the graph uses only some leaves (``hidden, _ = attn(x)``):
+        # each used one keyed by its place in the output, as a trace of the call alone keys
+        # it, where its shape names it alone; else by position among what is used
+        shapes = [shape for _, shape in eager]
+        named = []
+        for node in outputs:
+            shape = tuple(getattr(node.meta.get("val"), "shape", ()))
+            places = [subpath for subpath, known in eager if known == shape]
+            if len(places) != 1 or shapes.count(shape) != 1 or sum(
+                    tuple(getattr(o.meta.get("val"), "shape", ())) == shape for o in outputs) != 1:
+                break
+            named.append((places[0], node.name))
+        else:
+            return tuple(named)
     if len(outputs) == 1:
         return (("", outputs[0].name),)
     return tuple((str(index), node.name) for index, node in enumerate(outputs))

@@ -29,6 +29,7 @@ find the ``operator.add`` they look for.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -44,7 +45,7 @@ from torch.fx.proxy import Attribute
 
 from ..errors import EagerFallbackWarning, FidelityWarning
 from ..runtime import (PROXY_IN_TEXT, ROOT_HOOKS_ATTR, HookedRoot, Recorder, leaves,
-                       traced_message)
+                       torch_compat, traced_message)
 from ..runtime.inplace_ops import INPLACE_NAMES
 from .failure import explain_failure
 from .fidelity import (NOT_CONSTANT, TracePatches, UnfaithfulTrace, constant_value, real_values,
@@ -55,6 +56,7 @@ from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocato
                    key_base)
 from .locations import caller_stacklevel, short_list, user_location
 from .module_copy import shallow_module_copy
+from .root_signature import named_parameters_forward, optional_inputs
 from .transaction import ModelSnapshot
 from .module_hooks import check_root_reads, hooked_forward, runs_hooks_in_graph, runs_whole
 
@@ -141,6 +143,7 @@ class _Tracer(fx.Tracer):
         self.key_override = None  # module_hooks.fixed_keys: a hook node's key
         self.hooks_owner: torch.nn.Module | None = None  # the model whose root hooks to run
         self._root_hooks = False
+        self.keywords: tuple = ()  # a call's **kwargs names, traced as named inputs
 
     def trace(self, root, concrete_args=None):
         self.condition_node = None
@@ -170,6 +173,11 @@ class _Tracer(fx.Tracer):
         return graph
 
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):
+        if self.keywords or concrete_args is not None or not optional_inputs(root_fn):
+            # a decorated forward (every HF model's) with its own parameters; where some are
+            # optional (None), only with concrete_args saying which are given (fx would take
+            # `labels is not None` as true, and the graph would need labels)
+            root_fn = named_parameters_forward(root_fn, self.keywords)
         fn, args = super().create_args_for_root(root_fn, is_module, concrete_args)
         if not self._root_hooks:
             return fn, args
@@ -211,6 +219,12 @@ class _Tracer(fx.Tracer):
             with real_values():  # the patched torch.from_numpy calls the original
                 shared = super().create_arg(torch.from_numpy(a))
             return self.create_node("call_method", "numpy", (shared,), {})
+        if isinstance(a, dict) and type(a) is not dict and dataclasses.is_dataclass(a) and all(
+                isinstance(name, str) and name.isidentifier() for name in a):
+            # a dataclass that is a dict (HF's ModelOutput): built again by the graph, as
+            # forward built it; torch.fx alone would hand back a plain dict
+            return self.create_node("call_function", type(a), (),
+                                    {name: self.create_arg(value) for name, value in a.items()})
         return super().create_arg(a)
 
     # -- graph construction ----------------------------------------------------------
@@ -293,6 +307,19 @@ class _Tracer(fx.Tracer):
         end.meta.setdefault(META_RETURNS, []).append(record)
 
 
+def _share_parameters(gm: fx.GraphModule, model: torch.nn.Module) -> None:
+    """The graph reads parameters as ``model`` holds them when it runs, not as they were
+    when it was traced: the root and every module fx made a stand-in for (to hold a
+    ``get_attr`` target of a traced-through module) share their module's parameter registry.
+    FSDP2's hooks swap in gathered parameters before each forward (a ViT's ``cls_token``,
+    its final ``norm``, owned by the root's group) and the sharded ones back after."""
+    originals = dict(model.named_modules(remove_duplicate=False))
+    for path, module in gm.named_modules(remove_duplicate=False):
+        original = originals.get(path)
+        if original is not None and original is not module:
+            torch_compat.share_parameters(module, original)
+
+
 def _resolve_leaves(model: torch.nn.Module, leaf_modules) -> tuple[list[str], tuple[type, ...]]:
     paths: list[str] = []
     types: list[type] = []
@@ -369,14 +396,16 @@ def _warn_lost(lost: list[str], model: torch.nn.Module) -> None:
 def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
              concrete_args: dict | None = None, auto_leaf: bool = True,
              warn: bool = True, root_hooks: bool = True,
-             snapshot: ModelSnapshot | None = None) -> fx.GraphModule:
+             snapshot: ModelSnapshot | None = None, keywords: tuple = ()) -> fx.GraphModule:
     """Symbolic tracing with auto-leaf (the ``"fx"`` front end).
 
     ``warn=False``: auto-leaves are only listed in ``gm.meta["fxdebug_auto_leaves"]``
     (for a caller that reports them itself), not warned about. ``root_hooks=False``: the
     graph does not run ``model``'s own forward hooks (its caller calls ``model(...)``).
     ``snapshot``: ``model`` as it is now, if the caller has one (see
-    :func:`fxdebug.frontend.trace_in_transaction`); else one is taken.
+    :func:`fxdebug.frontend.trace_in_transaction`); else one is taken. ``keywords``: names
+    a call passes through forward's ``**kwargs``, traced as named inputs after the others
+    (part-by-part tracing specialises a call so).
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fxdebug.trace expects an nn.Module, got {type(model).__name__}. "
@@ -389,6 +418,7 @@ def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
     while True:
         tracer = _Tracer(leaf_paths + [path for path, _ in auto_leaves], leaf_types)
         tracer.hooks_owner = model if root_hooks else None
+        tracer.keywords = tuple(keywords)
         # fx writes tensor constants onto the traced root: a shallow copy keeps them off the
         # user's module, while submodules stay shared as in torch.fx (model.eval() reaches gm)
         root = shallow_module_copy(model)
@@ -413,6 +443,7 @@ def trace_fx(model: torch.nn.Module, leaf_modules: Iterable = (),
             auto_leaves.append((failure.module_path, reason))
     lower_inplace_operators(graph, root)
     gm = lazy_graph_module(root, graph, type(model).__name__)  # code generated on first use
+    _share_parameters(gm, model)
     gm.meta["fxdebug_auto_leaves"] = list(auto_leaves)
     gm.meta["fxdebug_frontend"] = "fx"
     if auto_leaves and warn:

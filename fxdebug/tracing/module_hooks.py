@@ -116,18 +116,17 @@ def hooked_forward(tracer, target: str, key: str, body):
 
 
 def check_root_reads(graph: fx.Graph, owner: torch.nn.Module) -> None:
-    """Give the root's pre-hooks node the root's own parameters and buffers that the graph
-    reads itself (``get_attr`` nodes, moved before it): its hooks must not replace them."""
+    """Read the root's own parameters and buffers after the root's pre-hooks ran, as its
+    eager forward does: ``get_attr`` nodes of them are moved after the pre-hooks node (the
+    GraphModule shares the root's parameter registry, so a parameter the hooks swap in,
+    FSDP2's gathered ``cls_token``, is the one the graph reads)."""
     pre = next((node for node in graph.nodes if node.op == "call_function"
                 and node.target is runtime.forward_pre_hooks and node.args[1] == ""), None)
     if pre is None:
         return
     own = {**torch_compat.own_parameters(owner), **torch_compat.own_buffers(owner)}
-    reads = {}
-    for node in graph.find_nodes(op="get_attr"):
+    anchor = pre
+    for node in list(graph.find_nodes(op="get_attr")):
         if node.target in own and own[node.target] is not None:
-            pre.prepend(node)
-            reads[str(node.target)] = node
-    if reads:
-        pre.kwargs = {**pre.kwargs, "reads": reads}
-
+            anchor.append(node)
+            anchor = node

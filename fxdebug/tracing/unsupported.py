@@ -15,7 +15,7 @@ from ..errors import FxdebugError
 from ..runtime.formatting import format_location
 from .locations import user_location
 
-__all__ = ["refuse_unsupported", "fsdp2_modules"]
+__all__ = ["refuse_unsupported", "fsdp2_modules", "why_not_export"]
 
 
 def fsdp2_modules(model: torch.nn.Module) -> list[str]:
@@ -45,5 +45,32 @@ def refuse_unsupported(model: torch.nn.Module) -> None:
         f"{format_location(user_location())}): fully_shard was applied to "
         f"{type(model).__name__}'s module(s) {listed}, whose forward hooks gather parameters "
         f"with collectives that torch.export cannot trace. Nothing of the model was changed. "
-        f"Fix: use the fx front end, the default: fxdebug.trace(model) or "
-        f"fxdebug.instrument(model).")
+        f"Fix: leave frontend at its default: fxdebug.instrument(model) traces it with "
+        f"torch.fx (part by part where its root cannot be traced as one graph) and runs the "
+        f"hooks at run time.")
+
+
+def why_not_export(model: torch.nn.Module) -> str:
+    """Why ``torch.export`` is not tried on ``model`` (a sharded model), or ``""``.
+
+    FSDP2's hooks gather parameters with collectives; DTensor parameters (tensor
+    parallelism) are not traced by torch.export with the ops their layouts need.
+    Part-by-part tracing then runs such a module eagerly (its children are traced
+    on their own), on every configuration the same way.
+
+    >>> why_not_export(torch.nn.Linear(1, 1))
+    ''
+    """
+    sharded = fsdp2_modules(model)
+    if sharded:
+        return (f"not tried: fully_shard was applied to {sharded[0] or '(root)'!r}, whose hooks "
+                f"gather parameters with collectives that torch.export cannot trace")
+    if not torch.distributed.is_available():
+        return ""
+    from torch.distributed.tensor import DTensor
+    dtensor = next((name for name, parameter in model.named_parameters()
+                    if isinstance(parameter, DTensor)), None)
+    if dtensor is not None:
+        return (f"not tried: parameter {dtensor!r} is a DTensor (tensor parallelism), whose "
+                f"collectives torch.export does not trace")
+    return ""

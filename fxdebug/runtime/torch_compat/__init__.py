@@ -54,7 +54,7 @@ from .module_internals import (BUFFERS_ATTR, CHILDREN_ATTR, DROPOUT_TYPES,  # no
                                global_module_hooks_owner, has_module_hooks, is_persistent_buffer,
                                hook_registrations, hook_registries, run_forward_hooks, run_forward_pre_hooks,
                                own_buffers, own_children, own_parameters,
-                               parameters_and_buffers, set_child,
+                               parameters_and_buffers, set_child, share_parameters,
                                set_own_buffer)
 from .ops import (TorchDispatchMode, assert_close_tolerances, flatten_dense,  # noqa: E402
                   foreach_copy_, foreach_norm, is_op_overload, is_op_packet, op_schema)
@@ -81,7 +81,7 @@ __all__ = [
     "GRAPH_MODULE_SHARED_ATTRS", "copy_codegen", "custom_builtin_imports", "def_line",
     "generated_code", "graph_tracer_cls", "lineno_map", "pytree_specs", "set_graph_tracer_cls",
     # module_internals
-    "BUFFERS_ATTR", "CHILDREN_ATTR", "DROPOUT_TYPES", "PARAMETERS_ATTR",
+    "share_parameters", "BUFFERS_ATTR", "CHILDREN_ATTR", "DROPOUT_TYPES", "PARAMETERS_ATTR",
     "global_module_hook_names", "global_module_hooks_owner", "has_module_hooks",
     "forward_hooks_readable", "hook_registrations", "hook_registries",
     "run_forward_pre_hooks", "run_forward_hooks",

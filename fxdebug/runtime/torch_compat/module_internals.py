@@ -10,13 +10,35 @@ __all__ = ["BUFFERS_ATTR", "CHILDREN_ATTR", "DROPOUT_TYPES", "PARAMETERS_ATTR",
            "global_module_hook_names", "global_module_hooks_owner", "has_module_hooks",
            "forward_hooks_readable", "hook_registrations", "hook_registries", "run_forward_pre_hooks", "run_forward_hooks",
            "is_persistent_buffer", "own_buffers", "own_children", "own_parameters",
-           "parameters_and_buffers", "set_child",
+           "parameters_and_buffers", "set_child", "share_parameters",
            "set_own_buffer"]
 
 PARAMETERS_ATTR, BUFFERS_ATTR, CHILDREN_ATTR = "_parameters", "_buffers", "_modules"
 """Where ``nn.Module`` keeps what it registers, in its ``__dict__`` (2.9.1, 2.14.1; unchanged
 since torch 1.0). Read them with the functions below; change them with the public
 ``register_parameter``, ``register_buffer``, ``add_module`` or ``setattr``."""
+
+
+def share_parameters(target: torch.nn.Module, source: torch.nn.Module) -> bool:
+    """Make ``target``'s own parameter registry ``source``'s (the same dict object), so a
+    parameter ``source`` is given later is ``target``'s too. Only where every parameter
+    ``target`` holds itself is ``source``'s under the same name (True); else nothing
+    changes (False). Where ``nn.Module`` keeps no such dict, False.
+
+    >>> lin, twin = torch.nn.Linear(1, 1), torch.nn.Module()
+    >>> twin.weight = lin.weight
+    >>> share_parameters(twin, lin), list(own_parameters(twin))
+    (True, ['weight', 'bias'])
+    """
+    mine, theirs = vars(target).get(PARAMETERS_ATTR), vars(source).get(PARAMETERS_ATTR)
+    if not isinstance(mine, dict) or not isinstance(theirs, dict):
+        return False
+    if mine is theirs:
+        return True
+    if any(theirs.get(name, None) is not parameter for name, parameter in mine.items()):
+        return False
+    vars(target)[PARAMETERS_ATTR] = theirs
+    return True
 
 
 def own_parameters(module: torch.nn.Module) -> dict:
