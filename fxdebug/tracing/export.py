@@ -7,7 +7,9 @@ number of refinement steps). Its graph holds ATen operators, not module
 calls; fxdebug gives every node a key that is a module path all the same::
 
     export_trace(model, *example_inputs)
-      ├─ torch.export.export(copy of model, example_inputs)   parameters shared
+      ├─ torch.export.export(copy of model, example_inputs)   parameters shared; the copy
+      │                                  also returns every module call's outputs, so an
+      │                                  output its caller ignores keeps a node (and a key)
       ├─ run_decompositions({})          functional: no in-place ops, captures stay exact
       ├─ ep.module()                     a GraphModule with the model's parameter names
       └─ keys from node.meta["nn_module_stack"]:
@@ -26,6 +28,7 @@ the model's train/eval mode at export time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import re
 import sys
@@ -153,7 +156,10 @@ def _output_items(outputs: list[fx.Node], eager: list[tuple[str, tuple]] | None)
 
 
 def _assign_keys(gm: fx.GraphModule, module_paths, structures: dict | None = None) -> None:
-    """Keys, scopes, sources and module outputs for every node of an exported graph."""
+    """Keys, scopes, sources and module outputs for every node of an exported graph (what a
+    call returns: its nodes read outside it, the model's own output among those readers, and
+    the nodes the call returned that only the kept outputs read)."""
+    returned, kept = _kept_outputs(gm, gm.meta.get(_KEPT_OWNERS, []))
     keys = KeyAllocator(owned=module_paths)
     nodes = list(gm.graph.nodes)
     position = {node: index for index, node in enumerate(nodes)}
@@ -184,7 +190,11 @@ def _assign_keys(gm: fx.GraphModule, module_paths, structures: dict | None = Non
     for order, (call_id, inside) in enumerate(members.items()):
         member_set = dict.fromkeys(inside)
         outputs = [node for node in inside
-                   if any(user not in member_set for user in node.users)]
+                   if any(user not in member_set and (user.op != "output" or node in returned)
+                          for user in node.users)]
+        outputs += [node for node in kept.get(call_index[call_id], ())
+                    if node in member_set and node not in outputs]
+        outputs.sort(key=position.__getitem__)
         if not outputs:
             continue
         items = _output_items(outputs, (structures or {}).get(call_index[call_id]))
@@ -256,11 +266,91 @@ def _export(model: torch.nn.Module, inputs: tuple, kwargs: dict) -> fx.GraphModu
         return exported.module()
 
 
+def _with_every_output_kept(model: torch.nn.Module) -> tuple[torch.nn.Module, list]:
+    """On the copy that is exported, every submodule call's tensor outputs are also returned by
+    the root, as ``(output, kept)``: torch.export drops a module's output the caller ignores
+    (``hidden, _ = self.attn(x)``: the attention weights), so that leaf would have no node to
+    capture and no key, while a trace of the call alone, or forward hooks, keep it. The extras
+    are taken off the graph's output once keys are assigned (:func:`_drop_kept_outputs`).
+    Returns the model and the list of ``(path, call index)`` owning each kept tensor, filled
+    as it runs (torch.export puts the module's attributes back after tracing: the list is
+    kept here, not on the module)."""
+    kept: list[torch.Tensor] = []
+    owners: list[tuple[str, int]] = []  # (path, call index) that returned each kept tensor
+    calls: dict[str, int] = {}
+    for path, module in model.named_modules():
+        if not path:
+            continue
+        inner = module.forward
+
+        @functools.wraps(inner)
+        def keeping(*args, _inner=inner, _path=path, **kwargs):
+            output = _inner(*args, **kwargs)
+            index = calls.get(_path, 0)
+            calls[_path] = index + 1
+            for _, tensor in flatten_tensors(output):
+                kept.append(tensor)
+                owners.append((_path, index))
+            return output
+        module.__dict__["forward"] = keeping
+    root = model.forward
+
+    @functools.wraps(root)
+    def returning(*args, **kwargs):
+        kept.clear()
+        owners.clear()
+        calls.clear()
+        output = root(*args, **kwargs)
+        return output, tuple(kept)
+    model.__dict__["forward"] = returning
+    return model, owners
+
+
+_KEPT_OWNERS = "_fxdebug_kept_owners"
+
+
+def _kept_outputs(gm: fx.GraphModule, owners: list[tuple[str, int]]) -> tuple[set, dict]:
+    """``(nodes the model itself returns, {(path, call index): nodes that call returned})``
+    of a graph exported from :func:`_with_every_output_kept`'s copy."""
+    specs = torch_compat.pytree_specs(gm.graph)
+    output = next(node for node in reversed(gm.graph.nodes) if node.op == "output")
+    flat = output.args[0] if isinstance(output.args[0], (tuple, list)) else ()
+    spec = None if specs is None else specs[1]
+    if spec is None or getattr(spec, "num_children", 0) != 2:
+        return set(flat), {}
+    first = spec.child(0) if hasattr(spec, "child") else spec.children_specs[0]
+    returned = set(flat[:first.num_leaves])
+    extras = flat[first.num_leaves:]
+    by_call: dict[tuple[str, int], list] = {}
+    if len(extras) == len(owners):
+        for node, owner in zip(extras, owners):
+            if isinstance(node, fx.Node):
+                by_call.setdefault(owner, []).append(node)
+    return returned, by_call
+
+
+def _drop_kept_outputs(gm: fx.GraphModule) -> None:
+    """The exported graph returns the model's output alone again (see
+    :func:`_with_every_output_kept`); a kept leaf nothing else reads is left for the capture
+    pass, or for dead-code elimination where it captures nothing."""
+    if not torch_compat.keep_first_output(gm.graph):
+        raise TraceFailure(
+            "fxdebug could not take the module outputs it asked torch.export to keep off the "
+            "exported graph's output (this torch's exported graphs return another structure). "
+            "Fix: trace with the fx front end, fxdebug.trace(model) or "
+            "fxdebug.instrument(model) without frontend='export'.",
+            module_path="", module_type=type(gm).__name__, location=None,
+            kind="torch.export output", fix="use the fx front end")
+    gm.recompile()
+
+
 def _explained_export(model: torch.nn.Module, inputs: tuple, kwargs: dict) -> fx.GraphModule:
     """:func:`_export` of a copy of ``model``; a TraceFailure saying where when it fails."""
     name = type(model).__name__
     try:
-        plain = _export(_with_visible_identities(module_tree_copy(model)), inputs, kwargs)
+        copy, owners = _with_every_output_kept(_with_visible_identities(module_tree_copy(model)))
+        plain = _export(copy, inputs, kwargs)
+        plain.meta[_KEPT_OWNERS] = list(owners)
     except Exception as exc:  # any failure of user code under export is explained
         where = (getattr(exc, "fxdebug_location", None)
                  or user_location_in_traceback(exc.__traceback__))
@@ -337,6 +427,7 @@ def export_trace(model: torch.nn.Module, *example_inputs,
             _assign_keys(plain, [path for path, _ in model.named_modules() if path],
                          _output_structures(_scratch_copy(model), tuple(example_inputs),
                                             example_kwargs))
+            _drop_kept_outputs(plain)
     finally:
         before.restore()
     torch_compat.set_graph_tracer_cls(plain.graph, None)  # torch.export's tracer cannot re-trace a pickled copy

@@ -48,7 +48,8 @@ from .export_nodes import (AUTOCAST_NODE_FUNCTIONS, ENTER_AUTOCAST, EXIT_AUTOCAS
 from .fx_internals import (ASSERT_IS_NONE, CODE_ATTR, CODE_ONLY_MODULE,  # noqa: E402
                            GRAPH_MODULE_HOOK_ATTRS, GRAPH_MODULE_SHARED_ATTRS, copy_codegen,
                            custom_builtin_imports, def_line, generated_code, graph_tracer_cls,
-                           lineno_map, pytree_specs, set_graph_tracer_cls)
+                           keep_first_output, lineno_map, pytree_specs,
+                           set_graph_tracer_cls)
 from .module_internals import (BUFFERS_ATTR, CHILDREN_ATTR, DROPOUT_TYPES,  # noqa: E402
                                PARAMETERS_ATTR, forward_hooks_readable, global_module_hook_names,
                                global_module_hooks_owner, has_module_hooks, is_persistent_buffer,
@@ -79,7 +80,8 @@ __all__ = [
     # fx_internals
     "ASSERT_IS_NONE", "CODE_ATTR", "CODE_ONLY_MODULE", "GRAPH_MODULE_HOOK_ATTRS",
     "GRAPH_MODULE_SHARED_ATTRS", "copy_codegen", "custom_builtin_imports", "def_line",
-    "generated_code", "graph_tracer_cls", "lineno_map", "pytree_specs", "set_graph_tracer_cls",
+    "generated_code", "graph_tracer_cls", "keep_first_output", "lineno_map", "pytree_specs",
+    "set_graph_tracer_cls",
     # module_internals
     "share_parameters", "BUFFERS_ATTR", "CHILDREN_ATTR", "DROPOUT_TYPES", "PARAMETERS_ATTR",
     "global_module_hook_names", "global_module_hooks_owner", "has_module_hooks",

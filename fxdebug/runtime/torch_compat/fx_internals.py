@@ -11,8 +11,8 @@ import torch.fx as fx
 
 __all__ = ["ASSERT_IS_NONE", "CODE_ATTR", "CODE_ONLY_MODULE", "GRAPH_MODULE_HOOK_ATTRS",
            "GRAPH_MODULE_SHARED_ATTRS", "copy_codegen", "custom_builtin_imports", "def_line",
-           "generated_code", "graph_tracer_cls", "lineno_map", "pytree_specs",
-           "set_graph_tracer_cls"]
+           "generated_code", "graph_tracer_cls", "keep_first_output", "lineno_map",
+           "pytree_specs", "set_graph_tracer_cls"]
 
 CODE_ONLY_MODULE: type = getattr(fx.graph_module, "_CodeOnlyModule", fx.GraphModule)
 """What ``torch.load`` re-traces a saved GraphModule into (2.9.1, 2.14.1); GraphModule if gone."""
@@ -61,6 +61,32 @@ def pytree_specs(graph: fx.Graph):
     if info is None:
         return None
     return info.in_spec, info.out_spec
+
+
+def keep_first_output(graph: fx.Graph) -> bool:
+    """A graph whose code returns a pair ``(output, extras)`` through a pytree (what
+    ``torch.export`` makes of a forward returning that pair): return ``output`` alone, with
+    its own structure; False (nothing changed) where the graph has no such pair.
+
+    Replaces the out_spec in torch.fx's ``pytree_info`` (a NamedTuple, 2.9.1 and 2.14.1)
+    with its first child; the caller recompiles.
+
+    >>> keep_first_output(fx.symbolic_trace(torch.nn.ReLU()).graph)
+    False
+    """
+    codegen = getattr(graph, "_codegen", None)
+    info = getattr(codegen, "pytree_info", None)
+    spec = getattr(info, "out_spec", None)
+    if spec is None or getattr(spec, "num_children", 0) != 2:
+        return False
+    child = spec.child(0) if hasattr(spec, "child") else spec.children_specs[0]
+    output = next(node for node in reversed(graph.nodes) if node.op == "output")
+    flat = output.args[0]
+    if not isinstance(flat, (tuple, list)) or len(flat) != spec.num_leaves:
+        return False
+    output.args = (tuple(flat[:child.num_leaves]),)
+    codegen.pytree_info = info._replace(out_spec=child)
+    return True
 
 
 def custom_builtin_imports() -> dict[str, str]:
