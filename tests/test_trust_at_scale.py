@@ -276,3 +276,101 @@ def test_cli_exit_status_3_when_keys_could_not_be_compared(tmp_path, capsys):
     report = fxdebug.compare_runs(folder, folder)
     assert report.to_dict()["verdict"] == "INCOMPLETE" and report.to_dict()["compared"] == 0
     assert os.path.isdir(os.path.join(folder, "rank-1"))
+
+
+# -- a tiny HF Llama under a correct TP plan: one key per module call, each assembled once ----
+def _llama_tp(rank, world):
+    from sharded_families import configure, make
+    _quiet()
+    model, inputs = make("llama")
+    truth = hooked(copy.deepcopy(model))
+    twin = copy.deepcopy(model)
+    for name, module in twin.named_modules():  # ground truth: forward hooks, unsharded
+        if name:
+            module.register_forward_hook(lambda m, a, out, name=name: truth.__setitem__(name, out))
+    twin(*inputs)
+    gm = fxdebug.instrument(copy.deepcopy(model))
+    gm(*inputs)
+    unsharded = fxdebug.records(gm)
+    gm = fxdebug.instrument(copy.deepcopy(model).double())
+    gm(*inputs)
+    reference = fxdebug.records(gm)
+    sharded = configure(copy.deepcopy(model), "llama", "tp", world)
+    gm = fxdebug.instrument(sharded)
+    gm(*inputs)
+    rec = fxdebug.records(gm)
+    live = fxdebug.compare_runs(unsharded, rec, reference=reference)  # a collective
+    errors = {}
+    for key in ("model.layers.0.self_attn.q_proj", "model.layers.0.mlp.gate_proj",
+                "model.layers.1.mlp.up_proj"):  # one a DTensor, two inside traced parts
+        errors[key] = (rec.record(key).placement.text,
+                       float((rec.full(key) - truth[key]).abs().max()))
+    return _summary(live), unsharded.keys(), errors
+
+
+def test_llama_under_tensor_parallelism_compares_every_key_and_full_values_are_whole():
+    pytest.importorskip("transformers")
+    for found, keys, errors in on_ranks(_llama_tp, 2, timeout=300):
+        assert found["ok"] and found["verdict"] == "EQUAL" and found["complete"], found["first"]
+        assert [k for k, *_ in found["entries"]] == keys  # the same keys, whatever the front end
+        assert "model.layers.0.self_attn/1" in keys  # attention weights the caller ignores
+        for key, (placement, error) in errors.items():  # ColwiseParallel: shards along dim 2
+            assert placement.startswith("S(2)@") and error <= 1e-5, (key, placement, error)
+
+
+# -- every error's "Fix" is one the user can do: each fix called as it says -----------------
+def _fixes_that_work(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    _quiet()
+    said = {}
+    torch.manual_seed(0)
+    original = Net()
+    x = torch.randn(2, 4, D, generator=torch.Generator().manual_seed(1 + rank))  # own batches
+    # 1. export refuses an FSDP2 model; its fix: the default front end
+    model = copy.deepcopy(original)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    with pytest.raises(fxdebug.FxdebugError) as refused:
+        fxdebug.trace(model, x, frontend="export")
+    said["export"] = str(refused.value)
+    gm = fxdebug.instrument(model)  # what the fix says
+    torch.testing.assert_close(gm(x), copy.deepcopy(original)(x))
+    # 2. full() of a local tensor whose ranks differ; fixes: compare_runs against the unsharded
+    #    run, or use_local_output=False so the output is a DTensor
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    same = torch.randn(2, 4, D, generator=torch.Generator().manual_seed(7))  # every rank
+    key = "blocks.0.fc1"
+    plan = {"blocks.0.fc1": ColwiseParallel(), "blocks.0.fc2": RowwiseParallel()}
+    local = fxdebug.instrument(parallelize_module(copy.deepcopy(original), mesh, plan),
+                               capture="all")
+    local(same)
+    rec = fxdebug.records(local)
+    relu = next(k for k in rec.keys() if k.startswith("blocks.0") and "relu" in k)
+    with pytest.raises(fxdebug.FxdebugError) as differ:
+        rec.full(relu)  # ColwiseParallel's local output, through relu: each rank its half
+    said["full"] = str(differ.value)
+    gm = fxdebug.instrument(copy.deepcopy(original), capture="all")
+    gm(same)
+    report = fxdebug.compare_runs(fxdebug.records(gm), rec)  # fix 1, as the error says
+    entry = next(e for e in report.entries if e.key == relu)
+    fixed = {"blocks.0.fc1": ColwiseParallel(use_local_output=False),
+             "blocks.0.fc2": RowwiseParallel()}
+    dtensor = fxdebug.instrument(parallelize_module(copy.deepcopy(original), mesh, fixed))
+    dtensor(same)
+    whole = fxdebug.records(dtensor).full(key)  # fix 2, as the error says
+    expected = copy.deepcopy(original).blocks[0].fc1(
+        copy.deepcopy(original).blocks[0].norm(same))
+    return said, (entry.status, entry.layout), float((whole - expected).abs().max())
+
+
+def test_each_fix_an_error_gives_works_when_called_as_it_says():
+    for said, (status, layout), error in on_ranks(_fixes_that_work, 2, timeout=300):
+        assert "Fix: leave frontend at its default: fxdebug.instrument(model)" in said["export"]
+        assert "fxdebug.compare_runs(unsharded_records, records)" in said["full"]
+        assert "use_local_output=False" in said["full"]
+        assert status in ("equal", "close") and layout == "S(2)", (status, layout)
+        assert error <= 1e-5
