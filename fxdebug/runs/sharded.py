@@ -320,8 +320,8 @@ class ShardedRecord(Record):
                 return None
             value, summary = found.value, None
         elif other.summary is not None or other.value is None:
-            summaries = {r: p.summary for r, p in self.pieces.items()}
-            if other.value is not None or any(s is None for s in summaries.values()) \
+            summaries = {r: p.summary for r, p in self.pieces.items() if p.summary is not None}
+            if other.value is not None or len(summaries) < len(self.pieces) \
                     or self.plan.placements:
                 return None
             target = other.stats

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -142,7 +142,7 @@ def _checks(units: list[tuple[int, torch.Tensor]], target: torch.Tensor,
         if sum(sizes) != target.shape[dim]:
             return None
         targets = list(torch.split(target, sizes, dim=dim))
-    found = []
+    found: list[tuple[tuple[int, ...], torch.Tensor, torch.Tensor]] = []
     for child, part in zip(children, targets):
         if len(levels) == 1:
             rank, value = child[0]
@@ -236,7 +236,7 @@ def resolve(pieces: dict[int, torch.Tensor], target: torch.Tensor, rtol: float |
 
 # -- statistics -----------------------------------------------------------------------------
 def resolve_stats(summaries: dict[int, torch.Tensor], target,
-                  close: Callable[[object, object], bool], stats_of, combine) -> tuple[
+                  close: Callable[[Any, Any], bool], stats_of, combine) -> tuple[
                       str, bool, torch.Tensor, tuple[int, ...]] | None:
     """Statistics mode: ``(layout, ok, summary, failing ranks)``. Layouts: ``R`` (every rank's
     statistics are the other run's) or ``S`` (the ranks' values are parts of one tensor: their

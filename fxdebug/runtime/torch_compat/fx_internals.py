@@ -5,6 +5,7 @@ the code generator, the tracer class, and the guards symbolic tracing inserts.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -74,10 +75,10 @@ def keep_first_output(graph: fx.Graph) -> bool:
     >>> keep_first_output(fx.symbolic_trace(torch.nn.ReLU()).graph)
     False
     """
-    codegen = getattr(graph, "_codegen", None)
-    info = getattr(codegen, "pytree_info", None)
+    codegen: Any = getattr(graph, "_codegen", None)
+    info: Any = getattr(codegen, "pytree_info", None)
     spec = getattr(info, "out_spec", None)
-    if spec is None or getattr(spec, "num_children", 0) != 2:
+    if codegen is None or info is None or spec is None or getattr(spec, "num_children", 0) != 2:
         return False
     child = spec.child(0) if hasattr(spec, "child") else spec.children_specs[0]
     output = next(node for node in reversed(graph.nodes) if node.op == "output")
