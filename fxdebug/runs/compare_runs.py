@@ -183,8 +183,9 @@ class RunComparison(Report):
             else:
                 errors = [format_error(entry.max_abs) if compared else "-",
                           format_error(entry.max_rel) if compared else "-"]
+            status = STATUS_TEXT[entry.status] + (f" ({entry.layout})" if entry.layout else "")
             row = [("grad " if entry.section == "grad" else "") + entry.key, entry.op,
-                   STATUS_TEXT[entry.status], *errors, entry.shape, entry.location or "-"]
+                   status, *errors, entry.shape, entry.location or "-"]
             if self.rounding is not None:
                 row.insert(5, "-" if entry.rounding is None else
                            f"{'BEYOND ' if entry.beyond_rounding else ''}{entry.rounding:.2g} eps")
@@ -248,6 +249,10 @@ class RunComparison(Report):
                                + ("left",) * 2))
         summary = ", ".join(f"{counts[s]} {t}" for s, t in STATUS_TEXT.items() if s in counts)
         lines.append(f"keys: {summary or 'none'}")
+        if any(entry.layout for entry in self.entries + self.grad_entries):
+            lines += ["(layout): placement unknown, the layout that held against the other run:",
+                      "  R whole on every rank, S(d) joined along dim d, P summed, A x B: A",
+                      "  across groups of ranks, B inside each"]
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
