@@ -374,3 +374,22 @@ def test_each_fix_an_error_gives_works_when_called_as_it_says():
         assert "use_local_output=False" in said["full"]
         assert status in ("equal", "close") and layout == "S(2)", (status, layout)
         assert error <= 1e-5
+
+
+def test_a_failure_inside_torch_fx_gives_fixes_that_work_on_a_hf_model():
+    pytest.importorskip("transformers")
+    from sharded_families import make, output_tensor
+    with warnings.catch_warnings():
+        _quiet()
+        model, inputs = make("llama")
+        expected = output_tensor(model(*inputs))
+        with pytest.raises(fxdebug.TraceFailure) as failed:
+            fxdebug.trace(model)  # a decorated forward torch.fx cannot rebuild: no user line
+        text = str(failed.value)
+        assert "Rewrite the statement" not in text and "inside torch.fx" in text
+        assert "frontend='export'" in text and "fxdebug.instrument(model)" in text
+        exported = fxdebug.trace(model, *inputs, frontend="export")  # the first fix
+        torch.testing.assert_close(output_tensor(exported(*inputs)), expected)
+        gm = fxdebug.instrument(model)  # the second
+        torch.testing.assert_close(output_tensor(gm(*inputs)), expected)
+        assert "model.layers.0.self_attn/1" in fxdebug.records(gm).keys()

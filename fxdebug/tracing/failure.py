@@ -142,6 +142,17 @@ def _eager_fix(model: torch.nn.Module, code: str) -> str:
     return advice
 
 
+def _not_in_the_model_fix(model: torch.nn.Module) -> str:
+    """The fix where torch.fx failed in no line of the model (its own machinery refused the
+    forward, e.g. a decorated forward whose code object it cannot rebuild)."""
+    advice = ("the failure is inside torch.fx, not in a line of the model: trace it with "
+              "torch.export instead, fxdebug.trace(model, *example_inputs, frontend='export')")
+    if next(model.children(), None) is not None:
+        advice += ("; or call fxdebug.instrument(model) as it is: it runs the root forward "
+                   "eagerly and instruments its submodules")
+    return advice
+
+
 def explain_failure(exc: BaseException, model: torch.nn.Module, scope: tuple[str, ...],
                     auto_leaves: tuple[tuple[str, str], ...],
                     condition: fx.Node | None = None) -> TraceFailure:
@@ -181,9 +192,12 @@ def explain_failure(exc: BaseException, model: torch.nn.Module, scope: tuple[str
     if code in ("context", "attribute") and not module_path:
         fixes.append(_eager_fix(model, code))
     if code == "other" and not module_path:
-        fixes.append("or rewrite the statement with tensor operations")
+        fixes.append("or rewrite the statement with tensor operations" if statement else
+                     _not_in_the_model_fix(model))
     fixes = [f[3:] if f.startswith("or ") else f for f in fixes]
-    fix = "; or ".join(fixes) if fixes else "rewrite the statement with tensor operations"
+    fix = "; or ".join(fixes) if fixes else (
+        "rewrite the statement with tensor operations" if statement else
+        _not_in_the_model_fix(model))
     fix = fix[0].upper() + fix[1:] + "."
 
     who = f"module {module_path!r} ({module_type})" if module_path else f"the root module ({type(model).__name__})"
