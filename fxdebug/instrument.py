@@ -15,8 +15,8 @@ Call tree::
       ├─ passes.EagerRegions(...)          leaf modules called as one node (auto-leaves,
       │                                    TransformerEncoder): capture inside them too
       ├─ user passes                       run in the order given
-      │                                    (all by passes.run_passes: lint after each,
-      │                                    a failure named)
+      │                                    (all by passes.run_passes: lint after each
+      │                                    that may have changed the graph, a failure named)
       └─ recompile()                       once, after every pass
     gm(x)                                  begin_run, then every capture node
     torch.compile(gm)(x)                   the same nodes as custom ops in the compiled

@@ -17,7 +17,8 @@ failing pass is named the same way everywhere::
            │    ├─ requires(gm)         torch's PassBase protocol
            │    ├─ call(gm) -> run(gm)  the rewrite, in place
            │    └─ ensures(gm)
-           ├─ graph.lint()
+           ├─ graph.lint()            skipped after one of fxdebug's own passes that
+           │                          changed nothing (the graph linted already)
            ├─ after_each(pass, result)  the caller's step: recompile, snapshot, check
            └─ an exception: a note naming the pass, the node key and the user's
               file:line where known, and the passes before it
@@ -220,12 +221,15 @@ def run_passes(gm: fx.GraphModule, passes: Iterable,
     """
     ran: list[str] = []
     modified = False
+    linted: fx.Graph | None = None  # the graph as the last lint saw it (unchanged since)
     for step in passes:
         step = as_pass(step)
         try:
             result = step.apply(gm)
             gm = result.graph_module
-            gm.graph.lint()
+            if result.modified or gm.graph is not linted or not _exact_modified(step):
+                gm.graph.lint()
+                linted = gm.graph
             if after_each is not None:
                 after_each(step, result)
         except Exception as exc:
@@ -235,6 +239,15 @@ def run_passes(gm: fx.GraphModule, passes: Iterable,
         ran.append(step.name)
         modified = modified or result.modified
     return PassResult(gm, modified)
+
+
+def _exact_modified(step: Pass) -> bool:
+    """Whether ``step``'s own class says its ``modified`` is exact (``exact_modified = True``
+    in its class body: fxdebug's capture, grads and eager_regions passes; a subclass says it
+    again or is linted), so a graph it reports unchanged is the graph linted before it."""
+    cls = type(step)
+    return (vars(cls).get("exact_modified") is True and cls.apply is Pass.apply
+            and cls.call is Pass.call)
 
 
 def pass_failure_note(exc: BaseException, pass_name: str, gm: fx.GraphModule,

@@ -62,6 +62,7 @@ class Capture(Pass):
     """
 
     name = "capture"
+    exact_modified = True  # run() returns False only where it changed nothing (base.run_passes)
 
     def __init__(self, capture="modules", depth=None, include=None, exclude=None,
                  mode: str = "tensor") -> None:

@@ -67,6 +67,7 @@ class EagerRegions(Pass):
     """
 
     name = "eager_regions"
+    exact_modified = True  # run() returns False only where it changed nothing (base.run_passes)
 
     def __init__(self, capture="modules", depth=None, include=None, exclude=None,
                  grads: bool = False, mode: str = "tensor") -> None:

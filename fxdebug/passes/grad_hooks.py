@@ -44,6 +44,7 @@ class GradHooks(Pass):
     """
 
     name = "grads"
+    exact_modified = True  # run() returns False only where it changed nothing (base.run_passes)
 
     def __init__(self, capture="modules", depth=None, include=None, exclude=None,
                  mode: str = "tensor") -> None:

@@ -37,7 +37,7 @@ from ..tables.fit_to_width import fit_table, table_width
 from ..tables.report import Report
 from ..tracing.keys import META_PROVENANCE
 from .html import diff_html
-from .tabular import COLUMNS, NodeRef, NodeView, node_views
+from .tabular import COLUMNS, NodeView, node_views
 
 __all__ = ["diff", "GraphDiff", "DiffRow", "GraphSnapshot", "GraphChangedError", "snapshot"]
 
@@ -260,8 +260,8 @@ def diff(before, after) -> GraphDiff:
         parts = view.args_parts if field == "args" else view.kwargs_parts
         if "".join(parts) != text:  # a view built by hand, without pieces: compare as is
             return text
-        return "".join(renamed.get(part, part) if isinstance(part, NodeRef) else part
-                       for part in parts)
+        return "".join(renamed.get(part, part) if index % 2 else part  # odd: a node's name
+                       for index, part in enumerate(parts))
 
     rows: list[DiffRow] = []
     emitted: set[str] = set()

@@ -26,7 +26,8 @@ from ..tables.fit_to_width import fit_table, table_width
 from ..tracing.keys import META_PASS, META_SOURCE, module_path, node_key, target_name
 from ..runtime.formatting import dtype_text, format_location, shape_text
 
-__all__ = ["NodeView", "NodeRef", "node_views", "render_parts", "tabular", "print_tabular"]
+__all__ = ["NodeView", "NodeRef", "node_views", "render_parts", "split_parts", "tabular",
+           "print_tabular"]
 
 COLUMNS = ("key", "opcode", "name", "target", "args", "kwargs", "shape", "dtype", "module",
            "source", "pass")
@@ -49,7 +50,7 @@ class NodeView:
     module: str
     source: str
     pass_name: str
-    # args / kwargs in pieces, node names as NodeRef (see render_parts); what diff renames
+    # args / kwargs in pieces, text and node names in turn (see split_parts): what diff renames
     args_parts: tuple[str, ...] = dataclasses.field(default=(), compare=False, repr=False)
     kwargs_parts: tuple[str, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
@@ -77,6 +78,31 @@ def render_parts(value: Any) -> tuple[str, ...]:
     """
     out: list[str] = []
     _parts(value, out)
+    return tuple(out)
+
+
+def split_parts(value: Any) -> tuple[str, ...]:
+    """:func:`render_parts` as plain strings, text and node names in turn: the pieces at odd
+    indices are node names, those at even indices the text between them (perhaps "").
+
+    Plain ``str`` in a plain tuple: the garbage collector stops tracking such a tuple, where
+    each :class:`NodeRef` is an object it tracks (a diff of 10k-node graphs kept 70k of them).
+
+    >>> gm = torch.fx.symbolic_trace(torch.nn.ReLU())
+    >>> x = next(iter(gm.graph.nodes))
+    >>> split_parts((x, "x"))
+    ('(', 'input_1', ", 'x')")
+    """
+    out: list[str] = []
+    text: list[str] = []
+    for part in render_parts(value):
+        if type(part) is NodeRef:
+            out.append("".join(text))
+            out.append(str.__str__(part))
+            text.clear()
+        else:
+            text.append(part)
+    out.append("".join(text))
     return tuple(out)
 
 
@@ -199,8 +225,8 @@ def node_views(gm: fx.GraphModule, *inputs) -> list[NodeView]:
     for node in gm.graph.nodes:
         source = node.meta.get(META_SOURCE)
         shape, dtype = shapes.get(node, ("-", "-"))
-        args = render_parts(node.args)
-        kwargs = render_parts(node.kwargs) if node.kwargs else ()
+        args = split_parts(node.args)
+        kwargs = split_parts(node.kwargs) if node.kwargs else ()
         key = (node.op, node.target)
         try:
             target = targets[key]

@@ -63,7 +63,10 @@ def matches(key: str, pattern: str) -> bool:
 
 
 def candidates(gm: fx.GraphModule, every_node: bool) -> list[Target]:
-    """Module outputs (and with ``every_node`` every value node), in graph order."""
+    """Module outputs (and with ``every_node`` every value node), in graph order.
+
+    ``candidates(gm, False)`` is ``[t for t in candidates(gm, True) if t.is_module]``.
+    """
     by_name = {node.name: node for node in gm.graph.nodes}
     modules = dict(gm.named_modules(remove_duplicate=False))
     found: list[Target] = []
@@ -155,7 +158,8 @@ def select(gm: fx.GraphModule, capture="modules", depth: int | None = None,
     if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 0):
         raise SelectionError(f"depth must be a non-negative int or None, got {depth!r}.")
     everything = candidates(gm, every_node=True)
-    modules = candidates(gm, every_node=False)
+    # candidates(gm, every_node=False), without walking the graph again: the same targets
+    modules = [target for target in everything if target.is_module]
     if not modules:  # no submodule: the model's own output stands for its modules
         modules = root_output(gm)
         everything = everything + modules
