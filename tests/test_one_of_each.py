@@ -39,6 +39,8 @@ OTHER_WALKS = {
     ("hazards/lint.py", "_discover"): "the autograd graph (grad_fn.next_functions)",
     ("tracing/torch_caches.py", "_holds"): "torch's caches, sets included, by identity",
     ("tracing/torch_caches.py", "_replace_in"): "torch's caches, edited in place",
+    ("tracing/fx_tracer.py", "create_arg"): "torch.fx's own Tracer.create_arg, whose override "
+                                             "recurses through self.create_arg as fx does",
 }
 
 

@@ -60,7 +60,7 @@ from typing import Any, Iterator
 import torch
 
 from ..runtime.torch_compat import global_module_hook_names, global_module_hooks_owner
-from ..runtime.torch_compat import tensor_version
+from ..runtime.torch_compat import BUFFERS_ATTR, CHILDREN_ATTR, PARAMETERS_ATTR, tensor_version
 
 __all__ = ["ModelSnapshot", "model_transaction", "MAX_HOPS", "MAX_OBJECTS"]
 
@@ -286,13 +286,13 @@ class ModelSnapshot:
                     continue
                 paths[id(module)] = path
                 children = [(child, f"{path}.{name}" if path else str(name))
-                            for name, child in self._saved_items(module, "_modules")
+                            for name, child in self._items_as_taken(module, CHILDREN_ATTR)
                             if isinstance(child, torch.nn.Module)]
                 stack.extend(reversed(children))
             self._paths = paths
         return self._paths
 
-    def _saved_items(self, owner: object, attribute: str) -> list:
+    def _items_as_taken(self, owner: object, attribute: str) -> list:
         """The items of ``owner.<attribute>`` (a dict) as taken."""
         record = self._objects.get(id(owner))
         registry = None if record is None else record[3].get(attribute)
@@ -304,8 +304,8 @@ class ModelSnapshot:
         found: set[int] = set()
         for key in self._module_paths():
             module = self._objects[key][0]
-            for attribute in ("_parameters", "_buffers"):
-                found.update(id(tensor) for _, tensor in self._saved_items(module, attribute)
+            for attribute in (PARAMETERS_ATTR, BUFFERS_ATTR):
+                found.update(id(tensor) for _, tensor in self._items_as_taken(module, attribute)
                              if isinstance(tensor, torch.Tensor))
         return found
 
