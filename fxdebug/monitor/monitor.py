@@ -141,7 +141,7 @@ class Monitor:
                 return plain(*args, **kwargs)
             return self._logged_forward(args, kwargs)
 
-        target.forward = forward  # type: ignore[method-assign]
+        target.forward = forward
         self._attached = True
 
     # -- steps -------------------------------------------------------------------------------
@@ -207,16 +207,16 @@ class Monitor:
                 names.append(name)
                 rows.append(summary)
                 pooled.append(True)  # activations: each rank holds its part of the batch
-            for key, params in self._parameters:
+            for key, own in self._parameters:
                 names.append(slot(key, "param"))
-                rows.append(_pooled_summary([p.detach() for p in params]))
-                pooled.append(_sharded(params))
-                grads = [p.grad.detach() for p in params if p.grad is not None]
+                rows.append(_pooled_summary([p.detach() for p in own]))
+                pooled.append(_sharded(own))
+                grads = [p.grad.detach() for p in own if p.grad is not None]
                 if grads:
                     names.append(slot(key, "param_grad"))
                     rows.append(_pooled_summary(grads))
-                    pooled.append(_sharded(params))
-                copies.append((key, [p.detach().clone() for p in params]))
+                    pooled.append(_sharded(own))
+                copies.append((key, [p.detach().clone() for p in own]))
             if isinstance(loss, torch.Tensor) and "loss" not in self._modules:
                 names.append(slot("loss", "out"))
                 rows.append(summarize_moments(loss.detach()))
@@ -272,7 +272,7 @@ class Monitor:
         if self._own_forward is _MISSING:
             target.__dict__.pop("forward", None)
         else:
-            target.forward = self._own_forward  # type: ignore[method-assign]
+            target.forward = self._own_forward
         if self._folder is not None:
             self._folder.close()
         self._runs, self._folded, self._pending_update = [], {}, None
