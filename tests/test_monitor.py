@@ -241,6 +241,8 @@ def test_errors_say_what_to_pass():
         fxdebug.monitor(net, writer="runs/tb")
     with pytest.raises(FxdebugError, match="no manifest.json"):
         fxdebug.load_series(os.path.dirname(__file__))
+    from fxdebug.cli import main
+    assert main(["series", os.path.dirname(__file__)]) == 2  # trouble: not a monitor's folder
 
 
 def test_a_torn_last_line_is_skipped_and_a_resumed_run_appends(tmp_path):

@@ -4,7 +4,8 @@
 
     runs/series/
       manifest.json        {"format": "fxdebug-series", "version": 1, "columns": [...10],
-                            "every": 100, "start": 0, "end": null, "world": 2}
+                            "every": 100, "start": 0, "end": null, "loss": "loss",
+                            "world": 2}    ("loss": the key of step(loss)'s loss, if any)
       rank-0.jsonl         this rank's own statistics (its part of the batch)
       rank-1.jsonl
       global.jsonl         the global batch's (ranks merged), written by the group's first

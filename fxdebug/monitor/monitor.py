@@ -125,7 +125,8 @@ class Monitor:
         self._folder = None if folder is None else SeriesFolder(
             folder, rank=self._ranks.rank if self._ranks else 0,
             world=self._ranks.size if self._ranks else 1,
-            config={"every": every, "start": start, "end": end},
+            config={"every": every, "start": start, "end": end,
+                    "loss": None if "loss" in self._modules else "loss"},
             first=self._ranks is None or self._ranks.slot == 0)
         self._runs: list = []  # Records of this logged step's forwards, not yet summarized
         self._folded: dict[str, torch.Tensor] = {}  # name -> moment summary, forwards merged

@@ -149,7 +149,8 @@ class Series:
               kinds: tuple[str, ...] = ("out", "param"), rank: int | None = None,
               limit: int | None = 10) -> DriftReport:
         """The keys whose ``stat`` moved most between the first and the last of the latest
-        ``window`` logged steps (None: all), as a factor last / first."""
+        ``window`` logged steps (None: all), as a factor last / first. The loss that
+        ``step(loss)`` recorded is no module and is left out."""
         if window is not None and (not isinstance(window, int) or window < 2):
             raise FxdebugError(f"fxdebug.load_series: drift(window=) takes at least 2 logged "
                                f"steps, or None for all; got {window!r}.")
@@ -158,11 +159,12 @@ class Series:
         if window is not None:
             steps = steps[-window:]
         series: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        loss = self.manifest.get("loss")
         for step in steps:
             rows = source[step]
             for name, row in rows.items():
                 key, kind = split_slot(name)
-                if kind in kinds:
+                if kind in kinds and key != loss:
                     value = derived(row)[stat]
                     series.setdefault((key, kind), []).append((step, value))
         return DriftReport(folder=self.folder, stat=stat, rank=rank,
