@@ -49,6 +49,8 @@ _LAZY = {
     **dict.fromkeys(("Record", "Records", "Stats"), "fxdebug.runtime"),
     **dict.fromkeys(("PartialReport", "part_inputs", "traced_parts"), "fxdebug.partial"),
     "trace": "fxdebug.frontend",
+    "monitor": "fxdebug.monitor.monitor",
+    **dict.fromkeys(("Monitor", "load_series", "Series", "DriftReport"), "fxdebug.monitor"),
 }
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs (tests/test_api.py
@@ -82,6 +84,8 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs (tests/
     from .frontend import trace
     from .partial import PartialReport, part_inputs, traced_parts
     from .tracing import keys
+    from .monitor.monitor import monitor
+    from .monitor import DriftReport, Monitor, Series, load_series
 
 
 def __getattr__(name: str) -> Any:
@@ -103,14 +107,15 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """``import fxdebug.instrument`` (the submodule) must not hide the function ``instrument``.
+    """``import fxdebug.instrument`` (the submodule) must not hide the function ``instrument``
+    (nor ``import fxdebug.monitor`` the function ``monitor``).
 
     Importing a submodule sets it as an attribute of the package; the eager imports this
     package had before overwrote it with the function, and this keeps it that way lazily.
     """
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "instrument" and isinstance(value, types.ModuleType):
+        if name in ("instrument", "monitor") and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)
 
@@ -130,6 +135,11 @@ __all__ = [
     "save_records",
     "load_records",
     "SavedRecords",
+    "monitor",
+    "Monitor",
+    "load_series",
+    "Series",
+    "DriftReport",
     "compare_runs",
     "RunComparison",
     "Records",

@@ -32,9 +32,10 @@ STAGES = {
     "fxdebug.pass_manager": 13,
     "fxdebug.testing": 13,
     "fxdebug.analysis": 13,
-    "fxdebug.cli": 14,
-    "fxdebug.__main__": 15,
-    "fxdebug": 15,
+    "fxdebug.monitor": 14,
+    "fxdebug.cli": 15,
+    "fxdebug.__main__": 16,
+    "fxdebug": 16,
 }
 MAX_LINES = 600
 

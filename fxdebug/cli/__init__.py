@@ -13,7 +13,8 @@
       ├─ lint.py        lint_inplace -> in-place writes that break autograd
       ├─ dump.py        dump -> a folder with module.py, run.py, weights
       ├─ debug.py       a dump folder's run.py under pdb, stopping at --break KEYS
-      └─ compare.py     compare_runs on two saved runs -> the first divergent key
+      ├─ compare.py     compare_runs on two saved runs -> the first divergent key
+      └─ series.py      load_series(FOLDER).drift() -> the keys a monitor saw drift most
     _common.py holds the options and messages the subcommands share.
 
 Exit status, as ``diff`` and ``cmp``: 0 when everything agrees (or nothing was
@@ -48,7 +49,7 @@ __all__ = ["main"]
 # Subcommands, in the order ``fxdebug --help`` lists them.
 TROUBLE = 2  # the exit status of an error, as diff and cmp: 1 means "found a difference"
 COMMANDS = ("summary", "report", "passes", "check", "nonfinite", "lint", "dump", "debug",
-            "compare")
+            "compare", "series")
 
 
 def _parser() -> argparse.ArgumentParser:

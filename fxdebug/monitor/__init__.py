@@ -1,0 +1,22 @@
+"""Statistics of every selected module over training steps, on disk, across ranks.
+
+::
+
+    monitor.py     fxdebug.monitor(model, every=N, ...): the monitor you leave on; step(loss)
+    selection.py   select= by module-name pattern and module class
+    statistics.py  the stats of a moment summary and their names <key>.<kind>.<stat>
+    folder.py      the series folder: a JSON-lines file per rank, global lines, a manifest
+    sinks.py       a TensorBoard SummaryWriter, any callable
+    series.py      fxdebug.load_series(folder): .keys(), .get(key, stat, kind, rank), .drift()
+    drift.py       DriftReport: the keys that moved most over a window
+
+The statistics are moment summaries (:mod:`fxdebug.runtime.stats_moments`); their
+reduction over ranks is :mod:`fxdebug.distributed.summaries`.
+"""
+
+from .drift import DriftReport
+from .monitor import Monitor, monitor
+from .series import Series, load_series
+from .statistics import KINDS, STATS
+
+__all__ = ["monitor", "Monitor", "load_series", "Series", "DriftReport", "KINDS", "STATS"]

@@ -1,0 +1,98 @@
+"""Summaries with a third and fourth moment: what the training monitor merges across steps and ranks.
+
+A *moment summary* is the 8 numbers of :func:`fxdebug.runtime.stats.summarize`
+followed by two more, ten float64 numbers on the tensor's device::
+
+    count, mean, M2, min, max, zeros, non-finite, numel, M3, M4
+
+``M3`` and ``M4`` are the sums of the cubed and fourth powers of the deviations
+from the mean, over the finite values (kurtosis is ``count * M4 / M2**2``). The
+first eight are :func:`~fxdebug.runtime.stats.summarize`'s own, unchanged, so an
+8-number summary (stats mode, saved runs) stays what it was; :func:`combine_moments`
+merges two moment summaries exactly (Pébay's formulas, as Chan's for ``M2``), so
+the statistics of several micro-batches or ranks are those of their values
+together. Nothing is read back to the host here (the CPU's 8-number summary
+aside, which reads as it goes).
+
+>>> s = summarize_moments(torch.tensor([1.0, 2.0, 3.0, 10.0]))
+>>> [round(v, 4) for v in s.tolist()]
+[4.0, 4.0, 50.0, 1.0, 10.0, 0.0, 0.0, 4.0, 180.0, 1394.0]
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .stats import combine, summarize
+
+__all__ = ["MOMENT_COLUMNS", "summarize_moments", "combine_moments"]
+
+MOMENT_COLUMNS = ("count", "mean", "m2", "min", "max", "zeros", "nonfinite", "numel", "m3", "m4")
+"""The ten numbers of a moment summary, in order."""
+
+_CHUNK = 1 << 22  # values turned into float64 at a time (bounds the extra memory)
+
+
+def summarize_moments(tensor: torch.Tensor) -> torch.Tensor:
+    """The moment summary of ``tensor``: a float64 tensor of 10 on its device.
+
+    A DTensor gives its local piece's, as :func:`~fxdebug.runtime.stats.summarize`.
+
+    >>> [round(v, 4) for v in summarize_moments(torch.tensor([0.0, 2.0])).tolist()]
+    [2.0, 1.0, 2.0, 0.0, 2.0, 1.0, 0.0, 2.0, 0.0, 2.0]
+    """
+    to_local = getattr(tensor, "to_local", None)
+    if to_local is not None and hasattr(tensor, "placements"):
+        tensor = to_local()
+    tensor = tensor.detach()
+    base = summarize(tensor)
+    values = tensor
+    if values.is_complex():
+        values = values.abs()
+    plain = values.layout == torch.strided and not values.is_quantized and not values.is_meta
+    if not plain or values.numel() == 0:
+        nan = torch.full((2,), float("nan"), dtype=torch.float64, device=base.device)
+        return torch.cat([base, nan])
+    flat = values.reshape(-1)
+    mean = base[1].to(flat.device)
+    m3 = torch.zeros((), dtype=torch.float64, device=flat.device)
+    m4 = torch.zeros((), dtype=torch.float64, device=flat.device)
+    for begin in range(0, flat.numel(), _CHUNK):
+        part = flat[begin:begin + _CHUNK].to(torch.float64)
+        deviation = torch.where(torch.isfinite(part), part - mean, 0.0)
+        squared = deviation * deviation
+        m3 = m3 + (squared * deviation).sum()
+        m4 = m4 + (squared * squared).sum()
+    return torch.cat([base, torch.stack([m3, m4]).to(base.device)])
+
+
+def combine_moments(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """The moment summary of two tensors' values together (rows of stacked summaries merge too).
+
+    >>> a, b = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 10.0])
+    >>> both = combine_moments(summarize_moments(a), summarize_moments(b))
+    >>> whole = summarize_moments(torch.cat([a, b]))
+    >>> torch.allclose(both, whole)
+    True
+    """
+    second = second.to(first.device)
+    base = combine(first[..., :8], second[..., :8])
+    n_a, n_b = first[..., 0], second[..., 0]
+    n = (n_a + n_b).clamp(min=1)
+    some_a, some_b = n_a > 0, n_b > 0
+    mean_a = torch.where(some_a, first[..., 1], 0.0)
+    mean_b = torch.where(some_b, second[..., 1], 0.0)
+    m2_a = torch.where(some_a, first[..., 2], 0.0)
+    m2_b = torch.where(some_b, second[..., 2], 0.0)
+    m3_a = torch.where(some_a, first[..., 8], 0.0)
+    m3_b = torch.where(some_b, second[..., 8], 0.0)
+    m4_a = torch.where(some_a, first[..., 9], 0.0)
+    m4_b = torch.where(some_b, second[..., 9], 0.0)
+    delta = mean_b - mean_a
+    d2 = delta * delta
+    m3 = (m3_a + m3_b + d2 * delta * n_a * n_b * (n_a - n_b) / (n * n)
+          + 3.0 * delta * (n_a * m2_b - n_b * m2_a) / n)
+    m4 = (m4_a + m4_b + d2 * d2 * n_a * n_b * (n_a * n_a - n_a * n_b + n_b * n_b) / (n * n * n)
+          + 6.0 * d2 * (n_a * n_a * m2_b + n_b * n_b * m2_a) / (n * n)
+          + 4.0 * delta * (n_a * m3_b - n_b * m3_a) / n)
+    return torch.cat([base, torch.stack([m3, m4], dim=-1)], dim=-1)
