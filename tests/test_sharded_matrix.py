@@ -102,24 +102,22 @@ def _check(family: str, world: int, per_rank: list[dict]) -> None:
             assert zoo.bug_named(family, bug, found) == "", (family, config, bug, found[0])
 
 
-def _run(family: str, world: int) -> None:
+def _run(family: str, world: int, folder: str) -> None:
     jobs = [(c, bugs) for c, bugs in TESTED[family] if zoo.WORLD[c] == world]
     if not jobs:
         return
     if family in families.HF:
         pytest.importorskip("transformers")
     pytest.importorskip("timm" if family in ("mixer", "vit") else "torchvision")
-    import tempfile
-    folder = tempfile.mkdtemp(prefix=f"fxdebug-matrix-{family}-")
     _check(family, world, on_ranks(zoo.family_rows, world, family, jobs, folder, timeout=400))
 
 
 @pytest.mark.parametrize("family", list(TESTED))
-def test_two_ranks(family):
-    _run(family, 2)
+def test_two_ranks(family, tmp_path):
+    _run(family, 2, str(tmp_path))
 
 
 @pytest.mark.parametrize("family", [f for f, jobs in TESTED.items()
                                     if any(zoo.WORLD[c] == 4 for c, _ in jobs)])
-def test_four_ranks(family):
-    _run(family, 4)
+def test_four_ranks(family, tmp_path):
+    _run(family, 4, str(tmp_path))
