@@ -27,7 +27,8 @@ from ranks import on_ranks
 
 # family -> [(configuration, planted bugs)]; world from zoo.WORLD
 TESTED = {
-    "llama": [("tp", ("all_reduce", "norm", "eps")), ("tp_hf", ()), ("fsdp_bf16", ())],
+    "llama": [("tp", ("all_reduce", "norm", "eps")), ("tp_hf", ()), ("fsdp_bf16", ()),
+              ("fsdp_tp", ("scaled",))],
     "gpt2": [("fsdp", ("norm",))],
     "qwen2": [("tp_hf", ("all_reduce",))],
     "mixer": [("fsdp", ("scaled", "eps")), ("fsdp_bf16", ()), ("tp", ("col_for_row", "scaled")),
@@ -38,7 +39,7 @@ TESTED = {
 
 # pairs that apply but run in the benchmark only (runtime: 2 shared cores, <= 3 minutes here)
 BENCHMARK_ONLY = {
-    ("llama", "fsdp"), ("llama", "fsdp_tp"), ("llama", "hsdp"), ("gpt2", "fsdp_bf16"),
+    ("llama", "fsdp"), ("llama", "hsdp"), ("gpt2", "fsdp_bf16"),
     ("gpt2", "hsdp"), ("qwen2", "fsdp"), ("qwen2", "fsdp_bf16"), ("qwen2", "tp"),
     ("qwen2", "fsdp_tp"), ("qwen2", "hsdp"), ("vit", "fsdp"), ("vit", "fsdp_tp"), ("vit", "hsdp"),
 }

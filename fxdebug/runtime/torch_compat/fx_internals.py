@@ -77,7 +77,7 @@ def keep_first_output(graph: fx.Graph) -> bool:
     codegen = getattr(graph, "_codegen", None)
     info = getattr(codegen, "pytree_info", None)
     spec = getattr(info, "out_spec", None)
-    if spec is None or getattr(spec, "num_children", 0) != 2:
+    if codegen is None or info is None or spec is None or getattr(spec, "num_children", 0) != 2:
         return False
     child = spec.child(0) if hasattr(spec, "child") else spec.children_specs[0]
     output = next(node for node in reversed(graph.nodes) if node.op == "output")
