@@ -14,6 +14,9 @@ Runs, each in its own interpreter (so no benchmark warms another's caches)::
                                        in-memory capture and save_to vs eager
     sharded      sharded_steps.py      FSDP2 and tensor-parallel training steps on 2 gloo
                                        ranks, instrumented vs plain
+    sharded-zoo  sharded_zoo.py        HF/timm/torchvision families x FSDP2, TP, FSDP x TP,
+                                       HSDP on 2 and 4 gloo ranks: compare verdicts and
+                                       planted bugs named (a verdict per pair, seconds)
     host         host_overhead.py      host time per capture on 400 Linear(16,16)/ReLU
                                        modules at batch 1: every capture kind vs hooks
 
@@ -56,6 +59,7 @@ BENCHMARKS = [
     ("scaling", "scaling.py", [], ["--quick"]),
     ("save", "save_overhead.py", [], ["--quick"]),
     ("sharded", "sharded_steps.py", [], ["--quick"]),
+    ("sharded-zoo", "sharded_zoo.py", [], ["--quick"]),
     ("host", "host_overhead.py", [], ["--quick"]),
 ]
 
@@ -128,12 +132,27 @@ def main():
 def summary_rows(name: str, section: str, row: dict) -> list[list[str]]:
     """The combined table's rows for one row of a benchmark's own table.
 
+    >>> summary_rows("sharded-zoo", "", {"family": "vit", "configuration": "tp", "ranks": "2",
+    ...     "instrumented": "yes", "captures match hooks": "52/52",
+    ...     "compare verdict (float64 reference)": "EQUAL (52/52 compared)",
+    ...     "planted bug named": "eps: yes; norm: yes", "seconds": "2.8"})[0][2]
+    'tp on 2 ranks: EQUAL, captures 52/52, bugs named 2/2'
     >>> summary_rows("checkpoint", "", {"variant": "eager", "held after forward MiB": "651.1",
     ...     "peak fwd+bwd MiB": "659.0", "peak vs eager": "1.00x", "median s": "10.60",
     ...     "time vs eager": "1.00x"})[0]
     ['checkpoint', '', 'eager: peak memory fwd+bwd', '659.0 MiB', 'held 651.1 MiB', '1.00x', 'eager peak']
     """
     variant = row.get("variant", "")
+    if "planted bug named" in row:  # sharded_zoo: a verdict per pair, seconds, no ratio
+        if row.get("instrumented") == "n/a":
+            return []
+        bugs = [b for b in row["planted bug named"].split("; ") if ": " in b]
+        named = sum(b.endswith(": yes") for b in bugs)
+        verdict = row.get("compare verdict (float64 reference)", "").split(" (")[0]
+        return [[name, row.get("family", ""),
+                 f"{row.get('configuration', '')} on {row.get('ranks', '')} ranks: {verdict}, "
+                 f"captures {row.get('captures match hooks', '')}, bugs named {named}/{len(bugs)}",
+                 f"{row.get('seconds', '')} s", "", "", ""]]
     if "forward peak MiB" in row:  # save: memory and time, a row each
         return [[name, section, f"{variant}: peak memory forward", f"{row['forward peak MiB']} MiB",
                  "", row.get("peak vs eager", ""), "eager peak"],

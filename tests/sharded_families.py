@@ -7,7 +7,8 @@
 Families (``FAMILIES``): Hugging Face ``llama``, ``gpt2``, ``qwen2`` (2 layers, hidden
 64, eager attention, no cache), timm ``mixer`` (MlpMixer, 2 blocks, dim 64) and ``vit``
 (2 blocks, dim 64), torchvision ``resnet18`` (32x32 input). Weights are random, seeded:
-``make(family)`` gives the same model on every rank and every call.
+``make(family)`` gives the same model on every rank and every call (timm's heads drawn
+from a normal distribution: timm starts them at zero).
 
 Configurations (``CONFIGS``), each applied in place on every rank of the default group:
 
@@ -76,6 +77,8 @@ def make(family: str, seed: int = 0) -> tuple[torch.nn.Module, tuple]:
                 model = timm.models.vision_transformer.VisionTransformer(
                     img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=2,
                     num_heads=4, mlp_ratio=2.0)
+            # timm starts the head at zero: the logits would not depend on anything before it
+            torch.nn.init.normal_(model.head.weight, std=0.2)
             inputs = (torch.randn(BATCH, 3, 32, 32, generator=generator),)
         else:
             torchvision = pytest.importorskip("torchvision")
@@ -171,11 +174,12 @@ def _fully_shard(model, family, mesh, bf16=False):
 
 
 def configure(model: torch.nn.Module, family: str, config: str, world: int | None = None,
-              mesh=None) -> torch.nn.Module:
+              mesh=None, plan: dict | None = None) -> torch.nn.Module:
     """Apply ``config`` to ``model`` (in place, every rank of the default group calls it).
 
-    ``mesh``: the one :func:`mesh_for` gives, else made here. Raises ValueError
-    where :func:`unsupported` says the pair does not apply.
+    ``mesh``: the one :func:`mesh_for` gives, else made here. ``plan``: the TP plan to apply
+    instead of :func:`tp_plan`'s (a planted bug). Raises ValueError where :func:`unsupported`
+    says the pair does not apply.
     """
     import torch.distributed as dist
     from torch.distributed.tensor.parallel import parallelize_module
@@ -188,7 +192,9 @@ def configure(model: torch.nn.Module, family: str, config: str, world: int | Non
         return _fully_shard(model, family, mesh, bf16=config == "fsdp_bf16")
     base, _ = _base(model, family)
     tp_mesh = mesh["tp"] if config == "fsdp_tp" else mesh
-    parallelize_module(base, tp_mesh, tp_plan(family, "hf" if config == "tp_hf" else "hand"))
+    if plan is None:
+        plan = tp_plan(family, "hf" if config == "tp_hf" else "hand")
+    parallelize_module(base, tp_mesh, plan)
     if config == "fsdp_tp":
         _fully_shard(model, family, mesh["dp"])
     return model

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
 import torch
 
 import fxdebug
@@ -177,3 +178,78 @@ def test_settle_names_the_rank_whose_replay_stopped_in_the_others_timeouts():
     assert settled[1] == stopped
     assert settled[0].detail.endswith("(a collective of the replay waited for rank 1, whose "
                                       "replay stopped)")
+
+
+# -- a Hugging Face decoder (tiny Llama) under FSDP2 and TP: the replay names a node -------
+def _nan_llama():
+    """A tiny Llama whose token 0 embeds to zeros and whose first RMSNorm has eps 0: a batch
+    holding token 0 makes NaN there (0 * rsqrt(0)); other batches stay finite."""
+    import sharded_families as families
+    model, (ids,) = families.make("llama")
+    with torch.no_grad():
+        model.model.embed_tokens.weight[0].zero_()
+    model.model.layers[0].input_layernorm.variance_epsilon = 0.0
+    return model, ids.clamp(min=1)
+
+
+def _watch_llama(rank, world, config):
+    import warnings
+    import sharded_families as families
+    warnings.simplefilter("ignore")
+    model, ids = _nan_llama()
+    if config == "hooked":  # one process: a forward hook on the root, as FSDP2 registers one
+        model.register_forward_hook(lambda module, args, out: out)
+    else:
+        families.configure(model, "llama", config, world)
+    watch = fxdebug.watch_nonfinite(model)
+    for step in range(1, 4):
+        model.zero_grad()
+        x = ids.clone()
+        if step == 2 and rank == 1:
+            x[0, 3] = 0
+        families.loss_of(watch(x)).backward()
+        report = watch.check()
+        if report is not None:
+            break
+    local = report if config == "hooked" else report.local
+    findings = [] if config == "hooked" else [(f.rank, f.made_here, f.where, f.key)
+                                              for f in report.findings]
+    # ground truth, eager: the first RMSNorm's output on this rank's step-2 batch
+    eager, _ = _nan_llama()
+    seen = {}
+
+    def norm_hook(module, args, out):  # returns None: the output stays as it is
+        seen.setdefault("norm", bool(torch.isfinite(out).all()))
+
+    eager.model.layers[0].input_layernorm.register_forward_hook(norm_hook)
+    eager(x)
+    return dict(step=step, findings=findings, norm_finite=seen["norm"],
+                forward=None if local.forward is None else (local.forward.key,
+                                                            local.forward.created),
+                creators=list(local.creators), text=repr(report))
+
+
+def test_hugging_face_model_with_root_hooks_replays_to_a_node():
+    pytest.importorskip("transformers")
+    # before: the root's forward-hook node indexed the leaves of CausalLMOutputWithPast as
+    # traced (logits, past_key_values, hidden_states, attentions: Proxies), while the run's
+    # output leaves its None fields out: IndexError in the replay, no node named
+    found = _watch_llama(1, 1, "hooked")
+    assert found["step"] == 2 and not found["norm_finite"]  # eager: the NaN is made there
+    # the first RMSNorm runs inside LlamaModel, which fx runs as a leaf (mask control flow)
+    assert found["forward"] == ("model", True), found["text"]
+    assert found["creators"] == ["model"]  # not the ModelOutput built from model's NaN
+
+
+@pytest.mark.parametrize("config", ["fsdp", "tp"])
+def test_hugging_face_model_under_fsdp2_and_tp_replay_names_the_node(config):
+    pytest.importorskip("transformers")
+    first, second = on_ranks(_watch_llama, 2, config, timeout=300)
+    assert first["step"] == second["step"] == 2
+    assert first["norm_finite"] and not second["norm_finite"]  # eager: rank 1's batch made it
+    for found in (first, second):
+        assert not [f for f in found["findings"] if f[2] == "replay failed"], found["text"]
+        assert (1, True, "forward", "model") in found["findings"], found["text"]
+    if config == "fsdp":  # rank 0's forward stayed finite: its gradients received the NaN
+        assert first["findings"][0] == (0, False, "received", "")
+        assert first["forward"] is None and second["forward"] == ("model", True)

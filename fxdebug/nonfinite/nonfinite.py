@@ -328,15 +328,33 @@ def _creators(gm: fx.GraphModule, runs: ControlledRuns, ignore) -> tuple[list[st
     for (node, _), ok in zip(exact.finite, flags):
         finite[node] = finite.get(node, True) and bool(ok)
     found, sources = [], []
-    for node, ok in finite.items():
+    for node, ok in list(finite.items()):  # checked nodes; the look-through adds others
         if not ok and node.op in ("placeholder", "get_attr"):
             sources.append(node_key(node))
         if ok or node.op in ("placeholder", "get_attr"):
             continue
-        if all(finite.get(arg, True) for arg in node.all_input_nodes) and all(
+        if all(_received_finite(arg, finite) for arg in node.all_input_nodes) and all(
                 v.finite for v in _module_stats(gm, node)):
             found.append(node_key(node))
     return found, sources
+
+
+def _received_finite(node: fx.Node, finite: dict[fx.Node, bool]) -> bool:
+    """Whether ``node``'s value was finite: checked, or (not checked: a list a hook node returns,
+    the getitem taking a tensor out of it) all the nodes it read were. ``finite`` is extended."""
+    pending = [node]
+    while pending:  # iterative: a chain of unchecked nodes is not a recursion depth
+        current = pending[-1]
+        if current in finite:
+            pending.pop()
+            continue
+        unknown = [arg for arg in current.all_input_nodes if arg not in finite]
+        if unknown:
+            pending.extend(unknown)
+            continue
+        finite[current] = all(finite[arg] for arg in current.all_input_nodes)
+        pending.pop()
+    return finite[node]
 
 
 def _backward_search(gm: fx.GraphModule, runs: ControlledRuns, watch: _Watch, ignore,

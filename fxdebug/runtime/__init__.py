@@ -48,7 +48,7 @@ from .gradients import (PASSES_THROUGH, GradEdit, call_with_parameters, edit_gra
 from .nodes import RECORDER_ATTR, Recorder, begin_run, capture, capture_stats, emit_if_tracing
 from .eager_ops import (EAGER_MODULE, EAGER_OP, REGIONS_ATTR, EagerKeys, EagerScope, RegionForward,
                         RegionForwards)
-from .module_hooks import ROOT_HOOKS_ATTR, HookedRoot, forward_hooks, forward_pre_hooks
+from .module_hooks import ROOT_HOOKS_ATTR, HookedRoot, forward_hooks, forward_pre_hooks, leaf_paths
 from .parts import PartRecorder, SharedRecorder, begin_part
 from .placement import Placement, plan_layouts
 from .records import Record, Records
@@ -62,7 +62,8 @@ __all__ = ["Recorder", "RECORDER_ATTR", "Records", "Record", "Stats", "tensor_st
            "begin_run", "capture", "capture_stats", "record_grads", "GradEdit", "edit_grads",
            "own_value", "edited_parameter", "call_with_parameters", "PASSES_THROUGH",
            "traced_message", "TracedMessage", "PROXY_IN_TEXT",
-           "stop", "stops_disabled", "forward_pre_hooks", "forward_hooks", "HookedRoot",
+           "stop", "stops_disabled", "forward_pre_hooks", "forward_hooks", "leaf_paths",
+           "HookedRoot",
            "ROOT_HOOKS_ATTR", "begin_part", "SharedRecorder", "PartRecorder",
            "emit_if_tracing", "flatten_tensors", "outputs_loss", "clone_inputs", "children", "leaves",
            "named_leaves", "map_leaves", "map_tensors",

@@ -14,12 +14,19 @@ time, around the traced body, never at trace time on proxies. The tracer
 Each returns the leaves of what the hooks handed back, in ``tree_flatten``
 order; the graph was traced with the structure the hooks were given, so a
 hook that changes that structure, or a non-tensor argument, stops the run
-with an error naming the module (make it a leaf module instead). The root
+with an error naming the module (make it a leaf module instead). Where that
+structure holds a mapping whose keys depend on the values (a Hugging Face
+``ModelOutput`` leaves out its ``None`` fields: ``hidden_states`` is a Proxy when
+traced, ``None`` when run), the node is given ``paths=``, each trace-time leaf's
+path (:func:`leaf_paths`), and returns what the hooks' result holds at each path,
+``None`` where a field was left out, as reading the attribute gives in eager. The root
 module's hooks run the same way, on :class:`HookedRoot` (the caller's model,
 which the GraphModule stands in for).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 from torch.fx.node import has_side_effect
@@ -28,7 +35,7 @@ from ..errors import FxdebugError
 from . import torch_compat
 from .nodes import emit_if_tracing
 
-__all__ = ["HookedRoot", "ROOT_HOOKS_ATTR", "forward_pre_hooks", "forward_hooks"]
+__all__ = ["HookedRoot", "ROOT_HOOKS_ATTR", "forward_pre_hooks", "forward_hooks", "leaf_paths"]
 
 ROOT_HOOKS_ATTR = "fxdebug_root_hooks"
 """The submodule of a traced GraphModule that holds the model whose root hooks the graph runs."""
@@ -57,7 +64,62 @@ def _owner(module: torch.nn.Module) -> torch.nn.Module:
     return module.__dict__["model"] if isinstance(module, HookedRoot) else module
 
 
-def _same_leaves(before, after, key: str, what: str) -> list:
+def _value_keyed(structure) -> bool:
+    """Whether ``structure`` holds a mapping other than a plain dict (its keys may depend on
+    the values: a ``ModelOutput`` leaves out its ``None`` fields)."""
+    if isinstance(structure, Mapping):
+        return type(structure) is not dict or any(_value_keyed(v) for v in structure.values())
+    if isinstance(structure, (tuple, list)):
+        return any(_value_keyed(v) for v in structure)
+    return False
+
+
+def leaf_paths(structure) -> tuple | None:
+    """Each leaf's path in ``structure`` (``tree_flatten`` order): a tuple of mapping keys,
+    sequence indices and attribute names; None where the leaves' places cannot change with
+    the values (no mapping but plain dicts), or a path is not made of str and int.
+
+    >>> from collections import OrderedDict
+    >>> leaf_paths((1, {"a": 2})) is None
+    True
+    >>> leaf_paths((1, OrderedDict(a=2, b=[3])))
+    ((0,), (1, 'a'), (1, 'b', 0))
+    """
+    if not _value_keyed(structure):
+        return None
+    try:
+        found, _ = torch_compat.tree_flatten_with_path(structure)
+    except Exception:  # noqa: BLE001 - a node type registered without keys: no paths
+        return None
+    paths = []
+    for path, _ in found:
+        steps = []
+        for entry in path:
+            step = next((getattr(entry, name) for name in ("key", "idx", "name")
+                         if hasattr(entry, name)), None)
+            if not isinstance(step, (str, int)) or isinstance(step, bool):
+                return None
+            steps.append(step)
+        paths.append(tuple(steps))
+    return tuple(paths)
+
+
+def _at(structure, path: tuple):
+    """What ``structure`` holds at ``path`` (:func:`leaf_paths`), None where a mapping leaves
+    the key out."""
+    for step in path:
+        if structure is None:
+            return None
+        if isinstance(structure, Mapping):
+            structure = structure.get(step)
+        elif isinstance(step, int):
+            structure = structure[step]
+        else:
+            structure = getattr(structure, step)
+    return structure
+
+
+def _same_leaves(before, after, key: str, what: str, paths: tuple | None = None) -> list:
     """The leaves of ``after``, which must have ``before``'s structure and non-tensor values."""
     old, old_spec = torch_compat.tree_flatten(before)
     new, new_spec = torch_compat.tree_flatten(after)
@@ -81,17 +143,19 @@ def _same_leaves(before, after, key: str, what: str) -> list:
             f"something else than eager. Trace {where} as a leaf module "
             f"(fxdebug.instrument(fxdebug.trace(model, leaf_modules=[{key!r}])) or "
             f"leaf_modules=[...] in fxdebug.trace): it then runs eagerly with its hooks.")
-    return new
+    return new if paths is None else [_at(after, path) for path in paths]
 
 
 @has_side_effect
 def forward_pre_hooks(module: torch.nn.Module, key: str, args: tuple, kwargs: dict,
-                      reads: dict | None = None) -> list:
+                      reads: dict | None = None, paths: tuple | None = None) -> list:
     """Run ``module``'s forward pre-hooks on ``(args, kwargs)``; the leaves of the result.
 
     ``reads``: ``{name: tensor}``, parameters and buffers of the root module that the graph
     holds itself: the hooks must leave them registered (a hook that swaps them, as FSDP2's
     all-gather does, would leave the graph computing with the old ones: an error says so).
+    ``paths``: the trace-time leaves' paths (:func:`leaf_paths`), where their places depend on
+    the values.
 
     >>> import torch
     >>> lin = torch.nn.Linear(1, 1)
@@ -100,7 +164,8 @@ def forward_pre_hooks(module: torch.nn.Module, key: str, args: tuple, kwargs: di
     [tensor([2.])]
     """
     emitted = emit_if_tracing(forward_pre_hooks, (module, key, args, kwargs),
-                              {"reads": reads} if reads else {})
+                              {**({"reads": reads} if reads else {}),
+                               **({"paths": paths} if paths is not None else {})})
     if emitted is not None:
         return emitted
     owner = _owner(module)
@@ -115,13 +180,14 @@ def forward_pre_hooks(module: torch.nn.Module, key: str, args: tuple, kwargs: di
                 f"fully_shard(model) all-gathers it so); the graph would compute with the old "
                 f"tensor. Move {name!r} into a submodule (fully_shard that one), or instrument "
                 f"a submodule of the model.")
-    return _same_leaves((args, kwargs), hooked, key, "forward pre-hooks")
+    return _same_leaves((args, kwargs), hooked, key, "forward pre-hooks", paths)
 
 
 @has_side_effect
-def forward_hooks(module: torch.nn.Module, key: str, args: tuple, kwargs: dict, output) -> list:
+def forward_hooks(module: torch.nn.Module, key: str, args: tuple, kwargs: dict, output,
+                  paths: tuple | None = None) -> list:
     """Run ``module``'s forward hooks on its ``output`` (called with ``args``, ``kwargs``);
-    the leaves of the result.
+    the leaves of the result (``paths``: as for :func:`forward_pre_hooks`).
 
     >>> import torch
     >>> lin = torch.nn.Linear(1, 1)
@@ -129,8 +195,9 @@ def forward_hooks(module: torch.nn.Module, key: str, args: tuple, kwargs: dict, 
     >>> forward_hooks(lin, "fc", (torch.ones(1),), {}, torch.zeros(1))
     [tensor([1.])]
     """
-    emitted = emit_if_tracing(forward_hooks, (module, key, args, kwargs, output), {})
+    emitted = emit_if_tracing(forward_hooks, (module, key, args, kwargs, output),
+                              {"paths": paths} if paths is not None else {})
     if emitted is not None:
         return emitted
     result = torch_compat.run_forward_hooks(_owner(module), args, kwargs, output)
-    return _same_leaves(output, result, key, "forward hooks")
+    return _same_leaves(output, result, key, "forward hooks", paths)

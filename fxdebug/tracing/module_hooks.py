@@ -13,6 +13,7 @@ broken. fxdebug traces only the body and puts the hooks in the graph::
            ├─ forward_pre_hooks(module, key, args, kwargs) -> leaves; getitem per tensor
            ├─ module.forward traced on those               captures inside still happen
            └─ forward_hooks(module, key, args, kwargs, out) -> leaves; the module's output
+                (paths=: each leaf's path, where a ModelOutput's None fields drop out when run)
 
 so the hooks run at run time, in eager's order, with eager's values, and
 nothing runs at trace time. The root module's hooks run the same way around
@@ -95,6 +96,13 @@ def _rebuild(node, structure):
         [node[i] if isinstance(leaf, fx.Proxy) else leaf for i, leaf in enumerate(leaves)], spec)
 
 
+def _paths(structure) -> dict:
+    """The hook node's ``paths=`` where the leaves' places depend on the values (a Hugging Face
+    ``ModelOutput`` traced with Proxy fields that are None when run), else nothing."""
+    paths = runtime.leaf_paths(structure)
+    return {} if paths is None else {"paths": paths}
+
+
 def hooked_forward(tracer, target: str, key: str, body):
     """The function fx traces for a call of the module at ``target`` (a get_attr path):
     hook nodes around ``body`` (the module's ``forward``)."""
@@ -104,12 +112,12 @@ def hooked_forward(tracer, target: str, key: str, body):
         with fixed_keys(tracer, f"{prefix}forward_pre_hooks"):
             module = tracer.create_proxy("get_attr", target, (), {})
             pre = tracer.create_proxy("call_function", runtime.forward_pre_hooks,
-                                      (module, key, args, kwargs), {})
+                                      (module, key, args, kwargs), _paths((args, kwargs)))
             args, kwargs = _rebuild(pre, (args, kwargs))
         output = body(*args, **kwargs)
         with fixed_keys(tracer, f"{prefix}forward_hooks"):
             post = tracer.create_proxy("call_function", runtime.forward_hooks,
-                                       (module, key, args, kwargs, output), {})
+                                       (module, key, args, kwargs, output), _paths(output))
             return _rebuild(post, output)
 
     return forward
