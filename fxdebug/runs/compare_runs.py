@@ -478,8 +478,14 @@ def _beyond_text(entry: RunEntry) -> str:
 
 def _open(run, name: str) -> tuple[str, Records]:
     if isinstance(run, Records):
-        run = gathered(run)  # a sharded model's live captures: every rank's pieces (collective)
-        return getattr(run, "path", None) or "Records in memory", run
+        whole = gathered(run)  # a sharded model's live captures: every rank's pieces (collective)
+        label = getattr(whole, "path", None) or "Records in memory"
+        if whole is run and not getattr(run, "path", None) and torch.distributed.is_available() \
+                and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            # data parallel (DDP, FSDP2): each rank compares its own run; say so in the verdict
+            label += (f": rank {torch.distributed.get_rank()}'s run only, of "
+                      f"{torch.distributed.get_world_size()} ranks")
+        return label, whole
     if isinstance(run, (str, os.PathLike)):
         records = load_records(run)
         return records.path, records
