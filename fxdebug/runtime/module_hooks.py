@@ -34,6 +34,7 @@ from torch.fx.node import has_side_effect
 from ..errors import FxdebugError
 from . import torch_compat
 from .nodes import emit_if_tracing
+from .values import leaves
 
 __all__ = ["HookedRoot", "ROOT_HOOKS_ATTR", "forward_pre_hooks", "forward_hooks", "leaf_paths"]
 
@@ -67,11 +68,8 @@ def _owner(module: torch.nn.Module) -> torch.nn.Module:
 def _value_keyed(structure) -> bool:
     """Whether ``structure`` holds a mapping other than a plain dict (its keys may depend on
     the values: a ``ModelOutput`` leaves out its ``None`` fields)."""
-    if isinstance(structure, Mapping):
-        return type(structure) is not dict or any(_value_keyed(v) for v in structure.values())
-    if isinstance(structure, (tuple, list)):
-        return any(_value_keyed(v) for v in structure)
-    return False
+    return bool(leaves(structure, is_leaf=lambda value: isinstance(value, Mapping)
+                       and type(value) is not dict))
 
 
 def leaf_paths(structure) -> tuple | None:
