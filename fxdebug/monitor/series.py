@@ -21,7 +21,7 @@ import re
 
 from ..errors import FxdebugError
 from .drift import DriftReport, drift_rows
-from .folder import FORMAT, GLOBAL, MANIFEST, rank_file
+from .folder import FORMAT, GLOBAL, MANIFEST
 from .statistics import KINDS, STATS, UPDATE_STATS, derived, split_slot
 
 __all__ = ["Series", "load_series"]

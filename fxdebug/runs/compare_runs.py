@@ -48,10 +48,8 @@ from __future__ import annotations
 
 import dataclasses
 import html
-import math
 import os
 import warnings
-from typing import Any
 
 import torch
 
@@ -61,7 +59,7 @@ from ..runtime.records import Records
 from ..tables.report import Report
 from .saved_runs import load_records
 from ..equivalence.compare import dtype_text, format_error
-from .key_compare import DIVERGENT, NOT_COMPARED, STATUS_TEXT, RunEntry, compare_all
+from .key_compare import NOT_COMPARED, STATUS_TEXT, RunEntry, compare_all
 from .reference import (REFERENCE_FACTOR, REFERENCE_FLOOR_EPS, STATS_FLOOR_EPS, LastBits,
                         ReferenceCheck, check_reference_keys, reference_errors, reference_floor)
 from .live_shards import gathered

@@ -37,9 +37,7 @@ import torch
 
 from ..equivalence.compare import default_tolerances
 
-__all__ = ["Resolution", "resolve", "resolve_stats", "LAYOUT_TEXT"]
-
-LAYOUT_TEXT = {"R": "every rank holds the whole value", "P": "the ranks' pieces summed"}
+__all__ = ["Resolution", "resolve", "resolve_stats"]
 
 
 @dataclasses.dataclass
