@@ -41,10 +41,10 @@ import torch
 
 from ..equivalence.compare import default_tolerances
 from ..errors import FxdebugError
-from ..runtime.placement import Placement, assemble
+from ..runtime.placement import Placement, agreement_text, assemble, same_tensor
 from ..runtime.records import PLACEMENT_NOTE, Record, Records
 from ..runtime.stats import Stats, combine, stats_from_summary
-from .sharded_stats import PARTIAL_STATS, agreement_text, assemble_summaries, same_summary
+from .sharded_stats import PARTIAL_STATS, assemble_summaries, same_summary
 from .unknown_placement import Resolution, resolve, resolve_stats
 
 __all__ = ["ShardedRecords", "ShardedRecord", "placement_entry", "placement_of",
@@ -147,16 +147,6 @@ def _ranks_text(ranks) -> str:
     return ", ".join(str(r) for r in ranks)
 
 
-def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise the same values (NaN where the other has NaN)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if torch.equal(a, b):
-        return True
-    return (a.is_floating_point() or a.is_complex()) and bool(
-        torch.isclose(a, b, rtol=0, atol=0, equal_nan=True).all())
-
-
 class ShardedRecord(Record):
     """One key of a sharded run: ``value`` is the full tensor, assembled when first read from
     the ranks' pieces (``pieces``: rank -> that rank's :class:`Record`)."""
@@ -257,10 +247,10 @@ class ShardedRecord(Record):
     def _assemble(self) -> torch.Tensor | None:
         if not self._problem:
             values = [self._group_value(group) for group in self.plan.groups]
-            if all(_same_tensor(value, values[0]) for value in values[1:]):
+            if all(same_tensor(value, values[0]) for value in values[1:]):
                 return values[0]
             self.disagrees = True
-            self._problem = self._disagreement(values, _same_tensor)
+            self._problem = self._disagreement(values, same_tensor)
         return None
 
     def _disagreement(self, values: list, equal) -> str:

@@ -23,35 +23,15 @@ ValueError: a pending sum (Partial) on mesh dim 0: the statistics of a sum canno
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from ..runtime.placement import agreement_text
 from ..runtime.stats import combine
 
-__all__ = ["assemble_summaries", "local_shape", "agreement_text", "same_summary",
+__all__ = ["assemble_summaries", "local_shape", "same_summary",
            "PARTIAL_STATS"]
 
 PARTIAL_STATS = "the statistics of a sum cannot be combined from its terms' statistics"
-
-
-def agreement_text(values: dict[int, Any], equal) -> str:
-    """Which ranks hold which value: ``"ranks 0, 2 | rank 1"`` (ranks holding one value
-    grouped, groups in order of their first rank).
-
-    >>> agreement_text({0: 1, 1: 2, 2: 1}, lambda a, b: a == b)
-    'ranks 0, 2 | rank 1'
-    """
-    groups: list[list[int]] = []
-    for rank in sorted(values):
-        for group in groups:
-            if equal(values[group[0]], values[rank]):
-                group.append(rank)
-                break
-        else:
-            groups.append([rank])
-    return " | ".join(("rank " if len(g) == 1 else "ranks ") + ", ".join(map(str, g))
-                      for g in groups)
 
 
 def same_summary(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -36,7 +36,8 @@ from . import torch_compat
 from .stats import stats_from_summary, summarize
 
 __all__ = ["Placement", "dtensor_placement", "planned_placement", "plan_layouts", "local_value",
-           "full_value", "assemble", "parameter_pieces", "grad_layouts", "UNKNOWN_PLACEMENT"]
+           "full_value", "assemble", "same_tensor", "agreement_text", "parameter_pieces",
+           "grad_layouts", "UNKNOWN_PLACEMENT"]
 
 UNKNOWN_PLACEMENT = "local?"
 
@@ -321,6 +322,39 @@ def full_value(key: str, value: torch.Tensor, placement: Placement | None,
     return placed.full_tensor()
 
 
+def agreement_text(values: dict[int, Any], equal) -> str:
+    """Which ranks hold which value: ``"ranks 0, 2 | rank 1"`` (ranks holding one value
+    grouped, groups in order of their first rank).
+
+    >>> agreement_text({0: 1, 1: 2, 2: 1}, lambda a, b: a == b)
+    'ranks 0, 2 | rank 1'
+    """
+    groups: list[list[int]] = []
+    for rank in sorted(values):
+        for group in groups:
+            if equal(values[group[0]], values[rank]):
+                group.append(rank)
+                break
+        else:
+            groups.append([rank])
+    return " | ".join(("rank " if len(g) == 1 else "ranks ") + ", ".join(map(str, g))
+                      for g in groups)
+
+
+def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise the same values (NaN where the other has NaN).
+
+    >>> same_tensor(torch.tensor([float("nan"), 1.0]), torch.tensor([float("nan"), 1.0]))
+    True
+    """
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if torch.equal(a, b):
+        return True
+    return (a.is_floating_point() or a.is_complex()) and bool(
+        torch.isclose(a, b, rtol=0, atol=0, equal_nan=True).all())
+
+
 def _same_on_every_rank(key: str, value: torch.Tensor, placement: Placement) -> torch.Tensor:
     """A local tensor whose placement is unknown: its value where every rank of the default
     group holds the same bits (a replicated activation), else an error naming which ranks hold
@@ -330,24 +364,14 @@ def _same_on_every_rank(key: str, value: torch.Tensor, placement: Placement) -> 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         sent: list = [None] * dist.get_world_size()
         dist.all_gather_object(sent, held.cpu())
-        groups: list[list[int]] = []
-        for rank, piece in enumerate(sent):
-            for group in groups:
-                other = sent[group[0]]
-                if other.shape == piece.shape and other.dtype == piece.dtype and bool(
-                        torch.isclose(other, piece, rtol=0, atol=0, equal_nan=True).all()):
-                    group.append(rank)
-                    break
-            else:
-                groups.append([rank])
-        if len(groups) == 1:
+        if all(same_tensor(piece, sent[0]) for piece in sent[1:]):
             return value
-        held_text = " | ".join(("rank " if len(g) == 1 else "ranks ") + ", ".join(map(str, g))
-                               for g in groups)
+        held_text = agreement_text(dict(enumerate(sent)), same_tensor)
         raise FxdebugError(
             f"records.full({key!r}): the capture is this rank's local tensor, its placement is "
-            f"unknown ({placement.source}), and the ranks hold {len(groups)} different values "
-            f"({held_text}), so no one full value can be assembled without a guess. Compare it "
+            f"unknown ({placement.source}), and the ranks hold "
+            f"{held_text.count(' | ') + 1} different values ({held_text}), so no one full value "
+            f"can be assembled without a guess. Compare it "
             f"with a run of the unsharded model instead, fxdebug.compare_runs(unsharded_records, "
             f"records), which tests every layout the pieces could have against the full value; "
             f"or give the ParallelStyle that produces it use_local_output=False, so that its "
