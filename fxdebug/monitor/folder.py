@@ -10,6 +10,9 @@
       rank-1.jsonl
       global.jsonl         the global batch's (ranks merged), written by the group's first
                            rank; absent in a single process, where rank-0.jsonl is global
+      spikes.jsonl         one line per spike the monitor replayed (written by the group's
+                           first rank): {"step", "trigger", "reproduced", "first_divergence",
+                           "first_nonfinite", "rank", "text"}; absent while there is none
 
 Each line is one step's moment summaries (:mod:`fxdebug.runtime.stats_moments`, ten
 numbers each, as Python's ``json`` writes floats: ``NaN`` and ``Infinity`` included),
@@ -40,12 +43,13 @@ from typing import IO, Sequence
 from ..errors import FxdebugError
 from ..runtime.stats_moments import MOMENT_COLUMNS
 
-__all__ = ["SeriesFolder", "FORMAT", "VERSION", "MANIFEST", "GLOBAL", "rank_file"]
+__all__ = ["SeriesFolder", "FORMAT", "VERSION", "MANIFEST", "GLOBAL", "SPIKES", "rank_file"]
 
 FORMAT = "fxdebug-series"
 VERSION = 1
 MANIFEST = "manifest.json"
 GLOBAL = "global.jsonl"
+SPIKES = "spikes.jsonl"
 
 
 def rank_file(rank: int) -> str:
@@ -80,6 +84,7 @@ class SeriesFolder:
         self._own: IO[str] | None = open(os.path.join(self.path, rank_file(rank)), "a",
                                          encoding="utf-8")
         self._global: IO[str] | None = None
+        self._first = first
         if first and world > 1:
             self._global = open(os.path.join(self.path, GLOBAL), "a", encoding="utf-8")
 
@@ -111,6 +116,13 @@ class SeriesFolder:
         if self._global is not None and global_rows:
             self._global.write(line(step, global_rows))
             self._global.flush()
+
+    def write_spike(self, record: dict) -> None:
+        """Append one replayed spike's line (on the group's first rank; keys sorted)."""
+        if not self._first:
+            return
+        with open(os.path.join(self.path, SPIKES), "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n")
 
     def close(self) -> None:
         """Close the files (what was written stays)."""

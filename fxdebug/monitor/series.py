@@ -7,6 +7,7 @@
     series.get("fc1", "rms")               (steps, values) of the global batch's fc1.out.rms
     series.get("fc1", "ratio", kind="update", rank=1)     one rank's own
     series.drift(window=20)                DriftReport: the keys that moved most
+    series.spikes                          the spikes the monitor replayed, by step
 
 A torn last line (a crash while it was written) is skipped and named in
 ``series.notes``; a step written twice (a resumed run) keeps its latest numbers.
@@ -21,7 +22,7 @@ import re
 
 from ..errors import FxdebugError
 from .drift import DriftReport, drift_rows
-from .folder import FORMAT, GLOBAL, MANIFEST
+from .folder import FORMAT, GLOBAL, MANIFEST, SPIKES
 from .statistics import KINDS, STATS, UPDATE_STATS, derived, split_slot
 
 __all__ = ["Series", "load_series"]
@@ -74,6 +75,28 @@ class Series:
             self._global = {}
             if self.ranks:
                 self.notes.append(f"{GLOBAL} is missing: only per-rank series (rank=)")
+        self.spikes: list[dict] = self._read_spikes()
+
+    def _read_spikes(self) -> list[dict]:
+        """The spikes the monitor replayed (``spikes.jsonl``), by step; a resumed run's
+        second record of a step keeps the latest."""
+        path = os.path.join(self.folder, SPIKES)
+        if not os.path.exists(path):
+            return []
+        found: dict[int, dict] = {}
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().split("\n")
+        for number, text in enumerate(lines, 1):
+            if not text.strip():
+                continue
+            try:
+                entry = json.loads(text)
+                found[int(entry["step"])] = entry
+            except (ValueError, KeyError, TypeError) as exc:
+                torn = number == len(lines)
+                self.notes.append(f"{SPIKES}:{number}: {'torn last line' if torn else 'unreadable'}"
+                                  f" skipped ({type(exc).__name__})")
+        return [found[step] for step in sorted(found)]
 
     def _read(self, name: str) -> dict[int, dict[str, list[float]]]:
         steps: dict[int, dict[str, list[float]]] = {}
