@@ -26,6 +26,7 @@ Call tree::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from typing import Callable
@@ -40,6 +41,9 @@ from ..runtime.stats_moments import combine_moments, summarize_moments
 from .folder import SeriesFolder
 from .selection import module_of_key, own_parameters, selected_modules
 from .sinks import check_stats, check_writer, emit
+from .spike_report import SpikeReport
+from .spike_watch import SpikeWatch
+from .spikes import check_rules
 from .statistics import slot
 
 __all__ = ["Monitor", "monitor"]
@@ -49,7 +53,7 @@ _MISSING = object()
 
 def monitor(model: torch.nn.Module, every: int = 100, folder: str | os.PathLike | None = None,
             writer=None, select=None, start: int = 0, end: int | None = None,
-            callback: Callable | None = None, stats=None, group=None) -> "Monitor":
+            callback: Callable | None = None, stats=None, group=None, spikes=None) -> "Monitor":
     """Record every selected module's statistics every ``every`` steps of training.
 
     Train ``mon.model`` (the model itself) as usual and call ``mon.step(loss)`` once per
@@ -77,6 +81,11 @@ def monitor(model: torch.nn.Module, every: int = 100, folder: str | os.PathLike 
         stats: the stats sent to ``writer`` and ``callback`` (default: all).
         group: under ``torch.distributed``, the process group whose ranks' batches make the
             global batch (default: every rank); every rank must call ``step()``.
+        spikes: rules that make ``step()`` replay the step and return a
+            :class:`~fxdebug.monitor.spike_report.SpikeReport` (:mod:`fxdebug.monitor.spikes`:
+            ``True`` a non-finite loss or gradient, 10x the loss's window max, 6 sigma of the
+            gradient norm; or a list of ``NonFinite()``, ``Factor(metric, x)``,
+            ``Sigma(metric, k)``). None: no check, nothing kept between forward and step.
 
     Example::
 
@@ -94,7 +103,7 @@ def monitor(model: torch.nn.Module, every: int = 100, folder: str | os.PathLike 
         ([0, 0, 2, 2], True, True)
     """
     return Monitor(model, every=every, folder=folder, writer=writer, select=select, start=start,
-                   end=end, callback=callback, stats=stats, group=group)
+                   end=end, callback=callback, stats=stats, group=group, spikes=spikes)
 
 
 class Monitor:
@@ -102,7 +111,8 @@ class Monitor:
 
     def __init__(self, model: torch.nn.Module, every: int = 100, folder=None, writer=None,
                  select=None, start: int = 0, end: int | None = None,
-                 callback: Callable | None = None, stats=None, group=None) -> None:
+                 callback: Callable | None = None, stats=None, group=None,
+                 spikes=None) -> None:
         _check_steps(every, start, end)
         check_writer(writer)
         if callback is not None and not callable(callback):
@@ -112,15 +122,17 @@ class Monitor:
         self.every, self.start, self.end = every, start, end
         self.steps = 0  # the step the next forward belongs to
         self.notes: list[str] = []
+        self.spikes: list[SpikeReport] = []  # every spike report step() returned
         self._stats = check_stats(stats)
         self._writer, self._callback = writer, callback
-        target, _ = unwrap(model)
+        target, wrapper = unwrap(model)
         self._target = target
         chosen = selected_modules(target, select)
         self._modules = {name: None for name, _ in chosen}
         self._parameters = [(name, params) for name, module in chosen
                             if (params := own_parameters(module))]
         self._ranks = _ranks(group)
+        rules = check_rules(spikes)
         self._copy = instrument(target, capture="modules", grads=True)
         self._folder = None if folder is None else SeriesFolder(
             folder, rank=self._ranks.rank if self._ranks else 0,
@@ -138,12 +150,21 @@ class Monitor:
 
         @functools.wraps(plain)
         def forward(*args, **kwargs):
-            if not self._logging or not torch.is_grad_enabled():
+            spikes = self._spikes
+            if not torch.is_grad_enabled() or (not self._logging and spikes is None):
                 return plain(*args, **kwargs)
-            return self._logged_forward(args, kwargs)
+            entry = None if spikes is None else spikes.begin(args, kwargs)
+            out = self._logged_forward(args, kwargs) if self._logging else plain(*args, **kwargs)
+            if entry is not None:
+                spikes.end(entry, out)
+            return out
 
         target.forward = forward
         self._attached = True
+        self._spikes = None if not rules else SpikeWatch(
+            target, rules, self._ranks, self._unpatched,
+            averaged=wrapper == "DistributedDataParallel",
+            loss_key=None if "loss" in self._modules else "loss")
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -178,11 +199,13 @@ class Monitor:
         found = self._folded.get(name)
         self._folded[name] = summary if found is None else combine_moments(found, summary)
 
-    def step(self, loss: torch.Tensor | None = None) -> None:
+    def step(self, loss: torch.Tensor | None = None) -> SpikeReport | None:
         """End the current step: call it after ``backward()``, before ``optimizer.step()``.
 
         On a logged step the statistics are computed, reduced over the ranks and written;
-        the step before's update is measured whatever the step. Returns None.
+        the step before's update is measured whatever the step. Returns None, or with
+        ``spikes=`` a :class:`~fxdebug.monitor.spike_report.SpikeReport` when a rule fired
+        and the step was replayed (also written to the folder's ``spikes.jsonl``).
         """
         if not self._attached:
             raise FxdebugError("fxdebug.monitor: step() after remove(); the monitor is "
@@ -190,10 +213,24 @@ class Monitor:
         step = self.steps
         if self._pending_update is not None:
             self._record_update()
-        if self._logging:
+        logged = self._logging
+        if logged:
             self._record_step(step, loss)
+        report = None
+        if self._spikes is not None:
+            try:
+                report = self._spikes.check(step, loss, logged)
+            finally:
+                self.steps = step + 1
+                self._logging = self._logged(self.steps)
+            if report is not None:
+                self.spikes.append(report)
+                if self._folder is not None:
+                    self._folder.write_spike(report.record())
+            return report
         self.steps = step + 1
         self._logging = self._logged(self.steps)
+        return None
 
     def _record_step(self, step: int, loss) -> None:
         names: list[str] = []
@@ -257,7 +294,26 @@ class Monitor:
     def _write(self, step: int, local_rows: dict, global_rows: dict, params: dict) -> None:
         if self._folder is not None:
             self._folder.write(step, local_rows, global_rows)
+        if self._spikes is not None:
+            self._spikes.remember(step, global_rows, params)
         emit(self._callback, self._writer, step, global_rows, params, self._stats)
+
+    @contextlib.contextmanager
+    def _unpatched(self):
+        """The model with its own forward for a while (to copy or trace it), then the monitor's."""
+        target = self._target
+        patched = target.__dict__.get("forward", _MISSING)
+        if self._own_forward is _MISSING:
+            target.__dict__.pop("forward", None)
+        else:
+            target.forward = self._own_forward
+        try:
+            yield target
+        finally:
+            if patched is _MISSING:
+                target.__dict__.pop("forward", None)
+            else:
+                target.forward = patched
 
     # -- detaching ---------------------------------------------------------------------------
 
@@ -278,6 +334,7 @@ class Monitor:
             self._folder.close()
         self._runs, self._folded, self._pending_update = [], {}, None
         self._copy = None  # type: ignore[assignment]
+        self._spikes = None
         self._logging = False
 
     def __enter__(self) -> "Monitor":
