@@ -8,7 +8,6 @@ BatchNorm buffers as they were; under DDP the rank holding the first non-finite 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
