@@ -135,7 +135,8 @@ def replay_step(model: torch.nn.Module, forwards: list[Forward], same: torch.nn.
         else:
             params64 = [p for p in float64.parameters() if p.requires_grad]
             runs64, _ = _runs(float64, forwards, params64, torch.float64)
-            divergence, eps = _first_divergence(runs, runs64)
+            names = [name for name, p in model.named_parameters() if p.requires_grad]
+            divergence, eps = _first_divergence(runs, runs64, names)
             compared = True
     finally:
         with torch.no_grad():
@@ -267,8 +268,15 @@ def _which(number: int, runs: list) -> str:
     return f" of micro-batch {number}" if len(runs) > 1 else ""
 
 
-def _first_divergence(runs: list[_Run], runs64: list[_Run]) -> tuple[str | None, float]:
-    """The first key whose error against float64 exceeds ROUNDING_FACTOR times what came in."""
+def _first_divergence(runs: list[_Run], runs64: list[_Run],
+                      names: list[str]) -> tuple[str | None, float]:
+    """The first key whose error against float64 exceeds ROUNDING_FACTOR times what came in:
+    forward values, then activation gradients, then parameter gradients (by name)."""
+    for run, ref in zip(runs, runs64):
+        grads = [(name, [g]) for name, g in zip(names, run.param_grads) if g is not None]
+        grads64 = [(name, [g]) for name, g in zip(names, ref.param_grads) if g is not None]
+        run.grads = run.grads + grads
+        ref.grads = ref.grads + grads64
     for run, ref in zip(runs, runs64):
         for section in ("values", "grads"):
             before = 1.0
