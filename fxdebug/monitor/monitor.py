@@ -110,7 +110,7 @@ class Monitor:
                                f"got {type(callback).__name__}.")
         self.model = model
         self.every, self.start, self.end = every, start, end
-        self.steps = 0  # the step the next forward belongs to
+        self._steps = 0  # the step the next forward belongs to
         self.notes: list[str] = []
         self._stats = check_stats(stats)
         self._writer, self._callback = writer, callback
@@ -146,6 +146,27 @@ class Monitor:
         self._attached = True
 
     # -- steps -------------------------------------------------------------------------------
+
+    @property
+    def steps(self) -> int:
+        """The step the next forward belongs to: 0 at attach, one more at each ``step()``.
+
+        Set it before a step's first forward to count on from elsewhere (a resumed run's
+        step): the steps logged and written follow it.
+        """
+        return self._steps
+
+    @steps.setter
+    def steps(self, step: int) -> None:
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise FxdebugError(f"fxdebug.monitor: steps must be an int >= 0, got {step!r}.")
+        self._steps = step
+        self._logging = self._attached and self._logged(step)
+
+    @property
+    def logged(self) -> bool:
+        """Whether the step in progress (``steps``) is one the monitor records."""
+        return self._logging
 
     def _logged(self, step: int) -> bool:
         return step >= self.start and (self.end is None or step < self.end) \
@@ -193,7 +214,6 @@ class Monitor:
         if self._logging:
             self._record_step(step, loss)
         self.steps = step + 1
-        self._logging = self._logged(self.steps)
 
     def _record_step(self, step: int, loss) -> None:
         names: list[str] = []
