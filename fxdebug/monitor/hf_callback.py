@@ -34,6 +34,7 @@ except ImportError as _missing:
     raise FxdebugError("fxdebug.monitor.hf_callback needs transformers (and accelerate, which "
                        "its Trainer uses): pip install 'fxdebug[hf]'.") from _missing
 
+from .monitor import Monitor
 from .trainer_common import TrainerRun, check_options
 
 __all__ = ["HFMonitorCallback"]
@@ -62,7 +63,7 @@ class HFMonitorCallback(TrainerCallback):
     def __init__(self, **options) -> None:
         self.options = check_options(options, _WHERE)
         self.reports: list = []
-        self.monitor = None
+        self.monitor: Monitor | None = None
         self._run: TrainerRun | None = None
         self._losses: list[tuple[torch.Tensor, bool]] = []  # (loss, normalized over the step)
 

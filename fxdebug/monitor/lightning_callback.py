@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import FxdebugError
+from .monitor import Monitor
 from .trainer_common import TrainerRun, check_options
 
 
@@ -86,7 +87,7 @@ class LightningMonitorCallback(*_BASES):  # type: ignore[misc]
         self.module = module
         self.options = check_options(options, _WHERE)
         self.reports: list = []
-        self.monitor = None
+        self.monitor: Monitor | None = None
         self._run: TrainerRun | None = None
         self._loss: torch.Tensor | None = None
 

@@ -18,6 +18,7 @@ import logging
 from typing import Callable
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from ..errors import FxdebugError
 from .monitor import Monitor, _check_steps, monitor
@@ -90,6 +91,7 @@ class TrainerRun:
         self.model = model
         self.forwards = 0  # forwards under grad since the last step
         self._on_output = on_output
+        self._handle: RemovableHandle | None = None
         try:
             self.monitor.steps = first_step
             self._handle = model.register_forward_hook(self._seen, with_kwargs=True)
@@ -113,14 +115,15 @@ class TrainerRun:
                 f"monitored module ({type(self.model).__name__}) did not run a forward under "
                 f"grad since the last optimizer step. {self.hint}")
         self.forwards = 0
-        report = mon.step(loss)
+        step: Callable[..., object] = mon.step  # None, or a report to keep
+        report = step(loss)
         if report is not None:
             log.warning("%s", report)
         return report
 
     def remove(self) -> None:
         """Detach the monitor and the forward hook; safe to call twice."""
-        handle = getattr(self, "_handle", None)
+        handle = self._handle
         if handle is not None:
             handle.remove()
             self._handle = None
