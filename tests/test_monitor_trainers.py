@@ -141,8 +141,9 @@ class TruthCallback(transformers.TrainerCallback):
     model's own class forward runs them again with forward hooks on every submodule, and
     autograd.grad gives the outputs' gradients of the loss the Trainer backpropagated."""
 
-    def __init__(self, model, truth: Truth, monitored: HFMonitorCallback) -> None:
+    def __init__(self, model, truth: Truth, monitored: HFMonitorCallback, bf16: bool) -> None:
         self.model, self.truth, self.monitored, self.monitor_steps = model, truth, monitored, []
+        self.bf16 = bf16  # the Trainer's mixed precision: its forwards run under autocast
         self.inputs: list[dict] = []
         self.handle = None
 
@@ -161,7 +162,8 @@ class TruthCallback(transformers.TrainerCallback):
             handles = [self.model.get_submodule(name).register_forward_hook(
                 lambda module, args, output: outs.append(output)) for name in HF_NAMES]
             try:
-                loss = type(self.model).forward(self.model, **kwargs).loss
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+                    loss = type(self.model).forward(self.model, **kwargs).loss
             finally:
                 for handle in handles:
                     handle.remove()
@@ -205,16 +207,25 @@ def hf_train(tmp_path, model, callbacks, max_steps=6, max_grad_norm=1.0, **extra
     return trainer
 
 
-@pytest.mark.parametrize("normalized", [True, False], ids=["num_items_in_batch", "per_batch_mean"])
-def test_hf_trainer_series_equal_hooks_and_parameter_copies(tmp_path, normalized):
+class FirstForward(transformers.TrainerCallback):
+    """The model's forward as the Trainer hands it over (accelerate's where it wrapped it)."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.forward = vars(model).get("forward")
+
+
+@pytest.mark.parametrize("mode", ["num_items_in_batch", "per_batch_mean", "bf16"])
+def test_hf_trainer_series_equal_replay_and_parameter_copies(tmp_path, mode):
     model = tiny_gpt2()
-    if not normalized:  # the Trainer then divides each micro-batch's loss by their number
+    if mode == "per_batch_mean":  # the Trainer then divides each micro-batch's loss by their number
         model.accepts_loss_kwargs = False
     callback = HFMonitorCallback(every=EVERY, folder=tmp_path / "series", select=HF_NAMES)
     truth = Truth(model, HF_NAMES, hooked=[])
-    watcher = TruthCallback(model, truth, callback)
+    watcher = TruthCallback(model, truth, callback, bf16=mode == "bf16")
+    first = FirstForward()
     max_norm = 0.05
-    trainer = hf_train(tmp_path, model, [callback, watcher], max_grad_norm=max_norm)
+    trainer = hf_train(tmp_path, model, [first, callback, watcher], max_grad_norm=max_norm,
+                       bf16=mode == "bf16")
     truth.remove()
     watcher.handle.remove()
 
@@ -222,6 +233,9 @@ def test_hf_trainer_series_equal_hooks_and_parameter_copies(tmp_path, normalized
     assert watcher.monitor_steps == [step + 1 for step in truth.steps]
     assert trainer.state.global_step == 6
     assert callback.monitor is None and callback.reports == []
+    if mode == "bf16":  # accelerate's autocast wrapper, as the Trainer had put it
+        assert first.forward is not None and vars(model).get("forward") is first.forward
+        vars(model).pop("forward")
     assert unpatched(model)
     series = fxdebug.load_series(tmp_path / "series")
     check_series(series, truth.expected, last_step=5)

@@ -18,11 +18,18 @@ recorded is the one the Trainer computes from the model's ``.loss``: the sum ove
 step's micro-batches of each one's loss divided by their number, or undivided where the
 Trainer passed ``num_items_in_batch`` (the model then normalized it over the whole step).
 
+A mixed-precision Trainer (``bf16=True``, ``fp16=True``) runs the model under accelerate's
+autocast by wrapping its ``forward``; the monitor's logged steps run an instrumented copy that
+wrapper does not reach, so the callback runs them under the same autocast (and float32
+outputs), as the other steps.
+
 Importing this module needs transformers (and its Trainer accelerate):
 ``pip install 'fxdebug[hf]'``.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -77,6 +84,7 @@ class HFMonitorCallback(TrainerCallback):
             "The Trainer calls the model it was given; a compute_loss of your own must call "
             "that model too.", on_output=self._keep_loss)
         self.monitor = self._run.monitor
+        _logged_steps_in_mixed_precision(model, self.monitor)
 
     def _keep_loss(self, kwargs: dict, output) -> None:
         loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
@@ -120,3 +128,25 @@ class HFMonitorCallback(TrainerCallback):
         options = ", ".join(f"{name}={value!r}" for name, value in self.options.items())
         state = "training" if self._run is not None else "not training"
         return f"<{_WHERE} {options + ', ' if options else ''}{state}>"
+
+
+def _logged_steps_in_mixed_precision(model: torch.nn.Module, mon) -> None:
+    """Where accelerate wrapped ``model.forward`` in its mixed-precision autocast (it keeps the
+    forward it wrapped as ``_original_forward``), wrap the monitor's logged forwards alike.
+
+    ``mon.remove()`` puts accelerate's forward back, and this wrapper with it.
+    """
+    if "_original_forward" not in vars(model) or "forward" not in vars(model):
+        return
+    from accelerate.utils import convert_outputs_to_fp32, get_mixed_precision_context_manager
+
+    monitored = model.forward  # the monitor's: the model's own off-steps, its copy on logged ones
+    mixed = convert_outputs_to_fp32(get_mixed_precision_context_manager(True)(monitored))
+
+    @functools.wraps(monitored)
+    def forward(*args, **kwargs):
+        if mon.logged and torch.is_grad_enabled():
+            return mixed(*args, **kwargs)
+        return monitored(*args, **kwargs)
+
+    model.forward = forward
