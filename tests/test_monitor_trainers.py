@@ -282,6 +282,25 @@ def test_hf_trainer_resumed_from_a_checkpoint_counts_on_from_its_global_step(tmp
     assert unpatched(model)
 
 
+def test_hf_train_that_raises_is_detached_by_remove_or_the_next_train(tmp_path):
+    class Fails(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                raise RuntimeError("planted")
+
+    model = tiny_gpt2()
+    callback = HFMonitorCallback(every=1, select="lm_head")
+    with pytest.raises(RuntimeError, match="planted"):
+        hf_train(tmp_path, model, [callback, Fails()], max_steps=3)
+    assert "forward" in vars(model) and callback.monitor is not None  # no callback ran
+    callback.remove()
+    assert unpatched(model) and callback.monitor is None
+    with pytest.raises(RuntimeError, match="planted"):
+        hf_train(tmp_path, model, [callback, Fails()], max_steps=3)
+    hf_train(tmp_path, model, [callback], max_steps=2)  # its on_train_begin detaches the last
+    assert unpatched(model) and callback.monitor is None
+
+
 def test_hf_callback_options_are_checked():
     with pytest.raises(FxdebugError, match=r"unknown option evry= \(did you mean every=\?\)"):
         HFMonitorCallback(evry=10)
