@@ -424,6 +424,31 @@ def test_lightning_forward_never_run_names_module_and_detaches(tmp_path, package
 
 
 @pytest.mark.parametrize("package", LIGHTNING)
+def test_lightning_resumed_from_a_checkpoint_counts_on_from_its_global_step(tmp_path, package):
+    from fxdebug.monitor.lightning_callback import LightningMonitorCallback
+    seen: list[int] = []
+    options = dict(module="model", every=3, callback=lambda step, values: seen.append(step))
+    module = lightning_module(package, calls_self=True)
+    trainer = lightning_fit(package, module, [LightningMonitorCallback(**options)], tmp_path,
+                            max_steps=4)
+    trainer.save_checkpoint(tmp_path / "step4.ckpt")
+    assert sorted(set(seen)) == [0, 3]
+    del seen[:]
+    module = lightning_module(package, calls_self=True)
+    pl = importlib.import_module(package)
+    trainer = pl.Trainer(max_steps=7, accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path, accumulate_grad_batches=2,
+                         callbacks=[LightningMonitorCallback(**options)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, batches(), ckpt_path=tmp_path / "step4.ckpt")
+    assert trainer.global_step == 7
+    assert sorted(set(seen)) == [6], seen  # steps 4, 5, 6 ran; 6 is logged (every 3 from 0)
+    assert unpatched(module)
+
+
+@pytest.mark.parametrize("package", LIGHTNING)
 def test_lightning_reports_are_kept_and_logged(tmp_path, package, monkeypatch, caplog):
     from fxdebug.monitor import Monitor
     from fxdebug.monitor.lightning_callback import LightningMonitorCallback
