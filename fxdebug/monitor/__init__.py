@@ -9,6 +9,12 @@
     sinks.py       a TensorBoard SummaryWriter, any callable
     series.py      fxdebug.load_series(folder): .keys(), .get(key, stat, kind, rank), .drift()
     drift.py       DriftReport: the keys that moved most over a window
+    hf_callback.py         HFMonitorCallback: the monitor in a Hugging Face Trainer
+    lightning_callback.py  LightningMonitorCallback: the monitor in a Lightning Trainer
+    trainer_common.py      what both share: options, a training run's monitor
+
+The trainer callbacks are imported by their module (``from fxdebug.monitor.hf_callback import
+HFMonitorCallback``), not here: each needs its trainer's package.
 
 The statistics are moment summaries (:mod:`fxdebug.runtime.stats_moments`); their
 reduction over ranks is :mod:`fxdebug.distributed.summaries`.

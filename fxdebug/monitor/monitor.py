@@ -120,7 +120,7 @@ class Monitor:
                                f"got {type(callback).__name__}.")
         self.model = model
         self.every, self.start, self.end = every, start, end
-        self.steps = 0  # the step the next forward belongs to
+        self._steps = 0  # the step the next forward belongs to
         self.notes: list[str] = []
         self.spikes: list[SpikeReport] = []  # every spike report step() returned
         self._stats = check_stats(stats)
@@ -167,6 +167,27 @@ class Monitor:
             loss_key=None if "loss" in self._modules else "loss")
 
     # -- steps -------------------------------------------------------------------------------
+
+    @property
+    def steps(self) -> int:
+        """The step the next forward belongs to: 0 at attach, one more at each ``step()``.
+
+        Set it before a step's first forward to count on from elsewhere (a resumed run's
+        step): the steps logged and written follow it.
+        """
+        return self._steps
+
+    @steps.setter
+    def steps(self, step: int) -> None:
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise FxdebugError(f"fxdebug.monitor: steps must be an int >= 0, got {step!r}.")
+        self._steps = step
+        self._logging = self._attached and self._logged(step)
+
+    @property
+    def logged(self) -> bool:
+        """Whether the step in progress (``steps``) is one the monitor records."""
+        return self._logging
 
     def _logged(self, step: int) -> bool:
         return step >= self.start and (self.end is None or step < self.end) \
@@ -222,14 +243,12 @@ class Monitor:
                 report = self._spikes.check(step, loss, logged)
             finally:
                 self.steps = step + 1
-                self._logging = self._logged(self.steps)
             if report is not None:
                 self.spikes.append(report)
                 if self._folder is not None:
                     self._folder.write_spike(report.record())
             return report
         self.steps = step + 1
-        self._logging = self._logged(self.steps)
         return None
 
     def _record_step(self, step: int, loss) -> None:
