@@ -8,6 +8,8 @@
     series.get("fc1", "ratio", kind="update", rank=1)     one rank's own
     series.drift(window=20)                DriftReport: the keys that moved most
     series.spikes                          the spikes the monitor replayed, by step
+    series.plot("drift.png")               the top keys' rms and the loss, spikes marked
+    fxdebug.report(series, "series.html")  the same as inline SVG, with the tables
 
 A torn last line (a crash while it was written) is skipped and named in
 ``series.notes``; a step written twice (a resumed run) keeps its latest numbers.
@@ -23,6 +25,7 @@ import re
 from ..errors import FxdebugError
 from .drift import DriftReport, drift_rows
 from .folder import FORMAT, GLOBAL, MANIFEST, SPIKES
+from .plot import chart_data, plot_series, series_figure
 from .statistics import KINDS, STATS, UPDATE_STATS, derived, split_slot
 
 __all__ = ["Series", "load_series"]
@@ -132,6 +135,12 @@ class Series:
                 found.setdefault(split_slot(name)[0], None)
         return list(found)
 
+    def _kinds_of(self, key: str, rank: int | None = None) -> list[str]:
+        """The kinds recorded for ``key``, in the order of KINDS."""
+        found = {split_slot(name)[1] for rows in self._source(rank).values() for name in rows
+                 if split_slot(name)[0] == key}
+        return [kind for kind in KINDS if kind in found]
+
     @property
     def steps(self) -> list[int]:
         """The logged steps (of the global series)."""
@@ -193,6 +202,47 @@ class Series:
         return DriftReport(folder=self.folder, stat=stat, rank=rank,
                            steps=(steps[0], steps[-1]) if steps else (0, 0),
                            rows=drift_rows(series, limit))
+
+    def chart_data(self, keys: str | list[str] | None = None, stat: str = "rms",
+                   kinds: tuple[str, ...] = ("out",), rank: int | None = None,
+                   limit: int | None = 6, window: int | None = None):
+        """What :meth:`plot` draws and ``fxdebug.report(series, path)`` shows, as plain data
+        (a :class:`fxdebug.reporting.series_view.SeriesView`; see :meth:`plot`)."""
+        return chart_data(self, keys, stat, kinds, rank, limit, window)
+
+    def figure(self, keys: str | list[str] | None = None, stat: str = "rms",
+               kinds: tuple[str, ...] = ("out",), rank: int | None = None,
+               limit: int | None = 6, window: int | None = None):
+        """The ``matplotlib.figure.Figure`` :meth:`plot` saves (no pyplot, nothing global)."""
+        return series_figure(self, keys, stat, kinds, rank, limit, window)
+
+    def plot(self, path: str | os.PathLike, keys: str | list[str] | None = None,
+             stat: str = "rms", kinds: tuple[str, ...] = ("out",), rank: int | None = None,
+             limit: int | None = 6, window: int | None = None) -> str:
+        """Save a PNG of ``stat`` over the logged steps; return its path.
+
+        One axis holds ``keys`` (each with every kind of ``kinds`` it has; default: the
+        ``limit`` keys that moved most, :meth:`drift`'s top rows), log scale where every
+        value is positive; a second the loss ``step(loss)`` recorded (its mean), if any;
+        every spike step of :attr:`spikes` is a dashed red line, labelled. ``rank``: that
+        rank's own series; ``window``: only the latest logged steps. Needs matplotlib;
+        draws on a Figure of its own (no pyplot, the backend and rcParams left alone).
+
+        >>> import os, tempfile, torch, fxdebug
+        >>> folder = tempfile.mkdtemp()
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        >>> with fxdebug.monitor(net, every=1, folder=folder) as mon:
+        ...     for _ in range(3):
+        ...         net(torch.ones(1, 2)).sum().backward(); mon.step()
+        >>> path = fxdebug.load_series(folder).plot(os.path.join(folder, "drift.png"))
+        >>> open(path, "rb").read(4)
+        b'\\x89PNG'
+        """
+        return plot_series(self, path, keys, stat, kinds, rank, limit, window)
+
+    def _repr_html_(self) -> str:
+        from ..reporting.series_html import series_html
+        return series_html(self.chart_data())
 
     def __repr__(self) -> str:
         span = f"steps {self.steps[0]}-{self.steps[-1]}" if self.steps else "no steps"

@@ -10,7 +10,9 @@ filter by key) are inline, the charts are inline SVG::
       │    └─ records_table_html   sortable, filterable by key, non-finite rows marked
       ├─ GraphDiff        rows marked + (added) - (removed) ~ (changed), and the code diff
       ├─ EquivalenceReport  verdict and node comparisons, first divergence marked
-      └─ PassReport       one section per pass: its diff and its equivalence check
+      ├─ PassReport       one section per pass: its diff and its equivalence check
+      └─ Series (fxdebug.load_series), or any SeriesView: series_html.py, line charts
+                          over steps (inline SVG, spike steps marked), the drift table, spikes
 
 Anything else is an error naming what it accepts.
 
@@ -33,6 +35,8 @@ import torch
 from ..runtime import RECORDER_ATTR, Records
 from ..runtime.records_html import records_rows, records_table_html
 from ..tables.report import Report
+from .series_html import series_html
+from .series_view import SeriesView
 
 __all__ = ["report", "html_page", "diff_html", "equivalence_html"]
 
@@ -51,6 +55,7 @@ pre{background:#f8f8f8;padding:8px;overflow-x:auto;font-size:12px}
 pre .add{color:#080}pre .del{color:#c00}pre .hunk{color:#06c}
 input.filter{margin:6px 0;padding:3px;width:24em}
 svg text{font:10px sans-serif}
+.legend{font-size:12px;margin:0 0 10px 64px}
 """
 
 _JS = """
@@ -208,14 +213,18 @@ def _section(obj, index: int) -> str:
             if stage.equivalence is not None:
                 parts.append(equivalence_html(stage.equivalence))
         return "".join(parts)
+    if callable(getattr(obj, "chart_data", None)):  # a monitor's Series
+        obj = obj.chart_data()
+    if isinstance(obj, SeriesView):
+        return series_html(obj)
     if isinstance(obj, Report):  # any other fxdebug report: its own HTML
         return f"<h2>{_esc(type(obj).__name__)}</h2>" + obj._repr_html_()
     if isinstance(obj, torch.nn.Module):
         raise TypeError(f"report: {type(obj).__name__} has no recorded run; pass a module made "
                         f"by fxdebug.instrument after calling it once.")
     raise TypeError(f"report: cannot show a {type(obj).__name__}; give an instrumented module, "
-                    f"Records, a GraphDiff, an EquivalenceReport or a PassReport "
-                    f"(or a list of them).")
+                    f"Records, a GraphDiff, an EquivalenceReport, a PassReport or a Series "
+                    f"(fxdebug.load_series) (or a list of them).")
 
 
 def html_page(gm_or_reports, title: str = "fxdebug report") -> str:
@@ -232,10 +241,11 @@ def report(gm_or_reports, path: str | os.PathLike, title: str = "fxdebug report"
 
     ``gm_or_reports``: an instrumented module after a run (or its Records), a
     ``GraphDiff``, an ``EquivalenceReport``, a ``PassReport`` (what ``PassManager.run``
-    returns), any other fxdebug report, or a
-    list of these: records table (sortable, filterable by key), activation and
-    gradient norm charts, non-finite nodes in red, diffs coloured, first
-    divergence outlined.
+    returns), any other fxdebug report, a monitor's ``Series`` (``fxdebug.load_series``:
+    line charts of the keys that drifted most and of the loss, spike steps marked, the
+    drift table and the spikes), or a list of these: records table (sortable, filterable
+    by key), activation and gradient norm charts, non-finite nodes in red, diffs
+    coloured, first divergence outlined.
 
     >>> import os, tempfile, torch, fxdebug
     >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(2, 2)))
