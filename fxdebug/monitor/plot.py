@@ -123,7 +123,7 @@ def chart_data(series, keys=None, stat: str = "rms", kinds: tuple[str, ...] = ("
                              "first non-finite", "rank"), tuple(spike_rows(spikes))))
     details = tuple((f"spike at step {s['step']}: the replay's report", str(s["text"]))
                     for s in spikes if s.get("text"))
-    return SeriesView(f"series {os.path.basename(os.path.abspath(series.folder))}",
+    return SeriesView(f"{os.path.basename(os.path.abspath(series.folder))} (fxdebug.monitor)",
                       tuple(charts), marks, tuple(tables), details, tuple(series.notes))
 
 

@@ -223,7 +223,7 @@ class Series:
 
         One axis holds ``keys`` (each with every kind of ``kinds`` it has; default: the
         ``limit`` keys that moved most, :meth:`drift`'s top rows), log scale where every
-        value is positive; a second the loss ``step(loss)`` recorded (its mean), if any;
+        value is positive and they span a factor of 10 or more; a second the loss ``step(loss)`` recorded (its mean), if any;
         every spike step of :attr:`spikes` is a dashed red line, labelled. ``rank``: that
         rank's own series; ``window``: only the latest logged steps. Needs matplotlib;
         draws on a Figure of its own (no pyplot, the backend and rcParams left alone).

@@ -11,7 +11,7 @@ monitor's folder::
                tables=(Table(caption, head, rows), ...),
                details=((summary, text), ...), notes=(...))
 
->>> chart = Chart("rms", "rms", (Line("fc.out.rms", (0, 5), (1.0, 3.0)),))
+>>> chart = Chart("rms", "rms", (Line("fc.out.rms", (0, 5), (1.0, 30.0)),))
 >>> chart.log, chart.steps()
 (True, [0, 5])
 """
@@ -21,7 +21,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-__all__ = ["SeriesView", "Chart", "Line", "Mark", "Table"]
+__all__ = ["SeriesView", "Chart", "Line", "Mark", "Table", "LOG_SPAN"]
+
+LOG_SPAN = 10.0
+"""A chart whose values are all positive and span at least this factor is drawn on a log scale."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,9 +50,10 @@ class Chart:
 
     @property
     def log(self) -> bool:
-        """Log scale: every finite value is positive (and there is one)."""
+        """Log scale: every finite value is positive and they span at least a factor of
+        :data:`LOG_SPAN` (a narrower range reads better on a linear scale)."""
         finite = [v for line in self.lines for v in line.finite()]
-        return bool(finite) and min(finite) > 0
+        return bool(finite) and min(finite) > 0 and max(finite) >= LOG_SPAN * min(finite)
 
     def steps(self) -> list[int]:
         """Every step of every line, sorted."""
