@@ -89,10 +89,8 @@ def line_chart_svg(chart: Chart, marks: tuple[Mark, ...] = ()) -> str:
         parts.append(f'<line x1="{LEFT}" x2="{LEFT + width}" y1="{y(tick):.1f}" '
                      f'y2="{y(tick):.1f}" stroke="#ddd"/><text x="2" y="{y(tick) + 3:.1f}">'
                      f'{text}</text>')
-    span, stride, nice = max(1, last - first), 1, (2, 2.5, 2)  # 1, 2, 5, 10, 20, 50, ...
-    while span / stride > 8:
-        stride = int(stride * nice[0])
-        nice = nice[1:] + nice[:1]
+    span = max(1, last - first)
+    stride = next(m * 10 ** e for e in range(19) for m in (1, 2, 5) if span <= 8 * m * 10 ** e)
     for step in range(first - first % stride, last + 1, stride):
         if step >= first:
             parts.append(f'<text x="{x(step):.1f}" y="{HEIGHT - 22}" text-anchor="middle">'
