@@ -10,6 +10,7 @@ import math
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -280,3 +281,16 @@ def test_series_command_plot_html_and_spike_list(run, tmp_path, capsys):
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert page.read_text().count('<svg class="fxdebug-series-chart"') == 2
     assert printed[-2:] == [f"plot: {png}", f"page: {page}"]
+
+
+def test_series_command_without_matplotlib_says_how_to_get_it(run, tmp_path, capsys,
+                                                             monkeypatch):
+    series, _ = run
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # as if it were not installed
+    from fxdebug.cli import main
+    png, page = tmp_path / "x.png", tmp_path / "x.html"
+    assert main(["series", series.folder, "--plot", str(png), "--html", str(page)]) == 2
+    printed = capsys.readouterr()
+    assert "pip install 'fxdebug[plot]'" in printed.err, printed
+    assert printed.out == ""  # failed before the table, the page or the plot
+    assert not png.exists() and not page.exists()

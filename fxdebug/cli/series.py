@@ -77,6 +77,9 @@ def run(args) -> int:
     if args.stat not in STATS:
         raise FxdebugError(f"fxdebug series: unknown --stat {args.stat!r}; the stats are "
                            f"{', '.join(STATS)}.")
+    if args.plot:
+        from ..reporting.plots import require_matplotlib
+        require_matplotlib()  # fail before anything is printed or written
     series = load_series(args.folder)
     kinds = tuple(args.kind or ("out", "param"))
     report = series.drift(window=args.window, stat=args.stat, kinds=kinds, rank=args.rank,
