@@ -246,8 +246,9 @@ def test_page_charts_tables_and_spikes_hold_the_hooked_values(run, page):
                      ["7", "grad_norm is nan", "no", "-", "1", "0"]]
 
 
-def test_page_is_self_contained_and_escapes_what_users_wrote(page):
+def test_page_is_self_contained_and_escapes_what_users_wrote(run, page):
     text = page.read_text()
+    assert run[0]._repr_html_() in text  # Jupyter shows the same section
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text)
     assert "<script src" not in text and "<link" not in text
     assert "<script>alert" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text

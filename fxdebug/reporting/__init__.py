@@ -10,6 +10,9 @@ Nothing here changes a graph or runs a pass::
     plot_norms(records, "norms.png")    plots.py: activation and gradient norms per node
     report(gm_or_reports, "r.html")     html.py: one self-contained HTML page (records,
                                         norm charts, coloured diffs, first divergence)
+    SeriesView(charts, marks, tables)   series_view.py: values over steps as plain data,
+      ├─ view_figure(view)              drawn by plots.py (matplotlib) and by
+      └─ series_html(view)              series_html.py (inline SVG, for the page)
 
 >>> import torch, fxdebug
 >>> print(fxdebug.reporting.diff(fxdebug.trace(torch.nn.ReLU()), fxdebug.trace(torch.nn.ReLU())).table())
