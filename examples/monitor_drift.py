@@ -51,7 +51,7 @@ with tempfile.TemporaryDirectory(prefix="fxdebug-") as scratch:
     print()
     print(series.drift(kinds=("out",), limit=5).table())  # the activations: it and what follows
     steps, ratio = series.get(DRIFTING, "ratio", kind="update")
-    print(f"{DRIFTING} update/param ratio: {ratio[0]:.3g} at step {steps[0]}, "
+    print(f"{DRIFTING} update/param ratio:\n  {ratio[0]:.3g} at step {steps[0]}, "
           f"{ratio[-1]:.3g} at step {steps[-1]}")
     print()
 
@@ -71,12 +71,12 @@ with tempfile.TemporaryDirectory(prefix="fxdebug-") as scratch:
     except fxdebug.FxdebugError as exc:  # no matplotlib: pip install matplotlib
         print(f"no plot: {exc}")
     else:
-        print(f"drift.png: {os.path.getsize(png)} bytes (removed with the temporary folder; "
-              f"write it where you keep it)")
+        print(f"drift.png: {os.path.getsize(png)} bytes (in a temporary folder, removed "
+              f"at the end)")
 
 top = report.rows[0]
 assert top.key == DRIFTING, f"expected {DRIFTING} to drift most, the table says {top.key}"
 plotted = view.charts[0].lines[0].label
 assert plotted == f"{DRIFTING}.param.rms", f"the plot's first line is {plotted}"
-print(f"ok: {top.key} drifted most ({top.kind} rms x{top.factor:.3g} over steps "
-      f"{report.steps[0]}-{report.steps[1]}), the plot's first line")
+print(f"ok: {top.key} moved most (x{top.factor:.3g}, steps "
+      f"{report.steps[0]}-{report.steps[1]}), first plotted")
