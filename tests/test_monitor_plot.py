@@ -295,3 +295,29 @@ def test_series_command_without_matplotlib_says_how_to_get_it(run, tmp_path, cap
     assert "pip install 'fxdebug[plot]'" in printed.err, printed
     assert printed.out == ""  # failed before the table, the page or the plot
     assert not png.exists() and not page.exists()
+
+
+def test_a_spike_the_monitor_replayed_is_marked_at_its_step(tmp_path):
+    pytest.importorskip("matplotlib")
+    from fxdebug.monitor.spikes import Factor
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
+    reports = {}
+    with fxdebug.monitor(net, every=2, folder=tmp_path,
+                         spikes=[Factor("loss", 10, window=8, min_steps=2)]) as mon:
+        for step in range(8):
+            x = torch.randn(16, 4) * (1e3 if step == 5 else 1.0)  # one bad batch, off a logged step
+            loss = mon.model(x).pow(2).mean()
+            loss.backward()
+            report = mon.step(loss)
+            if report is not None:
+                reports[step] = report
+            net.zero_grad()
+    assert list(reports) == [5]
+    series = fxdebug.load_series(tmp_path)
+    for axis in series.figure().axes:
+        marks = {g: [float(x) for x in d[0]] for g, d in drawn(axis).items() if g.startswith("mark-")}
+        assert marks == {"mark-5": [5.0, 5.0]}
+    section = fxdebug.reporting.series_html.series_html(series.chart_data())
+    assert re.findall(r'<line class="mark" data-step="(\d+)"', section) == ["5", "5"]
+    assert html.escape(reports[5].trigger) in section
