@@ -184,7 +184,7 @@ def _runs(gm: torch.nn.Module, forwards: list[Forward], params, dtype) -> tuple[
             pairs = [(t, g) for t, g in zip(leaves, out_grads) if t.requires_grad]
             param_grads: list[torch.Tensor | None] = [None] * len(params)
             if pairs and params:
-                surrogate = sum((t * g.to(t.dtype)).sum() for t, g in pairs)
+                surrogate = torch.stack([(t * g.to(t.dtype)).sum().double() for t, g in pairs]).sum()
                 param_grads = list(torch.autograd.grad(surrogate, params, allow_unused=True))
         rec = records(gm)
         values = [(key, _leaves(rec[key])) for key in rec.keys()]
@@ -219,8 +219,12 @@ def _reproduced(forwards: list[Forward], runs: list[_Run], params,
                                f"from the step's")
     summed: list[torch.Tensor | None] = []
     for index in range(len(params)):
-        found = [run.param_grads[index] for run in runs if run.param_grads[index] is not None]
-        summed.append(sum(found[1:], found[0]) if found else None)  # type: ignore[arg-type]
+        total: torch.Tensor | None = None
+        for run in runs:
+            grad = run.param_grads[index]
+            if grad is not None:
+                total = grad if total is None else total + grad
+        summed.append(total)
     if reduce_grads is not None:
         summed = reduce_grads(summed)
     kept = [p.grad for p in params]

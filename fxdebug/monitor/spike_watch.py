@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -90,14 +90,14 @@ class SpikeWatch:
 
     def check(self, step: int, loss, logged: bool) -> SpikeReport | None:
         """Evaluate the rules on this step; replay it when one fires."""
+        error: BaseException | None = None
+        reason: str | None = None
         try:
             reason = self._reason(step, loss, logged)
         except Exception as exc:
             if self.ranks is None:
                 raise
-            reason, error = None, exc
-        else:
-            error = None
+            error = exc
         if self.ranks is not None:
             fired = self._agree(reason, error)
             if fired is None:
@@ -247,7 +247,8 @@ class SpikeWatch:
         total = flat.to(device)
         torch.distributed.all_reduce(total, group=ranks.group)
         total = (total / ranks.size).to(flat.device)
-        out, offset = [], 0
+        out: list[torch.Tensor | None] = []
+        offset = 0
         for grad in grads:
             if grad is None:
                 out.append(None)
@@ -271,7 +272,7 @@ class SpikeWatch:
                 if r.first_step != r.last_step]
 
 
-def _report(step: int, reason: str, rank_ids: list[int], everyone: list[dict],
+def _report(step: int, reason: str, rank_ids: Sequence[int], everyone: list[dict],
             moved, per_rank: bool) -> SpikeReport:
     def lowest(field: str):
         for rank, entry in zip(rank_ids, everyone):
