@@ -71,7 +71,7 @@ class StepForwards:
     @staticmethod
     def end(entry: Forward, out: Any) -> None:
         """After it: its floating outputs, each with a hook that keeps the gradient it gets."""
-        for index, (name, tensor) in enumerate(flatten_tensors(out)):
+        for name, tensor in flatten_tensors(out):
             if not tensor.is_floating_point():
                 continue
             entry.outputs.append((name, tensor.detach()))
@@ -227,8 +227,8 @@ def _reproduced(forwards: list[Forward], runs: list[_Run], params,
         summed.append(total)
     if reduce_grads is not None:
         summed = reduce_grads(summed)
-    kept = [p.grad for p in params]
-    pairs = [(k.detach(), s) for k, s in zip(kept, summed) if k is not None and s is not None
+    step_grads: list[torch.Tensor | None] = [p.grad for p in params]
+    pairs = [(k.detach(), s) for k, s in zip(step_grads, summed) if k is not None and s is not None
              and k.shape == s.shape]
     if not pairs:
         return True, "the replay's outputs equal the step's (no parameter gradient to compare)"

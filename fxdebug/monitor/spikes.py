@@ -70,7 +70,7 @@ class NonFinite(Rule):
 
     metric = "nonfinite"
 
-    def check(self, value: float, metric: str = "value") -> str | None:  # type: ignore[override]
+    def check(self, value: float, metric: str = "value") -> str | None:
         return None if math.isfinite(value) else f"{metric} is {_number(value)}"
 
     def copy(self) -> "NonFinite":
@@ -105,7 +105,7 @@ class _Window(Rule):
         raise NotImplementedError
 
     def copy(self):
-        return type(self)(self.metric, self.threshold, window=self.window,  # type: ignore[call-arg]
+        return type(self)(self.metric, self.threshold, window=self.window,
                           min_steps=self.min_steps)
 
     def __repr__(self) -> str:
