@@ -41,7 +41,6 @@ from ..distributed.rank_group import RankGroup, distributed_ready, unwrap
 from ..distributed.summaries import NO_GROUP, empty_summaries, reduce_summaries
 from ..errors import FxdebugError
 from ..instrument import instrument, records
-from ..runtime.placement import dtensor_placement
 from ..runtime.stats_moments import combine_moments, summarize_moments
 from .folder import SeriesFolder
 from .pooling import RankLayout, Share
@@ -188,8 +187,10 @@ class Monitor:
             return
         summary = summarize_moments(value)
         found = self._folded.get(name)
-        self._folded[name] = (summary, self._layout.activation(placement)) if found is None \
-            else (combine_moments(found[0], summary), found[1])
+        if found is None:
+            self._folded[name] = (summary, self._layout.activation(value, placement))
+        else:
+            self._folded[name] = (combine_moments(found[0], summary), found[1])
 
     @functools.cached_property
     def _layout(self) -> RankLayout:
@@ -232,7 +233,7 @@ class Monitor:
             if isinstance(loss, torch.Tensor) and "loss" not in self._modules:
                 loss = loss.detach()
                 entries.append(_activation_row(step, slot("loss", "out"), summarize_moments(loss),
-                                               self._layout.activation(dtensor_placement(loss))))
+                                               self._layout.activation(loss)))
         except Exception as exc:  # under torch.distributed the others meet this in the reduce
             if self._ranks is None:
                 raise

@@ -23,7 +23,7 @@ it duplicates another rank's::
                                        replicated, counts once (fxdebug.distributed.summaries)
 
 >>> layout = RankLayout(slot=1, first_rank=0, tp_first=None, tp_why="no tensor parallelism")
->>> layout.parameter(torch.ones(2)).counts, layout.activation(None).counts
+>>> layout.parameter(torch.ones(2)).counts, layout.activation(torch.ones(2)).counts
 (False, True)
 """
 
@@ -35,7 +35,7 @@ import torch
 
 from ..distributed.summaries import NO_GROUP
 from ..runtime import torch_compat
-from ..runtime.placement import Placement, dtensor_placement
+from ..runtime.placement import Placement
 
 __all__ = ["Share", "RankLayout"]
 
@@ -59,21 +59,41 @@ def _mesh_ranks(mesh) -> list[int]:
     return [int(r) for r in mesh.mesh.flatten().tolist()]
 
 
-def _partial(placement: Placement) -> str:
-    names = [name or f"dim {i}" for i, (name, _) in enumerate(placement.mesh_dims)]
-    dims = [names[d] if d < len(names) else f"dim {d}"
-            for d, p in enumerate(placement.placements) if p.startswith("P")]
-    if not dims:
-        return ""
-    return (f"a pending sum (Partial on mesh dim {', '.join(dims)}): each rank holds a term "
+def _dims(placements) -> tuple[str, ...]:
+    """Per mesh dim ``"R"`` (copies), ``"P"`` (terms of a pending sum) or ``"S"`` (disjoint
+    pieces: ``Shard``, FSDP's ``_StridedShard``, any other split), from DTensor placements or
+    :class:`~fxdebug.runtime.placement.Placement` texts."""
+    out = []
+    for p in placements:
+        if isinstance(p, str):
+            out.append("R" if p == "R" else "P" if p.startswith("P") else "S")
+        else:
+            out.append("R" if p.is_replicate() else "P" if p.is_partial() else "S")
+    return tuple(out)
+
+
+def _placed(dims: tuple[str, ...], coordinate, names, first_copy: bool = True) -> Share:
+    """A value placed ``dims`` on a mesh where this rank sits at ``coordinate``."""
+    partial = [names[d] if d < len(names) and names[d] else f"dim {d}"
+               for d, p in enumerate(dims) if p == "P"]
+    if partial:
+        return Share(False, left_out=(
+            f"a pending sum (Partial on mesh dim {', '.join(partial)}): each rank holds a term "
             f"of an unreduced sum, whose statistics are not the sum's; reducing it would cost "
-            f"an all-reduce of the whole tensor")
+            f"an all-reduce of the whole tensor"))
+    copy = any(p == "R" and d < len(coordinate) and coordinate[d] != 0
+               for d, p in enumerate(dims))
+    return Share(first_copy and not copy)
 
 
-def _off_first_replica(placement: Placement) -> bool:
-    """Whether this rank's coordinate is not 0 on some Replicate mesh dim."""
-    return any(p == "R" and d < len(placement.coordinate) and placement.coordinate[d] != 0
-               for d, p in enumerate(placement.placements))
+def _dtensor(tensor) -> bool:
+    return type(tensor) is not torch.Tensor and hasattr(tensor, "placements") \
+        and hasattr(tensor, "device_mesh")
+
+
+def _mesh_place(mesh) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    names = tuple(str(n) for n in (getattr(mesh, "mesh_dim_names", None) or ()))
+    return tuple(int(c) for c in (mesh.get_coordinate() or ())), names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,30 +135,25 @@ class RankLayout:
 
     def parameter(self, tensor: torch.Tensor) -> Share:
         """A parameter (its gradient, its update): every rank holds the plain ones alike."""
-        placement = dtensor_placement(tensor)
-        if placement is None:
+        if not _dtensor(tensor):
             return Share(self.slot == 0)
-        if not placement.known:
-            return Share(False, left_out=placement.source)
-        partial = _partial(placement)
-        if partial:
-            return Share(False, left_out=partial)
-        first_copy = placement.mesh is None or min(_mesh_ranks(placement.mesh)) == self.first_rank
-        return Share(first_copy and not _off_first_replica(placement))
+        mesh = tensor.device_mesh
+        coordinate, names = _mesh_place(mesh)
+        first_copy = min(_mesh_ranks(mesh)) == self.first_rank
+        return _placed(_dims(tensor.placements), coordinate, names, first_copy)
 
-    def activation(self, placement: Placement | None) -> Share:
-        """A module output or its gradient, placed as its Record says."""
-        if placement is None or (not placement.known and placement.local):
-            if not self.tensor_parallel:
-                return Share(True)
-            if self.tp_first is None:
-                return Share(False, left_out=f"a local tensor of undeclared layout in a "
-                                             f"tensor-parallel model whose group is unknown "
-                                             f"({self.tp_why})")
-            return Share(True, group=self.tp_first)
-        if not placement.known:
-            return Share(False, left_out=placement.source)
-        partial = _partial(placement)
-        if partial:
-            return Share(False, left_out=partial)
-        return Share(not _off_first_replica(placement))
+    def activation(self, value, placement: Placement | None = None) -> Share:
+        """A module output or its gradient: a DTensor by its placements, a plain tensor as
+        its Record's ``placement`` says (a ParallelStyle's declared layout, or unknown)."""
+        if _dtensor(value):
+            return _placed(_dims(value.placements), *_mesh_place(value.device_mesh))
+        if placement is not None and placement.known:
+            names = tuple(name for name, _ in placement.mesh_dims)
+            return _placed(_dims(placement.placements), placement.coordinate, names)
+        if not self.tensor_parallel:
+            return Share(True)
+        if self.tp_first is None:
+            return Share(False, left_out=f"a local tensor of undeclared layout in a "
+                                         f"tensor-parallel model whose group is unknown "
+                                         f"({self.tp_why})")
+        return Share(True, group=self.tp_first)
