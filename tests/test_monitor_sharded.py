@@ -296,3 +296,105 @@ def test_fsdp_x_tp_llama_global_series_equal_the_unsharded_models_on_the_concate
         tmp_path):
     found = on_ranks(_llama_fsdp_tp, 4, str(tmp_path), timeout=300)
     assert len(set(found)) == 1, found
+
+
+# -- the update: measured at the next step, reduced and read with the next logged step ---------
+
+def _update_timing(rank, world, folder):
+    """Per step() call (and remove()): the all_reduce calls it made, the global lines and the
+    callback calls it added; the update of step 0 against the parameters' change."""
+    import json
+    import os
+    import torch.distributed as dist
+    calls: list[str] = []
+    plain = dist.all_reduce
+
+    def counted(*args, **kwargs):  # the real collective, counted
+        calls.append("all_reduce")
+        return plain(*args, **kwargs)
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(3 + rank)
+    seen: list[tuple[int, bool]] = []
+    events = []
+    path = os.path.join(folder, "global.jsonl")
+
+    def lines():
+        if rank != 0 or not os.path.exists(path):
+            return []
+        with open(path, encoding="utf-8") as handle:
+            return [(entry["step"], sorted({name.rpartition(".")[2] for name in entry["rows"]}))
+                    for entry in map(json.loads, handle.read().splitlines())]
+
+    dist.all_reduce = counted
+    try:
+        mon = fxdebug.monitor(net, every=3, folder=folder, select="0",
+                              callback=lambda step, values: seen.append(
+                                  (step, "0.update.ratio" in values)))
+        for step in range(5):
+            net(torch.randn(2, 4, generator=generator)).sum().backward()
+            before = (len(calls), len(lines()), len(seen))
+            if step == 0:
+                kept = [p.detach().clone() for p in net[0].parameters()]
+            mon.step()
+            events.append((step, len(calls) - before[0], lines()[before[1]:], seen[before[2]:]))
+            for p in net.parameters():  # as DDP: every rank's parameters move alike
+                plain(p.grad)
+                p.grad /= world
+            optimizer.step()
+            optimizer.zero_grad()
+            if step == 0:
+                change = torch.cat([(p - b).reshape(-1) for p, b in zip(net[0].parameters(),
+                                                                        kept)])
+        before = (len(calls), len(lines()), len(seen))
+        mon.remove()
+        events.append(("remove", len(calls) - before[0], lines()[before[1]:], seen[before[2]:]))
+    finally:
+        dist.all_reduce = plain
+    dist.barrier()
+    series = fxdebug.load_series(folder)
+    expected = reference(change)
+    steps, values = series.get("0", "rms", kind="update")
+    assert steps == [0, 3] and abs(values[0] - expected["rms"]) <= 1e-6 * expected["rms"], (
+        values, expected)
+    return events
+
+
+def test_the_update_is_reduced_and_read_with_the_next_logged_step_never_off_steps(tmp_path):
+    events = on_ranks(_update_timing, 2, str(tmp_path))
+    update, step = ["update"], ["grad", "out", "param", "param_grad"]
+    # (step, all_reduce calls in its step(), global lines written, callback calls (step, update?))
+    assert events[0] == [
+        (0, 2, [(0, step)], [(0, False)]),
+        (1, 0, [], []),  # the update of step 0 is measured here, on the device: kept
+        (2, 0, [], []),
+        (3, 2, [(0, update), (3, step)], [(0, True), (3, False)]),  # one reduce for both
+        (4, 0, [], []),
+        ("remove", 2, [(3, update)], [(3, True)]),  # what is pending, published on remove()
+    ]
+    assert [event[:2] for event in events[1]] == [event[:2] for event in events[0]]
+
+
+def test_an_off_step_after_a_logged_one_reads_nothing_back_to_the_host():
+    """On a GPU: the step() that measures the update synchronises with the device never."""
+    from test_cuda import DEVICE, ON_GPU, count_host_syncs
+    if ON_GPU and not torch.cuda.is_available():
+        import pytest
+        pytest.skip("needs a CUDA GPU")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(),
+                              torch.nn.Linear(8, 2)).to(DEVICE)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    seen = []
+    with fxdebug.monitor(net, every=3, callback=lambda step, values: seen.append(step)) as mon:
+        for step in range(4):
+            net(torch.randn(2, 4, device=DEVICE)).sum().backward()
+            with count_host_syncs() as syncs:
+                mon.step()
+            if step in (1, 2):
+                assert syncs == [], (step, syncs)
+            optimizer.step()
+            optimizer.zero_grad()
+    assert seen == [0, 0, 3]  # step 0, its update (read at step 3), step 3
