@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
@@ -89,7 +89,7 @@ def monitor(model: torch.nn.Module, every: int = 100, folder: str | os.PathLike 
         >>> import torch, fxdebug
         >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
         >>> opt = torch.optim.SGD(net.parameters(), lr=0.1)
-        >>> seen = []  # (step, values): the step's statistics, then (next step) its update
+        >>> seen = []  # (step, values): step 0's, its update (read at step 2), step 2's, its update
         >>> with fxdebug.monitor(net, every=2, callback=lambda *call: seen.append(call)) as mon:
         ...     for step in range(4):
         ...         loss = mon.model(torch.randn(8, 4)).sum()
@@ -140,7 +140,7 @@ class Monitor:
                     "loss": None if "loss" in self._modules else "loss"},
             first=self._ranks is None or self._ranks.slot == 0)
         self._runs: list = []  # Records of this logged step's forwards, not yet summarized
-        self._folded: dict[str, torch.Tensor] = {}  # name -> moment summary, forwards merged
+        self._folded: dict[str, tuple] = {}  # name -> (moment summary, Share), forwards merged
         self._pending_update: tuple | None = None  # (step, copies, param rows) of a logged step
         self._logging = self._logged(0)
         self._own_forward = target.__dict__.get("forward", _MISSING)
@@ -288,18 +288,20 @@ class Monitor:
                 if e.left_out:
                     _note(self.notes, f"{split_slot(e.name)[0]}: {split_slot(e.name)[1]} left "
                                       f"out of the global series: {e.left_out}")
-            local = _stack([e.own for e in entries]) if error is None else None
-            sent = _stack([e.sent for e in shown]) if error is None else None
+            sent = None if error is not None else _stack([e.sent for e in shown])
             glob = reduce_summaries(self._ranks, [f"{e.step}:{e.name}" for e in shown], sent,
-                                    [e.group for e in shown], error)
-            rows = _read(local, glob)
+                                    [e.group for e in shown], error)  # raises if one failed
+            rows = _read(_stack([e.own for e in entries]), glob)
         own_rows, global_rows = rows[:len(entries)], rows[len(entries):]
         found = {(e.step, e.name): row for e, row in zip(shown, global_rows)}
         for step in dict.fromkeys(e.step for e in entries):  # the update's step first
-            mine = {e.name: row for e, row in zip(entries, own_rows) if e.step == step}
-            shared = {name: row for (at, name), row in found.items() if at == step}
-            params = {split_slot(e.name)[0]: e.params for e in entries
-                      if e.step == step and e.params is not None}
+            mine: dict[str, Sequence[float]] = {
+                e.name: row for e, row in zip(entries, own_rows) if e.step == step}
+            shared: dict[str, Sequence[float]] = {
+                name: row for (at, name), row in found.items() if at == step}
+            params: dict[str, Sequence[float]] = {
+                split_slot(e.name)[0]: e.params for e in entries
+                if e.step == step and e.params is not None}
             if self._folder is not None:
                 self._folder.write(step, mine, shared)
             emit(self._callback, self._writer, step, shared, params, self._stats)

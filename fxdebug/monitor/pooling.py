@@ -10,12 +10,14 @@ it duplicates another rank's::
       ├─ plain                         every rank holds it alike: the group's first rank's
       ├─ DTensor                       counts on the first copy of its mesh (the one holding
       │                                the group's first rank), where its coordinate is 0
-      │                                on every Replicate mesh dim (Shard dims pool)
+      │                                on every Replicate mesh dim (Shard dims, FSDP's
+      │                                _StridedShard too, pool)
       └─ Partial                       a pending sum: left out of the global series
-    layout.activation(placement)       a module output or its gradient (Records' placement)
-      ├─ None (no tensor parallelism)  each rank holds its part of the batch: pools
-      ├─ DTensor, or a ParallelStyle's
-      │  declared layout               coordinate 0 on every Replicate dim counts; Shard
+    layout.activation(value, placement)  a module output or its gradient
+      ├─ plain, no tensor parallelism  each rank holds its part of the batch: pools
+      ├─ DTensor (its placements), or
+      │  a ParallelStyle's declared
+      │  layout (Records' placement)   coordinate 0 on every Replicate dim counts; Shard
       │                                dims and the ranks outside the mesh (data-parallel
       │                                dims: other batches) pool; Partial: left out
       └─ local, layout unknown         pools, with the tensor-parallel group as its replica
@@ -30,6 +32,7 @@ it duplicates another rank's::
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -137,10 +140,10 @@ class RankLayout:
         """A parameter (its gradient, its update): every rank holds the plain ones alike."""
         if not _dtensor(tensor):
             return Share(self.slot == 0)
-        mesh = tensor.device_mesh
-        coordinate, names = _mesh_place(mesh)
-        first_copy = min(_mesh_ranks(mesh)) == self.first_rank
-        return _placed(_dims(tensor.placements), coordinate, names, first_copy)
+        placed: Any = tensor
+        coordinate, names = _mesh_place(placed.device_mesh)
+        first_copy = min(_mesh_ranks(placed.device_mesh)) == self.first_rank
+        return _placed(_dims(placed.placements), coordinate, names, first_copy)
 
     def activation(self, value, placement: Placement | None = None) -> Share:
         """A module output or its gradient: a DTensor by its placements, a plain tensor as
