@@ -138,16 +138,17 @@ class MLP(torch.nn.Module):
         return self.head(x)
 
 
-def _fsdp(rank, world, folder):
+def _fsdp(rank, world, folder, config):
     from torch.distributed.fsdp import fully_shard
     model = MLP()
     whole = copy.deepcopy(model)
     generator = torch.Generator().manual_seed(7)
     batches = [torch.randn(3 * world, D, generator=generator) for _ in range(5)]
+    mesh = families.mesh_for(config, world)  # hsdp: (replicate, shard) = (world // 2, 2)
     for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
-    assert hasattr(model.head.weight, "placements")  # a DTensor shard: pooled by placement
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    assert len(model.head.weight.placements) == mesh.ndim  # a DTensor: pooled by placement
     mon = train(model, [(b[3 * rank:3 * (rank + 1)],) for b in batches], 2, mean_loss, folder)
     names = [name for name, _ in whole.named_modules() if name]
     expected = truth(whole, [(b,) for b in batches], names, 2, world, mean_loss)
@@ -158,7 +159,11 @@ def _fsdp(rank, world, folder):
 
 
 def test_fsdp2_global_series_equal_the_unsharded_models_on_the_concatenated_batch(tmp_path):
-    assert on_ranks(_fsdp, 2, str(tmp_path)) == [[], []]
+    assert on_ranks(_fsdp, 2, str(tmp_path), "fsdp") == [[], []]
+
+
+def test_hsdp_counts_the_replicated_shards_once(tmp_path):
+    assert on_ranks(_fsdp, 4, str(tmp_path), "hsdp") == [[]] * 4
 
 
 # -- tensor parallelism on 2 ranks: local, DTensor, replicated and pending-sum outputs -------
@@ -240,17 +245,17 @@ def test_tensor_parallel_global_series_count_replicas_once_and_pool_shards(tmp_p
 LLAMA_SELECT = ["model.embed_tokens", "model.layers.*", "model.norm", "lm_head"]
 
 
-def _llama_fsdp_tp(rank, world, folder):
+def _hugging_face(rank, world, folder, family, config):
     warnings.simplefilter("ignore")
-    model, (ids,) = families.make("llama")
+    model, (ids,) = families.make(family)
     model.train()
     whole = copy.deepcopy(model)
     generator = torch.Generator().manual_seed(11)
-    world_dp = world // 2
+    # fsdp_tp: mesh (dp, tp) = (world // 2, 2), ranks 2d, 2d + 1 share a batch; tp: one batch
+    world_dp, dp = (world // 2, rank // 2) if config == "fsdp_tp" else (1, 0)
     batches = [torch.randint(0, families.VOCAB, (2 * world_dp, families.SEQ),
                              generator=generator) for _ in range(3)]
-    dp = rank // 2  # mesh (dp, tp) = (world // 2, 2): ranks 2d, 2d + 1 share a batch
-    families.configure(model, "llama", "fsdp_tp", world)
+    families.configure(model, family, config, world)
     mon = train(model, [(b[2 * dp:2 * (dp + 1)],) for b in batches], 2, families.loss_of, folder,
                 select=LLAMA_SELECT)
     names = [name for name, _ in selected_modules(whole, LLAMA_SELECT)]
@@ -259,7 +264,7 @@ def _llama_fsdp_tp(rank, world, folder):
     # reduces it (the capture's placement says so): left out of the global series, with a note
     left_out = {f"{note.split(':')[0]}.out" for note in mon.notes}
     assert left_out <= {f"model.layers.{i}.self_attn.o_proj.out" for i in range(2)}, mon.notes
-    assert all("pending sum (Partial on mesh dim tp)" in note for note in mon.notes)
+    assert all("pending sum (Partial on mesh dim" in note for note in mon.notes), mon.notes
     expected = {step: {name: stats for name, stats in found.items() if name not in left_out}
                 for step, found in expected.items()}
     series = fxdebug.load_series(folder)
@@ -294,7 +299,13 @@ def check_updates(series, updates, expected):
 
 def test_fsdp_x_tp_llama_global_series_equal_the_unsharded_models_on_the_concatenated_batch(
         tmp_path):
-    found = on_ranks(_llama_fsdp_tp, 4, str(tmp_path), timeout=300)
+    found = on_ranks(_hugging_face, 4, str(tmp_path), "llama", "fsdp_tp", timeout=300)
+    assert len(set(found)) == 1, found
+
+
+def test_tensor_parallel_qwen2_with_the_plan_transformers_ships(tmp_path):
+    """``config.base_model_tp_plan`` applied with parallelize_module (``tp_hf``)."""
+    found = on_ranks(_hugging_face, 2, str(tmp_path), "qwen2", "tp_hf", timeout=300)
     assert len(set(found)) == 1, found
 
 
