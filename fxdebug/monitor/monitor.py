@@ -14,14 +14,19 @@ Call tree::
                                                 each folded in at the next forward)
     loss.backward()                             logged step: the gradient hooks keep views
     mon.step(loss)                              every step, before optimizer.step()
-      ├─ the previous logged step's update      param now - its copy, ratio to the param
-      └─ logged step: Step.summaries            out, grad of each key; param, param_grad of
+      ├─ the previous logged step's update      param now - its copy: summarized on the
+      │                                         device and kept (no read, no collective)
+      └─ logged step: _record_step              out, grad of each key; param, param_grad of
            │                                    modules with parameters; copies for the update
-           ├─ reduce_summaries (distributed/)   under torch.distributed: the global batch's
+           ├─ RankLayout (pooling.py)           per row, this rank's share of the global one
+           ├─ _publish: reduce_summaries        under torch.distributed: the global batch's,
+           │    (distributed/)                  with the kept update's rows in the same reduce
            ├─ one read to the host
            └─ SeriesFolder.write, emit          folder (this rank's and the global lines),
-                                                TensorBoard writer, callback
-    mon.remove() / with monitor(...) as mon:    the model's forward put back; files closed
+                                                TensorBoard writer, callback: the update's
+                                                step first, then this step
+    mon.remove() / with monitor(...) as mon:    the kept update published (every rank); the
+                                                model's forward put back; files closed
 """
 
 from __future__ import annotations
@@ -29,22 +34,23 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from typing import Callable
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
 from ..distributed.rank_group import RankGroup, distributed_ready, unwrap
-from ..distributed.summaries import reduce_summaries
+from ..distributed.summaries import NO_GROUP, empty_summaries, reduce_summaries
 from ..errors import FxdebugError
 from ..instrument import instrument, records
 from ..runtime.stats_moments import combine_moments, summarize_moments
 from .folder import SeriesFolder
+from .pooling import RankLayout, Share
 from .selection import module_of_key, own_parameters, selected_modules
 from .sinks import check_stats, check_writer, emit
 from .spike_report import SpikeReport
 from .spike_watch import SpikeWatch
 from .spikes import check_rules
-from .statistics import slot
+from .statistics import slot, split_slot
 
 __all__ = ["Monitor", "monitor"]
 
@@ -92,7 +98,7 @@ def monitor(model: torch.nn.Module, every: int = 100, folder: str | os.PathLike 
         >>> import torch, fxdebug
         >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
         >>> opt = torch.optim.SGD(net.parameters(), lr=0.1)
-        >>> seen = []  # (step, values): the step's statistics, then (next step) its update
+        >>> seen = []  # (step, values): step 0's, its update (read at step 2), step 2's, its update
         >>> with fxdebug.monitor(net, every=2, callback=lambda *call: seen.append(call)) as mon:
         ...     for step in range(4):
         ...         loss = mon.model(torch.randn(8, 4)).sum()
@@ -108,6 +114,11 @@ def monitor(model: torch.nn.Module, every: int = 100, folder: str | os.PathLike 
 
 class Monitor:
     """A monitor attached to a model (see :func:`monitor`); ``remove()`` detaches it."""
+
+    # the updates measured on the device since the last logged step (read with the next one's
+    # rows, or at remove()), and an error met measuring them (raised on every rank there)
+    _measured: tuple = ()
+    _update_error: BaseException | None = None
 
     def __init__(self, model: torch.nn.Module, every: int = 100, folder=None, writer=None,
                  select=None, start: int = 0, end: int | None = None,
@@ -141,7 +152,7 @@ class Monitor:
                     "loss": None if "loss" in self._modules else "loss"},
             first=self._ranks is None or self._ranks.slot == 0)
         self._runs: list = []  # Records of this logged step's forwards, not yet summarized
-        self._folded: dict[str, torch.Tensor] = {}  # name -> moment summary, forwards merged
+        self._folded: dict[str, tuple] = {}  # name -> (moment summary, Share), forwards merged
         self._pending_update: tuple | None = None  # (step, copies, param rows) of a logged step
         self._logging = self._logged(0)
         self._own_forward = target.__dict__.get("forward", _MISSING)
@@ -209,16 +220,24 @@ class Monitor:
             for key in rec.keys():
                 if module_of_key(key, self._modules) is None:
                     continue
-                self._add(slot(key, "out"), _value(rec, key, self.notes))
+                self._add(slot(key, "out"), *_value(rec, key, self.notes))
                 if grads is not None and key in grads:
-                    self._add(slot(key, "grad"), _value(grads, key, self.notes))
+                    self._add(slot(key, "grad"), *_value(grads, key, self.notes))
 
-    def _add(self, name: str, value) -> None:
+    def _add(self, name: str, value, placement=None) -> None:
         if not isinstance(value, torch.Tensor):
             return
         summary = summarize_moments(value)
         found = self._folded.get(name)
-        self._folded[name] = summary if found is None else combine_moments(found, summary)
+        if found is None:
+            self._folded[name] = (summary, self._layout.activation(value, placement))
+        else:
+            self._folded[name] = (combine_moments(found[0], summary), found[1])
+
+    @functools.cached_property
+    def _layout(self) -> RankLayout:
+        """Which of this rank's pieces count in the global summaries (host facts only)."""
+        return RankLayout.of(self._target, self._ranks)
 
     def step(self, loss: torch.Tensor | None = None) -> SpikeReport | None:
         """End the current step: call it after ``backward()``, before ``optimizer.step()``.
@@ -252,70 +271,99 @@ class Monitor:
         return None
 
     def _record_step(self, step: int, loss) -> None:
-        names: list[str] = []
-        rows: list[torch.Tensor] = []
-        pooled: list[bool] = []
-        error: BaseException | None = None
+        entries, self._measured = list(self._measured), ()  # updates measured since the last
+        error, self._update_error = self._update_error, None
         copies: list[tuple[str, list[torch.Tensor]]] = []
         try:
             self._fold()
             folded, self._folded = self._folded, {}
-            for name, summary in folded.items():
-                names.append(name)
-                rows.append(summary)
-                pooled.append(True)  # activations: each rank holds its part of the batch
+            for name, (summary, share) in folded.items():
+                entries.append(_activation_row(step, name, summary, share))
             for key, own in self._parameters:
-                names.append(slot(key, "param"))
-                rows.append(_pooled_summary([p.detach() for p in own]))
-                pooled.append(_sharded(own))
+                entries.append(self._parameter_row(step, slot(key, "param"),
+                                                   [p.detach() for p in own]))
                 grads = [p.grad.detach() for p in own if p.grad is not None]
                 if grads:
-                    names.append(slot(key, "param_grad"))
-                    rows.append(_pooled_summary(grads))
-                    pooled.append(_sharded(own))
+                    entries.append(self._parameter_row(step, slot(key, "param_grad"), grads))
                 copies.append((key, [p.detach().clone() for p in own]))
             if isinstance(loss, torch.Tensor) and "loss" not in self._modules:
-                names.append(slot("loss", "out"))
-                rows.append(summarize_moments(loss.detach()))
-                pooled.append(True)
+                loss = loss.detach()
+                entries.append(_activation_row(step, slot("loss", "out"), summarize_moments(loss),
+                                               self._layout.activation(loss)))
         except Exception as exc:  # under torch.distributed the others meet this in the reduce
             if self._ranks is None:
                 raise
-            error = exc
-        local = _stack(rows) if error is None else None
-        glob = local
-        if self._ranks is not None:
-            glob = reduce_summaries(self._ranks, names, local, pooled, error)
-        local_rows = _read(names, local)
-        global_rows = _read(names, glob) if glob is not local else local_rows
-        params = {key: global_rows[slot(key, "param")] for key, _ in copies}
-        self._pending_update = (step, copies, params)
-        self._write(step, local_rows, global_rows, params)
+            error = error or exc
+        shown = self._publish(entries, error)
+        self._pending_update = (step, copies, {key: shown.get((step, slot(key, "param")))
+                                                for key, _ in copies})
 
     def _record_update(self) -> None:
+        """The update of the last logged step, measured on the device and kept: it is reduced
+        and read with the next logged step's rows (or at remove()), never here."""
         pending, self._pending_update = self._pending_update, None
         if pending is None:
             return
         step, copies, params = pending
-        names = [slot(key, "update") for key, _ in copies]
         by_key = dict(self._parameters)
-        rows = [_pooled_summary([p.detach() - before for p, before in zip(by_key[key], kept)])
-                for key, kept in copies]
-        pooled = [_sharded(by_key[key]) for key, _ in copies]
-        local = _stack(rows)
-        glob = local
-        if self._ranks is not None and any(pooled):
-            glob = reduce_summaries(self._ranks, names, local, pooled)
-        local_rows = _read(names, local)
-        global_rows = _read(names, glob) if glob is not local else local_rows
-        self._write(step, local_rows, global_rows, params)
+        try:
+            self._measured = self._measured + tuple(
+                self._parameter_row(step, slot(key, "update"),
+                                    [p.detach() - before for p, before in zip(by_key[key], kept)],
+                                    params.get(key))
+                for key, kept in copies)
+        except Exception as exc:  # the others would wait for this rank at the next reduce
+            if self._ranks is None:
+                raise
+            self._update_error = exc
 
-    def _write(self, step: int, local_rows: dict, global_rows: dict, params: dict) -> None:
-        if self._folder is not None:
-            self._folder.write(step, local_rows, global_rows)
-        if self._spikes is not None:
-            self._spikes.remember(step, global_rows, params)
-        emit(self._callback, self._writer, step, global_rows, params, self._stats)
+    def _parameter_row(self, step: int, name: str, tensors: list[torch.Tensor],
+                       params=None) -> "_Row":
+        """A module's parameters (their gradients, their updates) pooled: this rank's own
+        summary, and its share of the global one (the pieces no other rank holds too)."""
+        pieces = [(summarize_moments(t), self._layout.parameter(t)) for t in tensors]
+        own = _pooled([summary for summary, _ in pieces])
+        counting = [summary for summary, share in pieces if share.counts]
+        left_out = next((share.left_out for _, share in pieces if share.left_out), "")
+        sent = own if len(counting) == len(pieces) else \
+            _pooled(counting) if counting else empty_summaries(1, own.device)[0]
+        return _Row(step, name, own, sent, NO_GROUP, left_out, params)
+
+    def _publish(self, entries: list["_Row"], error: BaseException | None = None) -> dict:
+        """Reduce, read (once) and write the rows of one or more steps (a logged step's, and
+        the update measured since the one before): ``{(step, name): global row}``."""
+        if self._ranks is None:
+            if error is not None:
+                raise error
+            shown = entries
+            local = _stack([e.own for e in entries])
+            rows = _read(local, local)
+        else:
+            shown = [e for e in entries if not e.left_out]
+            for e in entries:
+                if e.left_out:
+                    _note(self.notes, f"{split_slot(e.name)[0]}: {split_slot(e.name)[1]} left "
+                                      f"out of the global series: {e.left_out}")
+            sent = None if error is not None else _stack([e.sent for e in shown])
+            glob = reduce_summaries(self._ranks, [f"{e.step}:{e.name}" for e in shown], sent,
+                                    [e.group for e in shown], error)  # raises if one failed
+            rows = _read(_stack([e.own for e in entries]), glob)
+        own_rows, global_rows = rows[:len(entries)], rows[len(entries):]
+        found = {(e.step, e.name): row for e, row in zip(shown, global_rows)}
+        for step in dict.fromkeys(e.step for e in entries):  # the update's step first
+            mine: dict[str, Sequence[float]] = {
+                e.name: row for e, row in zip(entries, own_rows) if e.step == step}
+            shared: dict[str, Sequence[float]] = {
+                name: row for (at, name), row in found.items() if at == step}
+            params: dict[str, Sequence[float]] = {
+                split_slot(e.name)[0]: e.params for e in entries
+                if e.step == step and e.params is not None}
+            if self._folder is not None:
+                self._folder.write(step, mine, shared)
+            if self._spikes is not None:
+                self._spikes.remember(step, shared, params)
+            emit(self._callback, self._writer, step, shared, params, self._stats)
+        return found
 
     @contextlib.contextmanager
     def _unpatched(self):
@@ -339,10 +387,24 @@ class Monitor:
     def remove(self) -> None:
         """Detach: the model's own forward back, the folder's files closed, nothing kept.
 
-        Safe to call twice. The folder keeps what was written.
+        The update measured since the last logged step is reduced and written first (under
+        ``torch.distributed`` a collective: every rank calls ``remove()``). Safe to call
+        twice. The folder keeps what was written.
         """
+        self._detach(flush=True)
+
+    def _detach(self, flush: bool) -> None:
         if not getattr(self, "_attached", False):
             return
+        measured, error = self._measured, self._update_error
+        self._measured, self._update_error = (), None
+        try:
+            if flush and (measured or error is not None):
+                self._publish(list(measured), error)
+        finally:
+            self._detach_now()
+
+    def _detach_now(self) -> None:
         self._attached = False
         target = self._target
         if self._own_forward is _MISSING:
@@ -360,7 +422,8 @@ class Monitor:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        self.remove()
+        # leaving on an error: no collective (another rank may not be leaving)
+        self._detach(flush=exc_info[0] is None)
 
     def __repr__(self) -> str:
         state = "attached" if self._attached else "removed"
@@ -388,27 +451,43 @@ def _ranks(group) -> RankGroup | None:
     return ranks if ranks.size > 1 else None
 
 
-def _value(rec, key: str, notes: list[str]):
+class _Row(NamedTuple):
+    """One summary of one step: this rank's own, its share of the global one (``sent``),
+    its replica group, why it is left out of the global series (if it is), and for an
+    update the parameters' global row of its step (for ``ratio``)."""
+
+    step: int
+    name: str
+    own: torch.Tensor
+    sent: torch.Tensor
+    group: int
+    left_out: str
+    params: list | None = None
+
+
+def _activation_row(step: int, name: str, summary: torch.Tensor, share: Share) -> _Row:
+    sent = summary if share.counts else empty_summaries(1, summary.device)[0]
+    return _Row(step, name, summary, sent, share.group, share.left_out)
+
+
+def _note(notes: list[str], note: str) -> None:
+    if note not in notes:
+        notes.append(note)
+
+
+def _value(rec, key: str, notes: list[str]) -> tuple:
+    """``(value, placement)`` of a capture (``(None, None)`` where it is not shown)."""
     try:
-        return rec[key]
+        return rec[key], rec.record(key).placement
     except FxdebugError as exc:  # a view written in place after its capture: not shown
-        note = f"{key}: not recorded ({type(exc).__name__})"
-        if note not in notes:
-            notes.append(note)
-        return None
+        _note(notes, f"{key}: not recorded ({type(exc).__name__})")
+        return None, None
 
 
-def _sharded(params) -> bool:
-    """Whether the parameters are pieces of a larger tensor (FSDP2, tensor parallel): their
-    statistics are pooled over the ranks; plain (replicated) ones are every rank's alike."""
-    return any(hasattr(p, "placements") and not all(pl.is_replicate() for pl in p.placements)
-               for p in params)
-
-
-def _pooled_summary(tensors: list[torch.Tensor]) -> torch.Tensor:
-    summary = summarize_moments(tensors[0])
-    for tensor in tensors[1:]:
-        summary = combine_moments(summary, summarize_moments(tensor))
+def _pooled(summaries: list[torch.Tensor]) -> torch.Tensor:
+    summary = summaries[0]
+    for other in summaries[1:]:
+        summary = combine_moments(summary, other)
     return summary
 
 
@@ -419,8 +498,9 @@ def _stack(rows: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack([row.to(device) for row in rows])
 
 
-def _read(names: list[str], rows: torch.Tensor | None) -> dict[str, list[float]]:
-    """The one host read of a step's rows."""
-    if rows is None or not names:
-        return {}
-    return dict(zip(names, rows.tolist()))
+def _read(own: torch.Tensor, shared: torch.Tensor) -> list[list[float]]:
+    """The one host read of a step's rows: this rank's, then the global ones."""
+    if shared is own:
+        rows = own.tolist()
+        return rows + rows
+    return torch.cat([own, shared.to(own.device)]).tolist()
