@@ -449,30 +449,27 @@ def test_lightning_resumed_from_a_checkpoint_counts_on_from_its_global_step(tmp_
 
 
 @pytest.mark.parametrize("package", LIGHTNING)
-def test_lightning_reports_are_kept_and_logged(tmp_path, package, monkeypatch, caplog):
-    from fxdebug.monitor import Monitor
+def test_lightning_reports_are_kept_and_logged(tmp_path, package, caplog):
     from fxdebug.monitor.lightning_callback import LightningMonitorCallback
+    from fxdebug.monitor.spikes import NonFinite
 
-    class Report:  # what step() returns on a spike: kept, and its text logged
-        def __init__(self, step):
-            self.step = step
+    module = lightning_module(package, True)
+    plain_step = module.training_step
 
-        def __str__(self):
-            return f"spike at step {self.step}"
-
-    plain_step = Monitor.step
-
-    def step(self, loss=None):
-        at = self.steps
-        found = plain_step(self, loss)
-        return Report(at) if at == 3 else found
-    monkeypatch.setattr(Monitor, "step", step)
-    callback = LightningMonitorCallback(module="model", every=100)
+    def training_step(batch, batch_idx):  # step 3's batches overflow float32 in the LayerNorm
+        x, y = batch
+        if module.trainer.global_step == 3:
+            x = x * 1e25
+        return plain_step((x, y), batch_idx)
+    module.training_step = training_step
+    callback = LightningMonitorCallback(module="model", every=100, spikes=[NonFinite()])
     with caplog.at_level(logging.WARNING, logger="fxdebug.monitor"):
-        lightning_fit(package, lightning_module(package, True), [callback], tmp_path, max_steps=5)
+        lightning_fit(package, module, [callback], tmp_path, max_steps=4)
     assert [report.step for report in callback.reports] == [3]
+    report = callback.reports[0]
+    assert report.reproduced is True and report.first_nonfinite is not None
     assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records
-            if r.name == "fxdebug.monitor"] == [("fxdebug.monitor", "WARNING", "spike at step 3")]
+            if r.name == "fxdebug.monitor"] == [("fxdebug.monitor", "WARNING", str(report))]
 
 
 def test_lightning_callback_options_are_checked():
