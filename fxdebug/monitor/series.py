@@ -83,41 +83,40 @@ class Series:
     def _read_spikes(self) -> list[dict]:
         """The spikes the monitor replayed (``spikes.jsonl``), by step; a resumed run's
         second record of a step keeps the latest."""
-        path = os.path.join(self.folder, SPIKES)
-        if not os.path.exists(path):
+        if not os.path.exists(os.path.join(self.folder, SPIKES)):
             return []
-        found: dict[int, dict] = {}
-        with open(path, encoding="utf-8") as handle:
-            lines = handle.read().split("\n")
-        for number, text in enumerate(lines, 1):
-            if not text.strip():
-                continue
-            try:
-                entry = json.loads(text)
-                found[int(entry["step"])] = entry
-            except (ValueError, KeyError, TypeError) as exc:
-                torn = number == len(lines)
-                self.notes.append(f"{SPIKES}:{number}: {'torn last line' if torn else 'unreadable'}"
-                                  f" skipped ({type(exc).__name__})")
+        found = {step: entry for step, entry in self._lines(SPIKES, ())}
         return [found[step] for step in sorted(found)]
 
     def _read(self, name: str) -> dict[int, dict[str, list[float]]]:
         steps: dict[int, dict[str, list[float]]] = {}
+        for step, entry in self._lines(name, ("rows",)):
+            steps.setdefault(step, {}).update(entry["rows"])
+        return dict(sorted(steps.items()))
+
+    def _lines(self, name: str, fields: tuple[str, ...]) -> list[tuple[int, dict]]:
+        """``(step, entry)`` of every readable line of ``name``; a line that is not JSON or
+        lacks ``step`` or ``fields`` is skipped and named in ``notes`` (the last one: torn
+        by a crash while it was written)."""
         with open(os.path.join(self.folder, name), encoding="utf-8") as handle:
             lines = handle.read().split("\n")
+        found = []
         for number, text in enumerate(lines, 1):
             if not text.strip():
                 continue
             try:
                 entry = json.loads(text)
-                step, rows = int(entry["step"]), entry["rows"]
+                step = int(entry["step"])
+                missing = [field for field in fields if field not in entry]
+                if missing:
+                    raise KeyError(missing[0])
             except (ValueError, KeyError, TypeError) as exc:
                 torn = number == len(lines)  # the last line, without its newline
                 self.notes.append(f"{name}:{number}: {'torn last line' if torn else 'unreadable'}"
                                   f" skipped ({type(exc).__name__})")
                 continue
-            steps.setdefault(step, {}).update(rows)
-        return dict(sorted(steps.items()))
+            found.append((step, entry))
+        return found
 
     def _source(self, rank: int | None) -> dict[int, dict[str, list[float]]]:
         if rank is None:
