@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -75,7 +75,7 @@ class SpikeWatch:
     def end(self, entry, out) -> None:
         self.forwards.end(entry, out)
 
-    def remember(self, step: int, rows: dict[str, list[float]], params: dict) -> None:
+    def remember(self, step: int, rows: Mapping[str, Sequence[float]], params: Mapping) -> None:
         """A logged step's global rows (their rms), for the rules on series and ``moved``."""
         found = self._history.setdefault(step, {})
         for name, row in rows.items():
