@@ -30,7 +30,8 @@ __all__ = ["MOMENT_COLUMNS", "summarize_moments", "combine_moments"]
 MOMENT_COLUMNS = ("count", "mean", "m2", "min", "max", "zeros", "nonfinite", "numel", "m3", "m4")
 """The ten numbers of a moment summary, in order."""
 
-_CHUNK = 1 << 22  # values turned into float64 at a time (bounds the extra memory)
+_DOT_CHUNK = 1 << 16  # values per float32 dot product on the CPU (its rounding: see below)
+_DOT_CHUNK_CUDA = 1 << 22  # on a GPU (a tree reduction; fewer kernel launches)
 
 
 def summarize_moments(tensor: torch.Tensor) -> torch.Tensor:
@@ -54,16 +55,53 @@ def summarize_moments(tensor: torch.Tensor) -> torch.Tensor:
         nan = torch.full((2,), float("nan"), dtype=torch.float64, device=base.device)
         return torch.cat([base, nan])
     flat = values.reshape(-1)
-    mean = base[1].to(flat.device)
-    m3 = torch.zeros((), dtype=torch.float64, device=flat.device)
-    m4 = torch.zeros((), dtype=torch.float64, device=flat.device)
-    for begin in range(0, flat.numel(), _CHUNK):
-        part = flat[begin:begin + _CHUNK].to(torch.float64)
-        deviation = torch.where(torch.isfinite(part), part - mean, 0.0)
-        squared = deviation * deviation
-        m3 = m3 + (squared * deviation).sum()
-        m4 = m4 + (squared * squared).sum()
+    if not flat.is_floating_point():
+        flat = flat.to(torch.float64)
+    m3, m4 = _central_moments_34(flat, base.to(flat.device))
     return torch.cat([base, torch.stack([m3, m4]).to(base.device)])
+
+
+def _central_moments_34(flat: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``M3`` and ``M4`` of the finite values of ``flat`` (1-D, floating) given its 8-number
+    summary: one pass of dot products in the value's precision (float32 for float32, float16
+    and bfloat16), chunk by chunk, summed in float64.
+
+    The deviations are taken from ``c``, the mean rounded to that precision (``x - c`` is
+    exact for values near the mean), and scaled by ``1 / max |x - c|`` so that their fourth
+    powers can neither overflow nor lose the largest terms; the sums about ``c`` become sums
+    about the mean exactly, with ``delta = mean - c`` (known in float64)::
+
+        M3 = S3 - 3 delta S2 + 2 n delta**3
+        M4 = S4 - 4 delta S3 + 6 delta**2 S2 - 3 n delta**4,   S2 = M2 + n delta**2
+
+    Chunks of ``_DOT_CHUNK`` values keep each float32 dot's rounding near 1e-6 of its terms
+    (measured: M4 within 2.5e-6 of float64 for normal, shifted and log-normal values).
+    """
+    work = torch.float64 if flat.dtype == torch.float64 else torch.float32
+    count, mean, m2, low, high = base[0], base[1], base[2], base[3], base[4]
+    some = count > 0
+    center = torch.where(some, mean, 0.0).to(work)
+    delta = torch.where(some, mean - center.to(torch.float64), 0.0)
+    spread = torch.maximum((high - center.double()).abs(), (low - center.double()).abs())
+    spread = torch.where(some & (spread > 0) & torch.isfinite(spread), spread, 1.0)
+    inverse = (1.0 / spread).to(work)
+    masked = flat.is_cuda or bool(base[6] > 0)  # a NaN or Inf among the values (CPU: read here)
+    s3 = torch.zeros((), dtype=torch.float64, device=flat.device)
+    s4 = torch.zeros((), dtype=torch.float64, device=flat.device)
+    step = _DOT_CHUNK_CUDA if flat.is_cuda else _DOT_CHUNK
+    for begin in range(0, flat.numel(), step):
+        part = flat[begin:begin + step].to(work)
+        deviation = torch.sub(part, center).mul_(inverse)
+        if masked:
+            deviation = torch.where(torch.isfinite(part), deviation, 0.0)
+        squared = deviation * deviation
+        s3 = s3 + torch.dot(squared, deviation).to(torch.float64)
+        s4 = s4 + torch.dot(squared, squared).to(torch.float64)
+    s3, s4 = s3 * spread ** 3, s4 * spread ** 4
+    s2 = torch.where(some, m2, 0.0) + count * delta * delta
+    m3 = s3 - 3.0 * delta * s2 + 2.0 * count * delta ** 3
+    m4 = s4 - 4.0 * delta * s3 + 6.0 * delta * delta * s2 - 3.0 * count * delta ** 4
+    return m3, m4
 
 
 def combine_moments(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
