@@ -37,6 +37,8 @@ from ..distributed.summaries import reduce_summaries
 from ..errors import FxdebugError
 from ..instrument import instrument, records
 from ..runtime.stats_moments import combine_moments, summarize_moments
+from ..runtime.torch_compat import run_eagerly_from_compiled_code, skip_frame
+from .compiled_copy import CompiledCopy, compiled_model, runs_compiled, summary_of
 from .folder import SeriesFolder
 from .selection import module_of_key, own_parameters, selected_modules
 from .sinks import check_stats, check_writer, emit
@@ -109,19 +111,23 @@ class Monitor:
             raise FxdebugError(f"fxdebug.monitor: callback= must be callable (fn(step, values)), "
                                f"got {type(callback).__name__}.")
         self.model = model
+        inner = compiled_model(model)  # torch.compile(model): the module inside
         self.every, self.start, self.end = every, start, end
         self.steps = 0  # the step the next forward belongs to
         self.notes: list[str] = []
         self._stats = check_stats(stats)
         self._writer, self._callback = writer, callback
-        target, _ = unwrap(model)
+        target, _ = unwrap(model if inner is None else inner)
         self._target = target
         chosen = selected_modules(target, select)
         self._modules = {name: None for name, _ in chosen}
         self._parameters = [(name, params) for name, module in chosen
                             if (params := own_parameters(module))]
         self._ranks = _ranks(group)
-        self._copy = instrument(target, capture="modules", grads=True)
+        # compiled: a copy whose statistics are graph ops (compiled_copy.py); else, or until a
+        # logged forward runs under torch.compile, the eager instrumented copy
+        self._compiled: CompiledCopy | None = None if inner is None else CompiledCopy(target, model)
+        self._copy = instrument(target, capture="modules", grads=True) if inner is None else None
         self._folder = None if folder is None else SeriesFolder(
             folder, rank=self._ranks.rank if self._ranks else 0,
             world=self._ranks.size if self._ranks else 1,
@@ -132,8 +138,11 @@ class Monitor:
         self._folded: dict[str, torch.Tensor] = {}  # name -> moment summary, forwards merged
         self._pending_update: tuple | None = None  # (step, copies, param rows) of a logged step
         self._logging = self._logged(0)
-        self._own_forward = target.__dict__.get("forward", _MISSING)
-        plain = target.forward
+        # the forward replaced: the compiled module's (off-steps call its compiled forward as it
+        # is), or the model's own
+        hooked = self._hooked = target if inner is None else model
+        self._own_forward = hooked.__dict__.get("forward", _MISSING)
+        plain = hooked.forward
         self._plain = plain
 
         @functools.wraps(plain)
@@ -142,7 +151,9 @@ class Monitor:
                 return plain(*args, **kwargs)
             return self._logged_forward(args, kwargs)
 
-        target.forward = forward
+        # mon.model compiled later: dynamo runs this frame eagerly and compiles the frame it
+        # calls (the model's forward, or the logged copy's)
+        hooked.forward = skip_frame(forward)
         self._attached = True
 
     # -- steps -------------------------------------------------------------------------------
@@ -152,13 +163,25 @@ class Monitor:
             and (step - self.start) % self.every == 0
 
     def _logged_forward(self, args, kwargs):
+        call = self._begin_logged(args, kwargs)
+        out = call(*args, **kwargs)  # compiled where the model is (compile_like, or the call around)
+        self._end_logged()
+        return out
+
+    def _begin_logged(self, args, kwargs):
+        """The copy to call for this logged forward (dynamo never traces this bookkeeping)."""
         self._fold()  # the previous micro-batch's backward is done: summarize it, let it go
-        copy = self._copy
+        compiled = self._compiled
+        if compiled is None and runs_compiled():  # mon.model compiled after attaching
+            compiled = self._compiled = CompiledCopy(self._target)
+        copy = compiled if compiled is not None else self._copy
         if copy.training != self._target.training:
             copy.train(self._target.training)
-        out = copy(*args, **kwargs)
-        self._runs.append(records(copy))
-        return out
+        return copy if compiled is None else compiled.begin(args, kwargs)
+
+    def _end_logged(self) -> None:
+        compiled = self._compiled
+        self._runs.append(records(self._copy) if compiled is None else compiled.end())
 
     def _fold(self) -> None:
         runs, self._runs = self._runs, []
@@ -172,9 +195,9 @@ class Monitor:
                     self._add(slot(key, "grad"), _value(grads, key, self.notes))
 
     def _add(self, name: str, value) -> None:
-        if not isinstance(value, torch.Tensor):
+        summary = summary_of(value)  # a tensor's, or the compiled copy's ready summary
+        if summary is None:
             return
-        summary = summarize_moments(value)
         found = self._folded.get(name)
         self._folded[name] = summary if found is None else combine_moments(found, summary)
 
@@ -269,15 +292,15 @@ class Monitor:
         if not getattr(self, "_attached", False):
             return
         self._attached = False
-        target = self._target
+        hooked = self._hooked
         if self._own_forward is _MISSING:
-            target.__dict__.pop("forward", None)
+            hooked.__dict__.pop("forward", None)
         else:
-            target.forward = self._own_forward
+            hooked.forward = self._own_forward
         if self._folder is not None:
             self._folder.close()
         self._runs, self._folded, self._pending_update = [], {}, None
-        self._copy = None  # type: ignore[assignment]
+        self._copy = self._compiled = None  # type: ignore[assignment]
         self._logging = False
 
     def __enter__(self) -> "Monitor":
@@ -348,3 +371,10 @@ def _read(names: list[str], rows: torch.Tensor | None) -> dict[str, list[float]]
     if rows is None or not names:
         return {}
     return dict(zip(names, rows.tolist()))
+
+
+# mon.model compiled after the monitor attached: dynamo runs the monitor's bookkeeping eagerly and
+# compiles only the forward it calls (the model's, or the logged copy's)
+skip_frame(Monitor._logged_forward)
+run_eagerly_from_compiled_code(Monitor._begin_logged)
+run_eagerly_from_compiled_code(Monitor._end_logged)
