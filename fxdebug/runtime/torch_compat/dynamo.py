@@ -220,7 +220,7 @@ def compiled_in_place(module) -> bool:
     """Whether ``module.compile()`` compiled ``module`` in place (its calls run under dynamo).
 
     Private: ``nn.Module._compiled_call_impl``, which ``nn.Module.compile`` sets (checked on
-    torch 2.14.1). Fallback: False.
+    torch 2.9.1 and 2.14.1). Fallback: False.
 
     >>> compiled_in_place(torch.nn.ReLU())
     False
@@ -229,17 +229,21 @@ def compiled_in_place(module) -> bool:
 
 
 def inside_compiled_module() -> bool:
-    """Whether the calling code runs inside a call of a module ``torch.compile`` returned.
+    """Whether the calling code runs inside a call that ``torch.compile`` compiles (a module or
+    function it returned, ``module.compile()``): dynamo's frame callback is set.
 
-    Private: ``torch._dynamo.eval_frame._is_in_optimized_module`` (checked on torch 2.14.1;
-    never imports dynamo: a compiled module has loaded it). Fallback: False.
+    Private: ``torch._C._dynamo.eval_frame.get_eval_frame_callback`` (checked on torch 2.9.1
+    and 2.14.1: inside a compiled call, in a frame dynamo skips, it is dynamo's callback; None
+    or False elsewhere). Fallback: False.
 
     >>> inside_compiled_module()
     False
     """
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    check = getattr(eval_frame, "_is_in_optimized_module", None)
-    return bool(check()) if callable(check) else False
+    try:
+        from torch._C._dynamo.eval_frame import get_eval_frame_callback
+    except ImportError:  # pragma: no cover - a torch without it
+        return False
+    return get_eval_frame_callback() not in (None, False)
 
 
 def skip_frame(function):
@@ -250,7 +254,8 @@ def skip_frame(function):
 
     Private: ``torch._C._dynamo.eval_frame.set_code_exec_strategy`` with
     ``_FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT)`` on the function's code
-    (checked on torch 2.14.1). Fallback: nothing is set (dynamo traces the wrapper too).
+    (checked on torch 2.9.1 and 2.14.1). Fallback: nothing is set (dynamo traces the wrapper
+    too).
 
     >>> def wrapper(x): return x + 1
     >>> skip_frame(wrapper) is wrapper
@@ -271,7 +276,7 @@ def compile_like(compiled, module: torch.nn.Module) -> torch.nn.Module:
     backend, mode, options, ``fullgraph`` and ``dynamic``.
 
     Private: ``OptimizedModule(module, compiled.dynamo_ctx)``, how ``torch.compile`` makes its
-    module (checked on torch 2.14.1). Fallback: ``torch.compile(module, backend=...)`` with the
+    module (checked on torch 2.9.1 and 2.14.1). Fallback: ``torch.compile(module, backend=...)`` with the
     backend :func:`compiled_backend` finds (inductor where it finds none).
 
     >>> net = torch.compile(torch.nn.ReLU(), backend="eager")
