@@ -175,7 +175,7 @@ def bench(label, model, inputs, loss, args):
     print(f"\n### {label}\n")
     for note in notes:
         print(note + "\n")
-    print(table(rows, ["step", "median ms", "min ms", "vs plain (compiled: vs compiled plain)",
+    print(table(rows, ["variant", "median ms", "min ms", "vs plain (compiled: vs compiled plain)",
                        "vs floor", "dynamo graphs (round 1 -> end)"]))
 
 

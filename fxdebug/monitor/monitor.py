@@ -163,16 +163,17 @@ class Monitor:
             and (step - self.start) % self.every == 0
 
     def _logged_forward(self, args, kwargs):
-        call = self._begin_logged(args, kwargs)
+        # (asked here: dynamo's callback is unset in the frames it runs eagerly with their callees)
+        call = self._begin_logged(args, kwargs, runs_compiled())
         out = call(*args, **kwargs)  # compiled where the model is (compile_like, or the call around)
         self._end_logged()
         return out
 
-    def _begin_logged(self, args, kwargs):
+    def _begin_logged(self, args, kwargs, under_compile: bool):
         """The copy to call for this logged forward (dynamo never traces this bookkeeping)."""
         self._fold()  # the previous micro-batch's backward is done: summarize it, let it go
         compiled = self._compiled
-        if compiled is None and runs_compiled():  # mon.model compiled after attaching
+        if compiled is None and under_compile:  # mon.model compiled after attaching
             compiled = self._compiled = CompiledCopy(self._target)
         copy = compiled if compiled is not None else self._copy
         if copy.training != self._target.training:
