@@ -66,7 +66,9 @@ def monitor(model: torch.nn.Module, every: int = 100, folder: str | os.PathLike 
     Off-steps run the model's own forward: nothing is captured or read.
 
     Args:
-        model: the module to train (a DistributedDataParallel: the module inside it).
+        model: the module to train (a DistributedDataParallel: the module inside it; a
+            ``torch.compile`` module: off-steps run its compiled forward, logged steps a copy
+            compiled the same way whose statistics are graph ops, see docs/monitor.md).
         every: log one step in ``every``.
         folder: write the statistics there (:mod:`fxdebug.monitor.folder`; read them back
             with :func:`fxdebug.load_series`).
