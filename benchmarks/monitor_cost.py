@@ -165,8 +165,8 @@ def bench(label, model, inputs, loss, args):
             continue
         compiled_row = name.startswith(("compiled", "floor"))
         ref = cbase if compiled_row else base
-        graph_key = ("compiled monitor" if name.startswith("compiled ") and name != "compiled plain step"
-                     else name)
+        monitored = name.startswith("compiled ") and name != "compiled plain step"
+        graph_key = "compiled monitor" if monitored else name
         made = graphs.get(graph_key)
         rows.append([name, f"{1e3 * median(found):.2f}", f"{1e3 * min(found):.2f}",
                      f"{median(found) / ref:.3f}x",

@@ -129,7 +129,8 @@ class Monitor:
         # compiled: a copy whose statistics are graph ops (compiled_copy.py); else, or until a
         # logged forward runs under torch.compile, the eager instrumented copy
         self._compiled: CompiledCopy | None = None if inner is None else CompiledCopy(target, model)
-        self._copy = instrument(target, capture="modules", grads=True) if inner is None else None
+        self._copy: torch.nn.Module | None = (
+            instrument(target, capture="modules", grads=True) if inner is None else None)
         self._folder = None if folder is None else SeriesFolder(
             folder, rank=self._ranks.rank if self._ranks else 0,
             world=self._ranks.size if self._ranks else 1,
@@ -167,7 +168,7 @@ class Monitor:
     def _logged_forward(self, args, kwargs):
         # (asked here: dynamo's callback is unset in the frames it runs eagerly with their callees)
         call = self._begin_logged(args, kwargs, runs_compiled())
-        out = call(*args, **kwargs)  # compiled where the model is (compile_like, or the call around)
+        out = call(*args, **kwargs)  # compiled where the model is (or by the call around it)
         self._end_logged()
         return out
 
@@ -178,13 +179,18 @@ class Monitor:
         if compiled is None and under_compile:  # mon.model compiled after attaching
             compiled = self._compiled = CompiledCopy(self._target)
         copy = compiled if compiled is not None else self._copy
+        if copy is None:  # pragma: no cover - one of the two is always made
+            raise FxdebugError("fxdebug.monitor: no logged copy of the model; make a new monitor.")
         if copy.training != self._target.training:
             copy.train(self._target.training)
         return copy if compiled is None else compiled.begin(args, kwargs)
 
     def _end_logged(self) -> None:
-        compiled = self._compiled
-        self._runs.append(records(self._copy) if compiled is None else compiled.end())
+        compiled, copy = self._compiled, self._copy
+        if compiled is not None:
+            self._runs.append(compiled.end())
+        elif copy is not None:
+            self._runs.append(records(copy))
 
     def _fold(self) -> None:
         runs, self._runs = self._runs, []
@@ -303,7 +309,7 @@ class Monitor:
         if self._folder is not None:
             self._folder.close()
         self._runs, self._folded, self._pending_update = [], {}, None
-        self._copy = self._compiled = None  # type: ignore[assignment]
+        self._copy = self._compiled = None
         self._logging = False
 
     def __enter__(self) -> "Monitor":

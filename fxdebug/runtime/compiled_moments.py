@@ -43,9 +43,9 @@ _NARROW = (torch.float32, torch.float16, torch.bfloat16)
 def graph_moments(tensor: torch.Tensor) -> torch.Tensor:
     """The moment summary of ``tensor`` (10 float64 numbers) as graph ops.
 
+    >>> from fxdebug.runtime.stats_moments import summarize_moments
     >>> x = torch.randn(5000)
-    >>> torch.allclose(graph_moments(x), __import__("fxdebug").runtime.stats_moments.summarize_moments(x),
-    ...                rtol=1e-4)
+    >>> torch.allclose(graph_moments(x), summarize_moments(x), rtol=1e-4)
     True
     """
     value = tensor.detach()

@@ -76,8 +76,8 @@ class TapBank(torch.nn.Module):
 @has_side_effect
 def tap_output(bank: TapBank, value, key: str) -> None:
     """File the moment summary of every tensor of ``value`` (names as ``Records``: ``key/0``...)."""
-    entries = tuple(("out", name, graph_moments(tensor)) for name, tensor in flatten_tensors(value, key)
-                    if _summarizable(tensor))
+    entries = tuple(("out", name, graph_moments(tensor))
+                    for name, tensor in flatten_tensors(value, key) if _summarizable(tensor))
     if entries:
         bank.pending = bank.pending + entries
     return None
@@ -92,7 +92,8 @@ class GradTap(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        row = torch.cat([graph_moments(grad), torch.ones(1, dtype=torch.float64, device=grad.device)])
+        done = torch.ones(1, dtype=torch.float64, device=grad.device)  # one backward wrote it
+        row = torch.cat([graph_moments(grad), done])
         return grad, row.to(torch.float64), None
 
 

@@ -11,12 +11,13 @@ import sys
 import threading
 import traceback
 import warnings
+from typing import Any
 
 import torch
 
 __all__ = ["compiled_backend", "compiled_inner", "compiled_in_place", "dynamo_frame_id",
-           "compile_like", "graph_break_reason", "inductor_backend", "inside_compiled_module", "load_inductor",
-           "lookup_backend", "run_eagerly_from_compiled_code", "skip_frame"]
+           "compile_like", "graph_break_reason", "inductor_backend", "inside_compiled_module",
+           "load_inductor", "lookup_backend", "run_eagerly_from_compiled_code", "skip_frame"]
 
 _inductor_lock = threading.Lock()
 
@@ -271,13 +272,13 @@ def skip_frame(function):
     return function
 
 
-def compile_like(compiled, module: torch.nn.Module) -> torch.nn.Module:
+def compile_like(compiled, module: torch.nn.Module) -> Any:
     """``module`` compiled as ``compiled`` (a module ``torch.compile`` returned) is: the same
     backend, mode, options, ``fullgraph`` and ``dynamic``.
 
     Private: ``OptimizedModule(module, compiled.dynamo_ctx)``, how ``torch.compile`` makes its
-    module (checked on torch 2.9.1 and 2.14.1). Fallback: ``torch.compile(module, backend=...)`` with the
-    backend :func:`compiled_backend` finds (inductor where it finds none).
+    module (checked on torch 2.9.1 and 2.14.1). Fallback: ``torch.compile(module,
+    backend=...)`` with the backend :func:`compiled_backend` finds (inductor where it finds none).
 
     >>> net = torch.compile(torch.nn.ReLU(), backend="eager")
     >>> compile_like(net, torch.nn.Tanh())(torch.zeros(1))
@@ -290,4 +291,5 @@ def compile_like(compiled, module: torch.nn.Module) -> torch.nn.Module:
         except TypeError:  # a release whose wrapper takes other arguments
             pass
     found = compiled_backend(compiled)
-    return torch.compile(module, backend=found[0] if found is not None else "inductor")
+    backend: Any = found[0] if found is not None else "inductor"
+    return torch.compile(module, backend=backend)
