@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from ..distributed.rank_group import unwrap
 from ..errors import FxdebugError
 from ..instrument import instrument
 from ..runtime import begin_run, capture, capture_stats, record_grads
@@ -62,7 +63,14 @@ def compiled_model(model: torch.nn.Module) -> torch.nn.Module | None:
             f"fxdebug.monitor: {type(model).__name__} was compiled in place (model.compile()), "
             f"which the monitor cannot attach to. Pass the module torch.compile returns: "
             f"fxdebug.monitor(torch.compile(model), ...), and train mon.model.")
-    return compiled_inner(model)
+    inner = compiled_inner(model)
+    wrapped, wrapper = unwrap(inner if inner is not None else model)
+    if wrapper and (inner is not None or compiled_inner(wrapped) is not None):
+        raise FxdebugError(
+            f"fxdebug.monitor: a compiled model under {wrapper} is not supported yet (the logged "
+            f"copy would run outside {wrapper}'s gradient synchronization). Monitor the eager "
+            f"model under {wrapper}: fxdebug.monitor({wrapper}(model), ...).")
+    return inner
 
 
 def runs_compiled() -> bool:
