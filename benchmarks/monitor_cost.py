@@ -74,13 +74,17 @@ def gpt2(layers: int, width: int, heads: int, tokens: int):
     return model, (ids,), lambda out: out.logits.float().pow(2).mean()
 
 
-def stepper(model, loss, inputs, mon=None):
-    """One SGD training step of ``model`` (``mon.step()`` after the backward when given)."""
+def stepper(model, loss, inputs, mon=None, parts=None):
+    """One SGD training step of ``model`` (``mon.step()`` after the backward when given;
+    ``parts["pass"]``: the seconds of the forward and backward alone)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-5)
     call = mon.model if mon is not None else model
 
     def step():
+        start = time.perf_counter()
         loss(call(*inputs)).backward()
+        if parts is not None:
+            parts["pass"] = time.perf_counter() - start
         if mon is not None:
             mon.step()
         optimizer.step()
@@ -107,8 +111,10 @@ def bench(label, model, inputs, loss, args):
     mon = fxdebug.monitor(monitored, every=every)
     singles = {"plain step": stepper(plain, loss, inputs),
                "fxdebug stats mode step": stepper(stats_gm, loss, inputs)}
-    kinds = ["logged step", "step after a logged one", "off-step"]
-    groups = [("", mon, stepper(monitored, loss, inputs, mon))]
+    kinds = ["logged step", "logged step: forward + backward only", "step after a logged one",
+             "off-step"]
+    parts: dict[str, dict] = {"": {}, "compiled ": {}}
+    groups = [("", mon, stepper(monitored, loss, inputs, mon, parts[""]))]
     graphs: dict[str, list] = {}
     notes = []
     if compiled:
@@ -134,7 +140,7 @@ def bench(label, model, inputs, loss, args):
             step = stepper(torch.compile(copied, backend=counting(args.backend, graphs[name])),
                            loss, inputs)
             singles[name] = partial(_cleared, sums, step)
-        groups.append(("compiled ", cmon, stepper(inner, loss, inputs, cmon)))
+        groups.append(("compiled ", cmon, stepper(inner, loss, inputs, cmon, parts["compiled "])))
     times: dict[str, list[float]] = {name: [] for name in singles}
     for prefix, _, _ in groups:
         times.update({prefix + kind: [] for kind in kinds})
@@ -144,7 +150,9 @@ def bench(label, model, inputs, loss, args):
         order = order[round_ % len(order):] + order[:round_ % len(order)]
         took = {name: timed(fn) for name, fn in order}
         for prefix, mon_, step in groups:
-            steps = [timed(step) for _ in range(every)]
+            steps = [timed(step)]
+            took[prefix + "logged step: forward + backward only"] = parts[prefix]["pass"]
+            steps += [timed(step) for _ in range(every - 1)]
             took[prefix + "logged step"] = steps[0]
             took[prefix + "step after a logged one"] = steps[1]
             took[prefix + "off-step"] = steps[2:]
@@ -170,7 +178,7 @@ def bench(label, model, inputs, loss, args):
         made = graphs.get(graph_key)
         rows.append([name, f"{1e3 * median(found):.2f}", f"{1e3 * min(found):.2f}",
                      f"{median(found) / ref:.3f}x",
-                     f"{median(found) / floor:.3f}x" if name == "compiled logged step" else "",
+                     f"{median(found) / floor:.3f}x" if name.startswith("compiled logged") else "",
                      "" if made is None else f"{after_first[graph_key]} -> {len(made)}"])
     print(f"\n### {label}\n")
     for note in notes:
