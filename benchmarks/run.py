@@ -19,6 +19,9 @@ Runs, each in its own interpreter (so no benchmark warms another's caches)::
                                        planted bugs named (a verdict per pair, seconds)
     host         host_overhead.py      host time per capture on 400 Linear(16,16)/ReLU
                                        modules at batch 1: every capture kind vs hooks
+    monitor      monitor_cost.py       fxdebug.monitor's training steps (off, logged, after a
+                                       logged one) vs plain and stats mode, resnet50 and
+                                       GPT-2 small; compiled (inductor) vs the floor
 
 and prints one GitHub table: benchmark, model, variant, median, the benchmark's
 spread column (min, or max - min of the repeats) and the ratio with what it is a
@@ -61,6 +64,7 @@ BENCHMARKS = [
     ("sharded", "sharded_steps.py", [], ["--quick"]),
     ("sharded-zoo", "sharded_zoo.py", [], ["--quick"]),
     ("host", "host_overhead.py", [], ["--quick"]),
+    ("monitor", "monitor_cost.py", [], ["--quick"]),
 ]
 
 

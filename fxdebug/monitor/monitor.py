@@ -43,6 +43,8 @@ from ..distributed.summaries import NO_GROUP, empty_summaries, reduce_summaries
 from ..errors import FxdebugError
 from ..instrument import instrument, records
 from ..runtime.stats_moments import combine_moments, summarize_moments
+from ..runtime.torch_compat import run_eagerly_from_compiled_code, skip_frame
+from .compiled_copy import CompiledCopy, compiled_model, runs_compiled, summary_of
 from .folder import SeriesFolder
 from .pooling import RankLayout, Share
 from .selection import module_of_key, own_parameters, selected_modules
@@ -74,7 +76,9 @@ def monitor(model: torch.nn.Module, every: int = 100, folder: str | os.PathLike 
     Off-steps run the model's own forward: nothing is captured or read.
 
     Args:
-        model: the module to train (a DistributedDataParallel: the module inside it).
+        model: the module to train (a DistributedDataParallel: the module inside it; a
+            ``torch.compile`` module: off-steps run its compiled forward, logged steps a copy
+            compiled the same way whose statistics are graph ops, see docs/monitor.md).
         every: log one step in ``every``.
         folder: write the statistics there (:mod:`fxdebug.monitor.folder`; read them back
             with :func:`fxdebug.load_series`).
@@ -130,13 +134,14 @@ class Monitor:
             raise FxdebugError(f"fxdebug.monitor: callback= must be callable (fn(step, values)), "
                                f"got {type(callback).__name__}.")
         self.model = model
+        inner = compiled_model(model)  # torch.compile(model): the module inside
         self.every, self.start, self.end = every, start, end
         self._steps = 0  # the step the next forward belongs to
         self.notes: list[str] = []
         self.spikes: list[SpikeReport] = []  # every spike report step() returned
         self._stats = check_stats(stats)
         self._writer, self._callback = writer, callback
-        target, wrapper = unwrap(model)
+        target, wrapper = unwrap(model if inner is None else inner)
         self._target = target
         chosen = selected_modules(target, select)
         self._modules = {name: None for name, _ in chosen}
@@ -144,7 +149,11 @@ class Monitor:
                             if (params := own_parameters(module))]
         self._ranks = _ranks(group)
         rules = check_rules(spikes)
-        self._copy = instrument(target, capture="modules", grads=True)
+        # compiled: a copy whose statistics are graph ops (compiled_copy.py); else, or until a
+        # logged forward runs under torch.compile, the eager instrumented copy
+        self._compiled: CompiledCopy | None = None if inner is None else CompiledCopy(target, model)
+        self._copy: torch.nn.Module | None = (
+            instrument(target, capture="modules", grads=True) if inner is None else None)
         self._folder = None if folder is None else SeriesFolder(
             folder, rank=self._ranks.rank if self._ranks else 0,
             world=self._ranks.size if self._ranks else 1,
@@ -155,8 +164,11 @@ class Monitor:
         self._folded: dict[str, tuple] = {}  # name -> (moment summary, Share), forwards merged
         self._pending_update: tuple | None = None  # (step, copies, param rows) of a logged step
         self._logging = self._logged(0)
-        self._own_forward = target.__dict__.get("forward", _MISSING)
-        plain = target.forward
+        # the forward replaced: the compiled module's (off-steps call its compiled forward as it
+        # is), or the model's own
+        hooked = self._hooked = target if inner is None else model
+        self._own_forward = hooked.__dict__.get("forward", _MISSING)
+        plain = hooked.forward
         self._plain = plain
 
         @functools.wraps(plain)
@@ -170,7 +182,9 @@ class Monitor:
                 spikes.end(entry, out)
             return out
 
-        target.forward = forward
+        # mon.model compiled later: dynamo runs this frame eagerly and compiles the frame it
+        # calls (the model's forward, or the logged copy's)
+        hooked.forward = skip_frame(forward)
         self._attached = True
         self._spikes = None if not rules else SpikeWatch(
             target, rules, self._ranks, self._unpatched,
@@ -205,13 +219,31 @@ class Monitor:
             and (step - self.start) % self.every == 0
 
     def _logged_forward(self, args, kwargs):
+        # (asked here: dynamo's callback is unset in the frames it runs eagerly with their callees)
+        call = self._begin_logged(args, kwargs, runs_compiled())
+        out = call(*args, **kwargs)  # compiled where the model is (or by the call around it)
+        self._end_logged()
+        return out
+
+    def _begin_logged(self, args, kwargs, under_compile: bool):
+        """The copy to call for this logged forward (dynamo never traces this bookkeeping)."""
         self._fold()  # the previous micro-batch's backward is done: summarize it, let it go
-        copy = self._copy
+        compiled = self._compiled
+        if compiled is None and under_compile:  # mon.model compiled after attaching
+            compiled = self._compiled = CompiledCopy(self._target)
+        copy = compiled if compiled is not None else self._copy
+        if copy is None:  # pragma: no cover - one of the two is always made
+            raise FxdebugError("fxdebug.monitor: no logged copy of the model; make a new monitor.")
         if copy.training != self._target.training:
             copy.train(self._target.training)
-        out = copy(*args, **kwargs)
-        self._runs.append(records(copy))
-        return out
+        return copy if compiled is None else compiled.begin(args, kwargs)
+
+    def _end_logged(self) -> None:
+        compiled, copy = self._compiled, self._copy
+        if compiled is not None:
+            self._runs.append(compiled.end())
+        elif copy is not None:
+            self._runs.append(records(copy))
 
     def _fold(self) -> None:
         runs, self._runs = self._runs, []
@@ -225,9 +257,9 @@ class Monitor:
                     self._add(slot(key, "grad"), *_value(grads, key, self.notes))
 
     def _add(self, name: str, value, placement=None) -> None:
-        if not isinstance(value, torch.Tensor):
+        summary = summary_of(value)  # a tensor's, or the compiled copy's ready summary
+        if summary is None:
             return
-        summary = summarize_moments(value)
         found = self._folded.get(name)
         if found is None:
             self._folded[name] = (summary, self._layout.activation(value, placement))
@@ -406,15 +438,15 @@ class Monitor:
 
     def _detach_now(self) -> None:
         self._attached = False
-        target = self._target
+        hooked = self._hooked
         if self._own_forward is _MISSING:
-            target.__dict__.pop("forward", None)
+            hooked.__dict__.pop("forward", None)
         else:
-            target.forward = self._own_forward
+            hooked.forward = self._own_forward
         if self._folder is not None:
             self._folder.close()
         self._runs, self._folded, self._pending_update = [], {}, None
-        self._copy = None  # type: ignore[assignment]
+        self._copy = self._compiled = None
         self._spikes = None
         self._logging = False
 
@@ -504,3 +536,10 @@ def _read(own: torch.Tensor, shared: torch.Tensor) -> list[list[float]]:
         rows = own.tolist()
         return rows + rows
     return torch.cat([own, shared.to(own.device)]).tolist()
+
+
+# mon.model compiled after the monitor attached: dynamo runs the monitor's bookkeeping eagerly and
+# compiles only the forward it calls (the model's, or the logged copy's)
+skip_frame(Monitor._logged_forward)
+run_eagerly_from_compiled_code(Monitor._begin_logged)
+run_eagerly_from_compiled_code(Monitor._end_logged)

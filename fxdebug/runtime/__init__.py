@@ -25,6 +25,9 @@ these functions, and the functions write into the module's Recorder::
     torch.compile(gm)(x)                       the same node functions, traced by dynamo, emit
                                                custom ops (fxdebug::begin_run, ::capture):
                                                compiled_ops.py; gradient hooks: compiled_grads.py
+    torch.compile(fxdebug.monitor's copy)      the monitor's taps: output and gradient moment
+                                               summaries as graph ops, no graph break
+                                               (monitor_taps.py, compiled_moments.py)
 
 Under all of it: nested values walked one way, with ``/`` keys (values.py, on torch's
 pytree), and one way to write shapes, dtypes, errors and ``file:line`` places, with

@@ -76,6 +76,11 @@ class _PartRecords:
         target = self.records.grads if self._grads else self.records
         target.add_tensor(self.part.rename(key, self.call), op, value, clone)
 
+    def add_grad_stats(self, key: str, op: str, grad: torch.Tensor) -> None:
+        """Stats mode's gradient hook (``grads=True``) of a part: the shared Records' own."""
+        target = self.records.grads if self._grads else self.records
+        target.add_grad_stats(self.part.rename(key, self.call), op, grad)
+
     def flush_stats(self) -> None:
         """The last capture of a part's forward: the shared Records' pending summaries."""
         self.records.flush_stats()

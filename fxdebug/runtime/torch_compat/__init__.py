@@ -39,9 +39,10 @@ from .autograd import (add_tensor_hook, at_backward_end, read_version,  # noqa: 
                        tensor_versions)
 from .dtensor import (ParallelLayout, distribute_module_applied,  # noqa: E402
                       parallel_output_layout)
-from .dynamo import (compiled_backend, compiled_inner, dynamo_frame_id,  # noqa: E402
-                     graph_break_reason, inductor_backend, load_inductor, lookup_backend,
-                     run_eagerly_from_compiled_code)
+from .dynamo import (compile_like, compiled_backend, compiled_in_place, compiled_inner,  # noqa: E402
+                     dynamo_frame_id, graph_break_reason, inductor_backend,
+                     inside_compiled_module, load_inductor, lookup_backend,
+                     run_eagerly_from_compiled_code, skip_frame)
 from .export_nodes import (AUTOCAST_NODE_FUNCTIONS, ENTER_AUTOCAST, EXIT_AUTOCAST,  # noqa: E402
                            SET_GRAD_ENABLED, autocast_arguments, is_autocast_function,
                            is_export_guard_call)
@@ -72,8 +73,9 @@ __all__ = [
     # dtensor
     "ParallelLayout", "distribute_module_applied", "parallel_output_layout",
     # dynamo
-    "compiled_backend", "compiled_inner", "dynamo_frame_id", "graph_break_reason", "inductor_backend",
-    "load_inductor", "lookup_backend", "run_eagerly_from_compiled_code",
+    "compile_like", "compiled_backend", "compiled_in_place", "compiled_inner", "dynamo_frame_id",
+    "graph_break_reason", "inductor_backend", "inside_compiled_module", "load_inductor",
+    "lookup_backend", "run_eagerly_from_compiled_code", "skip_frame",
     # export_nodes
     "AUTOCAST_NODE_FUNCTIONS", "ENTER_AUTOCAST", "EXIT_AUTOCAST", "SET_GRAD_ENABLED",
     "autocast_arguments", "is_autocast_function", "is_export_guard_call",

@@ -11,11 +11,13 @@ import sys
 import threading
 import traceback
 import warnings
+from typing import Any
 
 import torch
 
-__all__ = ["compiled_backend", "compiled_inner", "dynamo_frame_id", "graph_break_reason", "inductor_backend",
-           "load_inductor", "lookup_backend", "run_eagerly_from_compiled_code"]
+__all__ = ["compiled_backend", "compiled_inner", "compiled_in_place", "dynamo_frame_id",
+           "compile_like", "graph_break_reason", "inductor_backend", "inside_compiled_module",
+           "load_inductor", "lookup_backend", "run_eagerly_from_compiled_code", "skip_frame"]
 
 _inductor_lock = threading.Lock()
 
@@ -213,3 +215,81 @@ def run_eagerly_from_compiled_code(function):
     skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
     set_code_exec_strategy(function.__code__, skip)
     return function
+
+
+def compiled_in_place(module) -> bool:
+    """Whether ``module.compile()`` compiled ``module`` in place (its calls run under dynamo).
+
+    Private: ``nn.Module._compiled_call_impl``, which ``nn.Module.compile`` sets (checked on
+    torch 2.9.1 and 2.14.1). Fallback: False.
+
+    >>> compiled_in_place(torch.nn.ReLU())
+    False
+    """
+    return module.__dict__.get("_compiled_call_impl") is not None
+
+
+def inside_compiled_module() -> bool:
+    """Whether the calling code runs inside a call that ``torch.compile`` compiles (a module or
+    function it returned, ``module.compile()``): dynamo's frame callback is set.
+
+    Private: ``torch._C._dynamo.eval_frame.get_eval_frame_callback`` (checked on torch 2.9.1
+    and 2.14.1: inside a compiled call, in a frame dynamo skips, it is dynamo's callback; None
+    or False elsewhere). Fallback: False.
+
+    >>> inside_compiled_module()
+    False
+    """
+    try:
+        from torch._C._dynamo.eval_frame import get_eval_frame_callback
+    except ImportError:  # pragma: no cover - a torch without it
+        return False
+    return get_eval_frame_callback() not in (None, False)
+
+
+def skip_frame(function):
+    """Have dynamo run ``function``'s own frame eagerly but compile the frames it calls, as
+    ``torch.compiler.disable(recursive=False)`` does, without loading dynamo: a forward wrapper
+    that chooses between compiled graphs without being one; returns ``function``. A plain call
+    is untouched.
+
+    Private: ``torch._C._dynamo.eval_frame.set_code_exec_strategy`` with
+    ``_FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT)`` on the function's code
+    (checked on torch 2.9.1 and 2.14.1). Fallback: nothing is set (dynamo traces the wrapper
+    too).
+
+    >>> def wrapper(x): return x + 1
+    >>> skip_frame(wrapper) is wrapper
+    True
+    """
+    try:
+        from torch._C._dynamo.eval_frame import (_FrameAction, _FrameExecStrategy,
+                                                 set_code_exec_strategy)
+    except ImportError:  # pragma: no cover - a torch without them
+        return function
+    set_code_exec_strategy(function.__code__, _FrameExecStrategy(_FrameAction.SKIP,
+                                                                 _FrameAction.DEFAULT))
+    return function
+
+
+def compile_like(compiled, module: torch.nn.Module) -> Any:
+    """``module`` compiled as ``compiled`` (a module ``torch.compile`` returned) is: the same
+    backend, mode, options, ``fullgraph`` and ``dynamic``.
+
+    Private: ``OptimizedModule(module, compiled.dynamo_ctx)``, how ``torch.compile`` makes its
+    module (checked on torch 2.9.1 and 2.14.1). Fallback: ``torch.compile(module,
+    backend=...)`` with the backend :func:`compiled_backend` finds (inductor where it finds none).
+
+    >>> net = torch.compile(torch.nn.ReLU(), backend="eager")
+    >>> compile_like(net, torch.nn.Tanh())(torch.zeros(1))
+    tensor([0.])
+    """
+    context = getattr(compiled, "dynamo_ctx", None)
+    if context is not None:
+        try:
+            return type(compiled)(module, context)
+        except TypeError:  # a release whose wrapper takes other arguments
+            pass
+    found = compiled_backend(compiled)
+    backend: Any = found[0] if found is not None else "inductor"
+    return torch.compile(module, backend=backend)
