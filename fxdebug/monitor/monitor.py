@@ -510,7 +510,8 @@ def _note(notes: list[str], note: str) -> None:
 def _value(rec, key: str, notes: list[str]) -> tuple:
     """``(value, placement)`` of a capture (``(None, None)`` where it is not shown)."""
     try:
-        return rec[key], rec.record(key).placement
+        record = getattr(rec, "record", None)  # the compiled copy's summaries have no Record
+        return rec[key], None if record is None else record(key).placement
     except FxdebugError as exc:  # a view written in place after its capture: not shown
         _note(notes, f"{key}: not recorded ({type(exc).__name__})")
         return None, None
