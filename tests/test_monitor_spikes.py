@@ -238,3 +238,17 @@ def test_under_ddp_every_rank_replays_and_the_rank_holding_the_first_nonfinite_n
     (step, (reproduced, nonfinite, rank, divergence)), = results[0].items()
     assert step == 6 and reproduced is True and rank == 1
     assert nonfinite.split(".")[0] == "1" and divergence.split(".")[0] == "1"
+
+
+def test_a_forward_replaced_on_the_instance_is_named_since_logged_steps_run_the_class_forward():
+    net = make_net()
+    plain = net.forward
+
+    def autocast_forward(*args, **kwargs):  # what a mixed-precision wrapper does
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return plain(*args, **kwargs)
+    net.forward = autocast_forward
+    with pytest.warns(fxdebug.errors.FidelityWarning, match="replaced on the instance"):
+        mon = fxdebug.monitor(net, every=1)
+    mon.remove()
+    assert net.forward is autocast_forward

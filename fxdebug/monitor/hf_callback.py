@@ -30,10 +30,11 @@ Importing this module needs transformers (and its Trainer accelerate):
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
-from ..errors import FxdebugError
+from ..errors import FidelityWarning, FxdebugError
 
 try:
     from transformers import TrainerCallback
@@ -79,10 +80,14 @@ class HFMonitorCallback(TrainerCallback):
         if model is None:
             raise FxdebugError(f"{_WHERE}: on_train_begin was called without the model; it "
                                f"goes in transformers.Trainer(callbacks=[...]).")
-        self._run = TrainerRun(
-            model, self.options, state.global_step, _WHERE,
-            "The Trainer calls the model it was given; a compute_loss of your own must call "
-            "that model too.", on_output=self._keep_loss)
+        with warnings.catch_warnings():
+            if "_original_forward" in vars(model):  # accelerate's autocast: applied below
+                warnings.filterwarnings("ignore", category=FidelityWarning,
+                                        message="fxdebug.monitor: .* replaced on the instance")
+            self._run = TrainerRun(
+                model, self.options, state.global_step, _WHERE,
+                "The Trainer calls the model it was given; a compute_loss of your own must "
+                "call that model too.", on_output=self._keep_loss)
         self.monitor = self._run.monitor
         _logged_steps_in_mixed_precision(model, self.monitor)
 

@@ -34,13 +34,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import warnings
 from typing import Callable, NamedTuple, Sequence
 
 import torch
 
 from ..distributed.rank_group import RankGroup, distributed_ready, unwrap
 from ..distributed.summaries import NO_GROUP, empty_summaries, reduce_summaries
-from ..errors import FxdebugError
+from ..errors import FidelityWarning, FxdebugError
 from ..instrument import instrument, records
 from ..runtime.stats_moments import combine_moments, summarize_moments
 from ..runtime.torch_compat import run_eagerly_from_compiled_code, skip_frame
@@ -168,6 +169,8 @@ class Monitor:
         # is), or the model's own
         hooked = self._hooked = target if inner is None else model
         self._own_forward = hooked.__dict__.get("forward", _MISSING)
+        if inner is None and self._own_forward is not _MISSING:
+            _warn_instance_forward(target, self._own_forward)
         plain = hooked.forward
         self._plain = plain
 
@@ -462,6 +465,18 @@ class Monitor:
         window = f"[{self.start}, {'end' if self.end is None else self.end})"
         return (f"<Monitor {type(self._target).__name__}, {len(self._modules)} modules, every "
                 f"{self.every} in {window}, step {self.steps}, {state}>")
+
+
+def _warn_instance_forward(target: torch.nn.Module, own) -> None:
+    """Logged steps run a traced copy of the class's forward: say so where the instance's
+    forward is another function (an autocast wrapper would not apply on logged steps)."""
+    what = getattr(own, "__qualname__", type(own).__name__)
+    warnings.warn(
+        f"fxdebug.monitor: {type(target).__name__}'s forward is replaced on the instance "
+        f"({what}); logged steps run a traced copy of {type(target).__name__}.forward without "
+        f"that replacement (an autocast or output-casting wrapper does not apply to them). "
+        f"Attach the monitor before wrapping forward, or put the wrapper's effect in the "
+        f"model (e.g. torch.autocast around the training step).", FidelityWarning, stacklevel=4)
 
 
 def _check_steps(every, start, end) -> None:
