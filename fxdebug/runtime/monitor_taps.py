@@ -97,6 +97,9 @@ class GradTap(torch.autograd.Function):
         return grad, row.to(torch.float64), None
 
 
+_through_tap = GradTap.apply  # (an autograd.Function's apply, not a pass's)
+
+
 @has_side_effect
 def tap_grads(bank: TapBank, value, key: str, node: int, clone: bool = False):
     """``value`` with each tensor that requires grad passed through :class:`GradTap` (part ``j``
@@ -108,7 +111,7 @@ def tap_grads(bank: TapBank, value, key: str, node: int, clone: bool = False):
         if not _tappable(value):
             return value
         bank.pending = bank.pending + (("grad", key, (node, 0)),)
-        return GradTap.apply(value, slot[0], clone)
+        return _through_tap(value, slot[0], clone)
     named = flatten_tensors(value, key)
     tapped: list[torch.Tensor] = []
     entries: list[tuple] = []
@@ -116,7 +119,7 @@ def tap_grads(bank: TapBank, value, key: str, node: int, clone: bool = False):
     for name, tensor in named:
         if _tappable(tensor) and part < PARTS:
             entries.append(("grad", name, (node, part)))
-            tensor = GradTap.apply(tensor, slot[part], clone)
+            tensor = _through_tap(tensor, slot[part], clone)
             part += 1
         elif _tappable(tensor):
             entries.append(("skipped", name, None))
