@@ -319,10 +319,14 @@ DETERMINISM = textwrap.dedent("""
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 3))
     opt = torch.optim.Adam(net.parameters(), lr=0.01)
-    with fxdebug.monitor(net, every=2, folder=sys.argv[1]) as mon:
+    with fxdebug.monitor(net, every=2, folder=sys.argv[1], spikes=True) as mon:
         for step in range(6):
-            loss = net(torch.randn(4, 6)).pow(2).mean()
-            loss.backward(); mon.step(loss); opt.step(); opt.zero_grad()
+            x = torch.randn(4, 6) * (1e20 if step == 3 else 1.0)  # step 3: a replayed spike
+            loss = net(x).pow(2).mean()
+            loss.backward()
+            if mon.step(loss) is None:
+                opt.step()
+            opt.zero_grad()
     for name in sorted(__import__("os").listdir(sys.argv[1])):
         print(name, open(__import__("os").path.join(sys.argv[1], name)).read())
 """)
@@ -332,6 +336,7 @@ def test_the_folder_is_byte_identical_across_processes_and_hash_seeds(tmp_path):
     outputs = outputs_under_hash_seeds(DETERMINISM, args=lambda seed: (str(tmp_path / seed),))
     assert outputs[0] == outputs[1] == outputs[2]
     assert "manifest.json" in outputs[0] and '"step":4' in outputs[0]
+    assert 'spikes.jsonl {"first_divergence":' in outputs[0] and '"step":3,' in outputs[0]
 
 
 # -- DDP on 2 gloo ranks ---------------------------------------------------------------------
