@@ -252,3 +252,14 @@ def test_a_forward_replaced_on_the_instance_is_named_since_logged_steps_run_the_
         mon = fxdebug.monitor(net, every=1)
     mon.remove()
     assert net.forward is autocast_forward
+
+
+def test_huge_finite_gradients_are_not_a_nonfinite_spike():
+    """Gradients near 1e20 are finite; their float32 squares are not (the norm is taken again
+    in float64 before a rule reads it)."""
+    net = torch.nn.Linear(2, 1)
+    with fxdebug.monitor(net, every=100, spikes=[NonFinite()]) as mon:
+        loss = net(torch.full((3, 2), 1e20)).sum()
+        loss.backward()
+        assert torch.isfinite(net.weight.grad).all()
+        assert mon.step(loss) is None

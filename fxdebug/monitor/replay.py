@@ -169,7 +169,9 @@ def _runs(gm: torch.nn.Module, forwards: list[Forward], params, dtype) -> tuple[
             args, kwargs = map_tensors(_to(dtype), (args, kwargs))
         with torch.enable_grad():
             out = gm(*args, **kwargs)
-            draws = draws or not torch.equal(torch.get_rng_state(), entry.cpu_rng)
+            draws = draws or not torch.equal(torch.get_rng_state(), entry.cpu_rng) or any(
+                not torch.equal(torch.cuda.get_rng_state(device), state)
+                for device, state in entry.cuda_rng)
             leaves = [t for _, t in flatten_tensors(out) if t.is_floating_point()]
             if len(leaves) != len(entry.outputs):
                 raise FxdebugError(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 from typing import Callable, Mapping, Sequence
 
 import torch
@@ -140,18 +141,21 @@ class SpikeWatch:
         elif isinstance(loss, (int, float)):
             parts.append(torch.tensor(float(loss), dtype=torch.float64))
             names.append("loss")
+        grads: list[torch.Tensor] = []
         if wanted & {"grad_norm", "nonfinite"} and not self._sharded:
             grads = [p.grad.detach() for p in self.target.parameters() if p.grad is not None]
             if grads:
-                norms = torch.stack([torch.linalg.vector_norm(g.double()).to(grads[0].device)
-                                     for g in grads])
-                parts.append(torch.linalg.vector_norm(norms).to(parts[0].device if parts
-                                                                 else norms.device))
+                parts.append(_grad_norm(grads, None))
                 names.append("grad_norm")
         if not parts:
             return {}
         device = parts[0].device
-        return dict(zip(names, torch.stack([p.to(device) for p in parts]).tolist()))
+        values = dict(zip(names, torch.stack([p.to(device) for p in parts]).tolist()))
+        norm = values.get("grad_norm")
+        if norm is not None and not (math.isfinite(norm) and norm > _FLOAT32_TINY_NORM):
+            # float32 squares overflowed (|g| > 1e19) or underflowed: the float64 norm
+            values["grad_norm"] = float(_grad_norm(grads, torch.float64))
+        return values
 
     def _agree(self, reason: str | None, error: BaseException | None) -> str | None:
         """Every rank learns whether any fired (one small all_reduce); their reasons if so."""
@@ -270,6 +274,18 @@ class SpikeWatch:
         rows = drift_rows(series, 5)
         return [(f"{r.key}.{r.kind}.rms", r.first, r.last, r.factor) for r in rows
                 if r.first_step != r.last_step]
+
+
+_FLOAT32_TINY_NORM = 1e-15  # below it, float32 squares may have lost values to underflow
+
+
+def _grad_norm(grads: list[torch.Tensor], dtype: torch.dtype | None) -> torch.Tensor:
+    """The L2 norm of every gradient together, summed in ``dtype`` (None: their own)."""
+    norms = [torch.linalg.vector_norm(g, dtype=dtype or (
+        torch.float32 if g.dtype in (torch.float16, torch.bfloat16) else None)).double()
+        for g in grads]
+    device = norms[0].device
+    return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]))
 
 
 def _report(step: int, reason: str, rank_ids: Sequence[int], everyone: list[dict],
