@@ -30,6 +30,7 @@ __all__ = ["MOMENT_COLUMNS", "summarize_moments", "combine_moments"]
 MOMENT_COLUMNS = ("count", "mean", "m2", "min", "max", "zeros", "nonfinite", "numel", "m3", "m4")
 """The ten numbers of a moment summary, in order."""
 
+_SMALL = 1 << 16  # values summed in float64 directly (its range holds their fourth powers)
 _DOT_CHUNK = 1 << 16  # values per float32 dot product on the CPU (its rounding: see below)
 _DOT_CHUNK_CUDA = 1 << 22  # on a GPU (a tree reduction; fewer kernel launches)
 
@@ -63,8 +64,9 @@ def summarize_moments(tensor: torch.Tensor) -> torch.Tensor:
 
 def _central_moments_34(flat: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``M3`` and ``M4`` of the finite values of ``flat`` (1-D, floating) given its 8-number
-    summary: one pass of dot products in the value's precision (float32 for float32, float16
-    and bfloat16), chunk by chunk, summed in float64.
+    summary. Up to ``_SMALL`` values: in float64 at once. Larger tensors: one pass of dot
+    products in the value's precision (float32 for float32, float16 and bfloat16), chunk by
+    chunk, summed in float64.
 
     The deviations are taken from ``c``, the mean rounded to that precision (``x - c`` is
     exact for values near the mean), and scaled by ``1 / max |x - c|`` so that their fourth
@@ -77,6 +79,14 @@ def _central_moments_34(flat: torch.Tensor, base: torch.Tensor) -> tuple[torch.T
     Chunks of ``_DOT_CHUNK`` values keep each float32 dot's rounding near 1e-6 of its terms
     (measured: M4 within 2.5e-6 of float64 for normal, shifted and log-normal values).
     """
+    masked = flat.is_cuda or bool(base[6] > 0)  # a NaN or Inf among the values (CPU: read here)
+    if flat.numel() <= _SMALL:  # float64 at once: a few ops (a call's cost is its Python here)
+        values = flat.to(torch.float64)
+        deviation = values - base[1]
+        if masked:
+            deviation = torch.where(torch.isfinite(values), deviation, 0.0)
+        squared = deviation * deviation
+        return torch.dot(squared, deviation), torch.dot(squared, squared)
     work = torch.float64 if flat.dtype == torch.float64 else torch.float32
     count, mean, m2, low, high = base[0], base[1], base[2], base[3], base[4]
     some = count > 0
@@ -85,7 +95,6 @@ def _central_moments_34(flat: torch.Tensor, base: torch.Tensor) -> tuple[torch.T
     spread = torch.maximum((high - center.double()).abs(), (low - center.double()).abs())
     spread = torch.where(some & (spread > 0) & torch.isfinite(spread), spread, 1.0)
     inverse = (1.0 / spread).to(work)
-    masked = flat.is_cuda or bool(base[6] > 0)  # a NaN or Inf among the values (CPU: read here)
     s3 = torch.zeros((), dtype=torch.float64, device=flat.device)
     s4 = torch.zeros((), dtype=torch.float64, device=flat.device)
     step = _DOT_CHUNK_CUDA if flat.is_cuda else _DOT_CHUNK
