@@ -263,3 +263,33 @@ def test_huge_finite_gradients_are_not_a_nonfinite_spike():
         loss.backward()
         assert torch.isfinite(net.weight.grad).all()
         assert mon.step(loss) is None
+
+
+def test_a_compiled_model_is_replayed_eagerly_and_its_node_named():
+    net = make_net()
+    compiled = torch.compile(net, backend="aot_eager")
+
+    def plant(net, step, x):
+        net[3].scale.fill_(1e25 if step == 6 else 1.0)
+
+    reports, _ = _train_compiled(net, compiled, plant)
+    assert list(reports) == [6]
+    assert reports[6].reproduced is True
+    assert reports[6].first_nonfinite.split(".")[0] == "3"
+
+
+def _train_compiled(net, compiled, plant):
+    opt = torch.optim.SGD(net.parameters(), lr=1e-2)
+    reports = {}
+    with fxdebug.monitor(compiled, every=3, spikes=[NonFinite()]) as mon:
+        for step in range(8):
+            x = torch.randn(16, 6)
+            plant(net, step, x)
+            loss = mon.model(x).pow(2).mean()
+            loss.backward()
+            if (report := mon.step(loss)) is not None:
+                reports[step] = report
+            else:
+                opt.step()
+            opt.zero_grad()
+    return reports, mon

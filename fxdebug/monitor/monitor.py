@@ -404,6 +404,9 @@ class Monitor:
     def _unpatched(self):
         """The model with its own forward for a while (to copy or trace it), then the monitor's."""
         target = self._target
+        if self._hooked is not target:  # a compiled module holds the patch; the model has none
+            yield target
+            return
         patched = target.__dict__.get("forward", _MISSING)
         if self._own_forward is _MISSING:
             target.__dict__.pop("forward", None)
