@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from .compiled_stats import (FLOAT32_MIN_NUMEL, FLOAT32_RATIO, _always, _counter, _finite,
-                             _trimmed_picks)
+                             _trimmed_picks, scaled_deviations)
 
 __all__ = ["graph_moments", "FLOAT32_RATIO4"]
 
@@ -103,15 +103,7 @@ def _float32_moments(value: torch.Tensor) -> torch.Tensor:
 
 def _float64_moments(value: torch.Tensor) -> torch.Tensor:
     wide = value.to(torch.float64)
-    finite = torch.isfinite(wide)
-    count = finite.sum().to(torch.float64)
-    safe = count.clamp(min=1)
-    first = torch.where(finite, wide, 0.0).sum() / safe
-    low = torch.where(finite, wide, _INF).amin()
-    high = torch.where(finite, wide, -_INF).amax()
-    scale = torch.maximum(low.abs(), high.abs())
-    scale = torch.where(torch.isfinite(scale) & (scale > 0), scale, 1.0)
-    d = torch.where(finite, (wide - first) * (1.0 / scale), 0.0)
+    count, safe, first, low, high, scale, d = scaled_deviations(wide)
     d2 = d * d
     total = d.sum()
     m2, m3, m4 = _central(count, total, d2.sum(), (d2 * d).sum(), (d2 * d2).sum())

@@ -68,7 +68,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from .records import Record, Records
 from .stats import combine
 
-__all__ = ["graph_summary", "summarizable_in_graph", "StatsSink", "CompiledRecords", "SINK_ATTR",
+__all__ = ["graph_summary", "scaled_deviations", "summarizable_in_graph", "StatsSink", "CompiledRecords", "SINK_ATTR",
            "file_entries"]
 
 # The attribute of a Recorder that holds its StatsSink.
@@ -258,9 +258,10 @@ def _finite(value: torch.Tensor) -> torch.Tensor:
     return value.abs() < _INF
 
 
-def _two_pass_scaled(value: torch.Tensor) -> torch.Tensor:
-    """float64 values: the mean of the finite ones, then their deviations from it, scaled by the
-    largest magnitude so their squares cannot overflow."""
+def scaled_deviations(value: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """float64 values: ``(count, count clamped to 1, mean, low, high, scale, deviations)`` of
+    the finite ones; the deviations from the mean are scaled by the largest magnitude
+    (``scale``) so that their squares cannot overflow, and are 0 where a value is not finite."""
     finite = torch.isfinite(value)
     count = finite.sum().to(torch.float64)
     safe = count.clamp(min=1)
@@ -270,6 +271,13 @@ def _two_pass_scaled(value: torch.Tensor) -> torch.Tensor:
     scale = torch.maximum(low.abs(), high.abs())
     scale = torch.where(torch.isfinite(scale) & (scale > 0), scale, 1.0)
     deviation = torch.where(finite, (value - mean) * (1.0 / scale), 0.0)
+    return count, safe, mean, low, high, scale, deviation
+
+
+def _two_pass_scaled(value: torch.Tensor) -> torch.Tensor:
+    """float64 values: the mean of the finite ones, then their deviations from it, scaled by the
+    largest magnitude so their squares cannot overflow."""
+    count, safe, mean, low, high, scale, deviation = scaled_deviations(value)
     total = deviation.sum()
     m2 = ((deviation * deviation).sum() - total * total / safe).clamp(min=0) * scale * scale
     zeros = (value == 0).sum().to(torch.float64)
