@@ -124,7 +124,7 @@ def replay_step(model: torch.nn.Module, forwards: list[Forward], same: torch.nn.
     try:
         runs, draws = _runs(same, forwards, params, None)
         reproduced, why = _reproduced(forwards, runs, params, reduce_grads)
-        nonfinite, where = _first_nonfinite(forwards, runs, params, model)
+        nonfinite, where = _first_nonfinite(runs, params, model)
         divergence, eps, compared = None, 0.0, False
         if float64 is None:
             notes.append("not compared against float64 (no float64 copy)")
@@ -250,7 +250,7 @@ def _reproduced(forwards: list[Forward], runs: list[_Run], params,
     return True, "the replay's outputs and parameter gradients equal the step's"
 
 
-def _first_nonfinite(forwards, runs: list[_Run], params, model) -> tuple[str | None, str]:
+def _first_nonfinite(runs: list[_Run], params, model) -> tuple[str | None, str]:
     for number, run in enumerate(runs):
         for key, values in run.values:
             if any(not bool(torch.isfinite(t).all()) for t in values):

@@ -169,11 +169,7 @@ class SpikeWatch:
         if float(flag) == 0.0:
             return None
         said = ranks.gather((reason, None if error is None else repr(error)))
-        failed = [(r, e) for r, (_, e) in zip(ranks.members, said) if e is not None]
-        if failed:
-            where = "; ".join(f"rank {r}: {e}" for r, e in failed)
-            raise FxdebugError(f"fxdebug.monitor: the spike check failed on {where}; every rank "
-                               f"stops here.") from error
+        _stop_if_one_failed(ranks.members, [e for _, e in said], "the spike check", error)
         return "; ".join(f"rank {r}: {text}" for r, (text, _) in zip(ranks.members, said) if text)
 
     # -- the replay ----------------------------------------------------------------------
@@ -209,11 +205,8 @@ class SpikeWatch:
             raise FxdebugError(f"fxdebug.monitor: the replay of spike step {step} failed on "
                                f"this rank: {error!r}") from error
         rank_ids = [0] if self.ranks is None else self.ranks.members
-        failed = [(r, e["error"]) for r, e in zip(rank_ids, everyone) if e["error"]]
-        if failed:
-            where = "; ".join(f"rank {r}: {e}" for r, e in failed)
-            raise FxdebugError(f"fxdebug.monitor: the replay of spike step {step} failed on "
-                               f"{where}; every rank stops here.") from error
+        _stop_if_one_failed(rank_ids, [e["error"] for e in everyone],
+                            f"the replay of spike step {step}", error)
         return _report(step, reason, rank_ids, everyone, self._moved(step),
                        per_rank=self.ranks is not None)
 
@@ -238,11 +231,8 @@ class SpikeWatch:
         if ranks is None:
             return grads
         said = ranks.gather({"error": None})
-        failed = [(r, e["error"]) for r, e in zip(ranks.members, said) if e["error"]]
-        if failed:
-            where = "; ".join(f"rank {r}: {e}" for r, e in failed)
-            raise _Stopped(f"fxdebug.monitor: the spike replay failed on {where}; every rank "
-                           f"stops here.")
+        _stop_if_one_failed(ranks.members, [e["error"] for e in said], "the spike replay",
+                            kind=_Stopped)
         present = [g for g in grads if g is not None]
         if not present:
             return grads
@@ -274,6 +264,17 @@ class SpikeWatch:
         rows = drift_rows(series, 5)
         return [(f"{r.key}.{r.kind}.rms", r.first, r.last, r.factor) for r in rows
                 if r.first_step != r.last_step]
+
+
+def _stop_if_one_failed(members: Sequence[int], errors: list, what: str,
+                        cause: BaseException | None = None, kind: type = FxdebugError) -> None:
+    """Raise on every rank (after the collective that gathered ``errors``, one per rank in
+    ``members`` order: None where it went well) when a rank failed, naming it and its error."""
+    failed = [(rank, error) for rank, error in zip(members, errors) if error]
+    if failed:
+        where = "; ".join(f"rank {rank}: {error}" for rank, error in failed)
+        raise kind(f"fxdebug.monitor: {what} failed on {where}; every rank stops here.") \
+            from cause
 
 
 _FLOAT32_TINY_NORM = 1e-15  # below it, float32 squares may have lost values to underflow
