@@ -4,7 +4,7 @@ Call tree::
 
     capture_graphs(model, runs)        torch.compile with a backend that keeps each graph
                                        dynamo captured and the real inputs of its first call
-                                       (compiled_runs.py: the user's dynamo caches untouched)
+                                       (watched_runs.py: the user's dynamo caches untouched)
     localize(graph, compile_piece)
       ├─ eager values                  keyed copy + Capture("all"): fxdebug's captures of
       │                                every node; an Interpreter for the inputs of pieces
