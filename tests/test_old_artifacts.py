@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import fxdebug
+from folder_import import import_folder
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 OLD = os.path.join(FIXTURES, "main_2026_11")
@@ -133,24 +134,10 @@ def test_pickled_equivalence_report_reads_back():
     assert "EQUIVALENT" in repr(report) and report.table()
 
 
-def _import_folder(folder: str, name: str):
-    """The dumped folder as a package, imported from its location (sys.path untouched)."""
-    spec = importlib.util.spec_from_file_location(name, os.path.join(folder, "__init__.py"),
-                                                  submodule_search_locations=[folder])
-    package = importlib.util.module_from_spec(spec)
-    sys.modules[name] = package
-    try:
-        spec.loader.exec_module(package)
-    finally:
-        del sys.modules[name]
-        sys.modules.pop(f"{name}.module", None)
-    return package
-
-
 def test_dumped_folder_loads_runs_and_records_like_the_model():
     model, x = MAKE.make_model(), MAKE.make_input()
     truth, grads = hooked(model, x)
-    dumped = _import_folder(os.path.join(OLD, "dumped"), "fxdebug_old_dump")
+    dumped = import_folder(os.path.join(OLD, "dumped"), "fxdebug_old_dump")
     loaded = dumped.load()
     out = loaded(x.clone())
     torch.testing.assert_close(out, model(x), rtol=0, atol=0)
