@@ -42,7 +42,7 @@ import torch.fx as fx
 from .errors import FxdebugError, TraceFailure
 from .passes import Capture, EagerRegions, GradHooks, Pass, as_pass
 from .passes.base import run_passes
-from .runtime import RECORDER_ATTR, Recorder, Records, capture, capture_stats, tensor_stats
+from .runtime import RECORDER_ATTR, Recorder, Records, capture, capture_stats
 from .runs.run_writer import RunWriter
 from .runs.saved_runs import load_records
 from .runtime.placement import parameter_pieces

@@ -15,9 +15,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import pickle
-import shutil
 import subprocess
 import sys
+import tarfile
 
 import pytest
 import torch
@@ -134,10 +134,18 @@ def test_pickled_equivalence_report_reads_back():
     assert "EQUIVALENT" in repr(report) and report.table()
 
 
-def test_dumped_folder_loads_runs_and_records_like_the_model():
+@pytest.fixture
+def dumped(tmp_path) -> str:
+    """The dumped folder, unpacked from its archive into ``tmp_path``."""
+    with tarfile.open(os.path.join(OLD, "dumped.tar")) as tar:
+        tar.extractall(tmp_path, filter="data")
+    return str(tmp_path / "dumped")
+
+
+def test_dumped_folder_loads_runs_and_records_like_the_model(dumped):
     model, x = MAKE.make_model(), MAKE.make_input()
     truth, grads = hooked(model, x)
-    dumped = import_folder(os.path.join(OLD, "dumped"), "fxdebug_old_dump")
+    dumped = import_folder(dumped, "fxdebug_old_dump")
     loaded = dumped.load()
     out = loaded(x.clone())
     torch.testing.assert_close(out, model(x), rtol=0, atol=0)
@@ -147,9 +155,8 @@ def test_dumped_folder_loads_runs_and_records_like_the_model():
         torch.testing.assert_close(dict(loaded.named_parameters())[name].grad, p.grad, msg=name)
 
 
-def test_dumped_folders_run_py_passes(tmp_path):
-    folder = shutil.copytree(os.path.join(OLD, "dumped"), tmp_path / "dumped")
-    done = subprocess.run([sys.executable, "run.py", "--backward"], cwd=folder, text=True,
+def test_dumped_folders_run_py_passes(dumped):
+    done = subprocess.run([sys.executable, "run.py", "--backward"], cwd=dumped, text=True,
                           capture_output=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ok: same results as when dumped" in done.stdout
@@ -167,10 +174,10 @@ def _readme_now(tmp_path, monkeypatch, threads: int, gm, x, **kwargs) -> str:
         return f.read()
 
 
-def test_a_dumps_readme_is_the_one_written_then(tmp_path, monkeypatch):
+def test_a_dumps_readme_is_the_one_written_then(dumped, tmp_path, monkeypatch):
     gm = fxdebug.instrument(MAKE.make_model(), capture="all", grads=True)
     now = _readme_now(tmp_path, monkeypatch, 2, gm, MAKE.make_input())
-    with open(os.path.join(OLD, "dumped", "README.md")) as f:
+    with open(os.path.join(dumped, "README.md")) as f:
         assert now == f.read()
 
 
