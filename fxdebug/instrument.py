@@ -3,21 +3,26 @@
 Call tree::
 
     instrument(model)                      a transaction: any failure puts the model back
-      ├─ tracing.unwrap_compiled(model)    torch.compile(m) given: instrument m, one warning
-      ├─ tracing.trace(model)              unless it is a GraphModule already
-      │    └─ TraceFailure of the root:     tracing.instrument_parts(model, _instrument_part):
+      ├─ frontend.unwrap_compiled(model)   torch.compile(m) given: instrument m, one warning
+      ├─ partial.is_partial(model)         already part by part: instrument_parts, below
+      ├─ tracing.keyed_copy(gm)            a GraphModule: the caller's module is never edited
+      ├─ frontend.trace_in_transaction     any other module: traced (fx, else export)
+      │    └─ TraceFailure of the root:     partial.instrument_parts(model, _instrument_part):
       │                                     each module traced when first called, specialised
       │                                     to the call, instrumented by the same pipeline;
       │                                     what cannot be traced runs eagerly
-      ├─ tracing.keyed_copy(gm)            a GraphModule: the caller's module is never edited
-      ├─ passes.Capture(...)               capture nodes + recorder
-      ├─ passes.GradHooks(...)             with grads=True: gradient-recording nodes
-      ├─ passes.EagerRegions(...)          leaf modules called as one node (auto-leaves,
-      │                                    TransformerEncoder): capture inside them too
-      ├─ user passes                       run in the order given
-      │                                    (all by passes.run_passes: lint after each
-      │                                    that may have changed the graph, a failure named)
-      └─ recompile()                       once, after every pass
+      ├─ run_pipeline(gm, build_pipeline(...) + passes)
+      │    ├─ passes.Capture(...)          capture nodes + recorder
+      │    ├─ passes.GradHooks(...)        with grads=True: gradient-recording nodes
+      │    ├─ passes.EagerRegions(...)     leaf modules called as one node (auto-leaves,
+      │    │                               TransformerEncoder): capture inside them too
+      │    ├─ user passes                  run in the order given (all by
+      │    │                               passes.base.run_passes: lint after each that
+      │    │                               may have changed the graph, a failure named)
+      │    └─ DebugGraphModule.defer_recompile()   once, after every pass: the code is
+      │                                    generated on first use
+      ├─ tracing.modes.follow_modes(gm, model, ...)   its graph follows model.train()/eval()
+      └─ runs.run_writer.RunWriter         with save_to=: each run streamed to the folder
     gm(x)                                  begin_run, then every capture node
     torch.compile(gm)(x)                   the same nodes as custom ops in the compiled
                                            graphs: the compiled code's values (see
@@ -37,7 +42,7 @@ import torch.fx as fx
 from .errors import FxdebugError, TraceFailure
 from .passes import Capture, EagerRegions, GradHooks, Pass, as_pass
 from .passes.base import run_passes
-from .runtime import RECORDER_ATTR, Recorder, Records, capture, capture_stats, tensor_stats
+from .runtime import RECORDER_ATTR, Recorder, Records, capture, capture_stats
 from .runs.run_writer import RunWriter
 from .runs.saved_runs import load_records
 from .runtime.placement import parameter_pieces
