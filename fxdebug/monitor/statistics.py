@@ -78,4 +78,3 @@ def split_slot(name: str) -> tuple[str, str]:
     """
     key, _, kind = name.rpartition(".")
     return key, kind
-
