@@ -16,6 +16,7 @@ budget, and whether range (underflow, overflow) or resolution causes it.
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from typing import Any, Callable
 
 import torch
@@ -230,15 +231,19 @@ class PrecisionChoice(Report):
         rows = [["float32 model", f"{self.float32['loss']:.3g}", f"{self.float32['grad']:.3g}"],
                 [f"{len(self.keys)} nodes in {self.dtype}", f"{self.measured['loss']:.3g}",
                  f"{self.measured['grad']:.3g}"]]
-        lines = [f"{len(self.keys)} nodes in {self.dtype} within the {self.metric} budget "
-                 f"{self.budget:.3g}: {'yes' if self.ok else 'NO'} (measured, "
-                 f"{len(self.trials)} trial sets)", "",
+        wrap = width or 80
+        lines = [f"{len(self.keys)} nodes in {self.dtype}, {self.metric} budget "
+                 f"{self.budget:.3g}: {'within' if self.ok else 'NOT within'} (measured, "
+                 f"{len(self.trials)} sets tried)", "",
                  fit_table(rows, ["vs float64", "loss err", "grad err"], width=width,
                            colalign=["left", "right", "right"]), "",
-                 "converted: " + (", ".join(self.keys) or "(none)"),
-                 "kept: " + (", ".join(self.kept) or "(none)")]
+                 textwrap.fill("converted: " + (", ".join(self.keys) or "(none)"), wrap,
+                               subsequent_indent="  ", break_on_hyphens=False),
+                 textwrap.fill("kept modules: " + (", ".join(self.kept) or "(none)"), wrap,
+                               subsequent_indent="  ", break_on_hyphens=False)]
         if self.first_beyond is not None:
-            lines.append(self.first_beyond.text())
+            lines.append(textwrap.fill(self.first_beyond.text(), wrap, subsequent_indent="  ",
+                                       break_on_hyphens=False))
         return "\n".join(lines)
 
 

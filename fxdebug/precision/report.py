@@ -211,8 +211,8 @@ class SensitivityReport(Report):
                     short_error(self.autocast["grad"])]]
         summary += [[f"every node in {short_dtype(d)}", short_error(e["loss"]),
                      short_error(e["grad"])] for d, e in self.everything.items()]
-        lines = [f"precision sensitivity: {self._size()}, {self.scaling} float8 scaling, "
-                 f"{self.seconds:.1f} s ({self.seconds / max(runs, 1):.2f} s a run)", "",
+        lines = [f"precision sensitivity: {self._size()} ({self.scaling}), {self.seconds:.1f} s, "
+                 f"{self.seconds / max(runs, 1):.2f} s a run", "",
                  fit_table(summary, ["vs float64", "loss err", "grad err"], width=width,
                            colalign=["left", "right", "right"]), ""]
         rows = [[e.key, short_dtype(e.dtype), short_error(e.out_error), short_error(e.loss_error),

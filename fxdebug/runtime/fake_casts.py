@@ -10,10 +10,11 @@ Every value stays in its own dtype (float32): only the numbers it can hold chang
   kept in float32), over the whole tensor (``axis=None``: tensor-wise) or along
   ``axis`` (row-wise: one scale per row of the dimensions not in ``axis``), then
   ``(x * scale).clamp(-max, max).to(float8).to(x.dtype) / scale``. The clamp is
-  torchao's (``to_fp8_saturated``): torch's own ``.to(torch.float8_e4m3fn)`` does *not*
-  saturate (a value past the largest one becomes NaN for e4m3fn, ``inf`` for e5m2), so
-  a cast with a given scale saturates where torch alone would not. Subnormals are
-  torch's own.
+  torchao's (``to_fp8_saturated``): torch's own ``.to(torch.float8_e5m2)`` does *not*
+  saturate (a value past the largest one becomes ``inf``), nor does ``.to(float8_e4m3fn)``
+  on every torch release and device (NaN there; recent releases saturate on the CPU), so
+  the cast saturates, as torchao's, wherever it runs. Everything else, subnormals
+  included, is torch's own rounding, bit for bit.
 
 :func:`fake_cast` is the node function: forward the rounded value; backward the
 gradient passed straight through, or rounded itself (``grad_dtype``, with its own
