@@ -123,6 +123,7 @@ def test_choice_by_gradient_error_and_bfloat16_recipe(planted):
     gm = fxdebug.fake_precision(net, list(choice.keys), "bfloat16")
     assert _errors(gm, net, x)[1] <= choice.budget
     assert choice.module_filter_fn(net.a, "a") == ("a" in choice.keys)
+    assert choice.module_filter_fn(torch.nn.ReLU(), "a") is False
     recipe = choice.autocast_recipe(device="cpu")
     namespace = {"model": copy.deepcopy(net), "inputs": (x,), "loss_fn": _loss}
     exec(recipe, namespace)  # the recipe runs as written
@@ -159,11 +160,11 @@ def test_errors_a_user_can_hit(planted):
 
 def test_module_filter_is_accepted_by_torchao(planted):
     torchao_float8 = pytest.importorskip(
-        "torchao.float8", reason="torchao is not installed (pip install fxdebug[torchao])")
+        "torchao.float8", reason="torchao is not installed (pip install torchao)")
     net, _, rep = planted
     choice = rep.choose(budget=20, relative_to="autocast")
     converted = torchao_float8.convert_to_float8_training(
         copy.deepcopy(net), module_filter_fn=choice.module_filter_fn)
     kinds = {name: type(module).__name__ for name, module in converted.named_children()}
     assert kinds["big"] == "Linear"
-    assert all(kinds[key] == "Float8Linear" for key in choice.modules)
+    assert all(kinds[key] == "Float8Linear" for key in choice.linear_modules)

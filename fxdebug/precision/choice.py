@@ -32,6 +32,10 @@ __all__ = ["PrecisionChoice", "Breakpoint", "ModuleFilter", "choose", "first_bey
 _METRICS = ("loss", "grad")
 
 
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Breakpoint:
     """The first node at which converting nodes in graph order passes the budget."""
@@ -162,13 +166,19 @@ def first_beyond(report, budget: float, relative_to: str | None = None, metric: 
 @dataclasses.dataclass(repr=False)
 class PrecisionChoice(Report):
     """The nodes to run in ``dtype``, the error measured with all of them converted
-    (``measured``: ``{"loss": ..., "grad": ...}`` relative to float64), and the recipe."""
+    (``measured``: ``{"loss": ..., "grad": ...}`` relative to float64), and the recipe.
+
+    ``modules``: the modules every candidate node of which is chosen (``linear_modules``:
+    those that are ``torch.nn.Linear``); ``kept``: the modules left in high precision;
+    ``trials``: (set size, measured error) of every set measured; ``first_beyond``: see
+    :func:`first_beyond`."""
 
     dtype: str
     metric: str
     budget: float
     keys: tuple[str, ...]
     modules: tuple[str, ...]
+    linear_modules: tuple[str, ...]
     kept: tuple[str, ...]
     measured: dict[str, float]
     trials: list[tuple[int, float]]
@@ -183,8 +193,9 @@ class PrecisionChoice(Report):
     @property
     def module_filter_fn(self) -> ModuleFilter:
         """For ``torchao.float8.convert_to_float8_training(model, module_filter_fn=...)``:
-        True for the chosen Linear modules (torchao then skips its own size check)."""
-        return ModuleFilter(self.modules)
+        True for the chosen ``torch.nn.Linear`` modules, the only ones torchao converts
+        (it then skips its own size check)."""
+        return ModuleFilter(self.linear_modules)
 
     def autocast_recipe(self, device: str = "cuda") -> str:
         """Python to paste into a training script: ``torch.autocast`` in this dtype, with
@@ -212,7 +223,7 @@ class PrecisionChoice(Report):
             "    loss = loss_fn(model(*inputs))"])
 
     def _size(self) -> str:
-        return f"{len(self.keys)} nodes in {self.dtype}"
+        return f"{_plural(len(self.keys), 'node')} in {self.dtype}"
 
     def _finding(self) -> str:
         return (f"measured {self.metric} error {self.measured[self.metric]:.3g}, budget "
@@ -222,17 +233,17 @@ class PrecisionChoice(Report):
         out = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         out["first_beyond"] = None if self.first_beyond is None else \
             dataclasses.asdict(self.first_beyond)
-        out["module_filter_fn"] = list(self.modules)
+        out["module_filter_fn"] = list(self.linear_modules)
         return out
 
     def table(self, wide: bool | None = None) -> str:
         """The measured errors, the chosen keys, and where converting everything breaks."""
         width = None if wide else (table_width() or 80)
         rows = [["float32 model", f"{self.float32['loss']:.3g}", f"{self.float32['grad']:.3g}"],
-                [f"{len(self.keys)} nodes in {self.dtype}", f"{self.measured['loss']:.3g}",
+                [self._size(), f"{self.measured['loss']:.3g}",
                  f"{self.measured['grad']:.3g}"]]
         wrap = width or 80
-        lines = [f"{len(self.keys)} nodes in {self.dtype}, {self.metric} budget "
+        lines = [f"{self._size()}, {self.metric} budget "
                  f"{self.budget:.3g}: {'within' if self.ok else 'NOT within'} (measured, "
                  f"{len(self.trials)} sets tried)", "",
                  fit_table(rows, ["vs float64", "loss err", "grad err"], width=width,
@@ -269,6 +280,9 @@ def choose(report, budget: float, relative_to: str | None = None, metric: str = 
     modules = tuple(dict.fromkeys(owners[k] for k in chosen if all(
         other in chosen for other in report.keys if owners[other] == owners[k]) and owners[k]))
     kept = tuple(dict.fromkeys(owners[k] for k in report.keys if k not in chosen and owners[k]))
+    linear = tuple(m for m in modules if any(e.module == m and e.module_type == "Linear"
+                                             for e in report.entries))
     trials = [(len(keys), errors[metric]) for keys, errors in measure.done.items()]
-    return PrecisionChoice(dtype, metric, limit, tuple(chosen), modules, kept, dict(measured),
+    return PrecisionChoice(dtype, metric, limit, tuple(chosen), modules, linear, kept,
+                           dict(measured),
                            trials, breaks, dict(report.float32))

@@ -18,12 +18,21 @@ from ..tables.fit_to_width import fit_table, table_width
 from ..tables.report import Report
 from .choice import PrecisionChoice, choose, first_beyond
 
-__all__ = ["SensitivityEntry", "SensitivityReport", "short_dtype", "short_error", "short_ratio"]
+__all__ = ["SensitivityEntry", "SensitivityReport", "plural", "short_dtype", "short_error", "short_ratio"]
 
 _SHORT = {"bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 RANGE = 0.01
 """A node's cause is ``range`` when more than this fraction of the elements of one tensor it
 rounds (an input, a weight, its output gradient) underflow or saturate, else ``resolution``."""
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 node``, ``3 nodes``.
+
+    >>> plural(1, "node"), plural(3, "node")
+    ('1 node', '3 nodes')
+    """
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def short_dtype(dtype: str) -> str:
@@ -78,6 +87,7 @@ class SensitivityEntry:
     """One node alone in one dtype: its errors (relative to float64), the float32 model's
     errors at the same places, and how the values it rounds fit the dtype's range.
 
+    ``module``: the module the node belongs to, ``module_type`` its class name.
     ``underflow`` / ``overflow``: the worst fraction, over the tensors the node rounds,
     of elements that become zero / saturate (float16: become inf); ``grad_underflow``:
     the same for the gradient at its output; ``amax``: the largest magnitude rounded;
@@ -86,6 +96,7 @@ class SensitivityEntry:
     key: str
     dtype: str
     module: str
+    module_type: str
     out_error: float
     loss_error: float
     grad_error: float
@@ -185,7 +196,7 @@ class SensitivityReport(Report):
         return first_beyond(self, budget, relative_to, metric, dtype)
 
     def _size(self) -> str:
-        return f"{len(self.keys)} nodes x {len(self.dtypes)} dtypes"
+        return f"{plural(len(self.keys), 'node')} x {plural(len(self.dtypes), 'dtype')}"
 
     def _finding(self) -> str:
         if not self.entries:

@@ -207,7 +207,9 @@ def precision_sensitivity(model: torch.nn.Module, *inputs: Any, loss: Callable |
             if node.name in float32.values and ref_value is not None else float("nan")
         errors = step_errors(step, reference)
         entries.append(SensitivityEntry(
-            key=key, dtype=dtype, module=owning_module(gm, node), out_error=out_error,
+            key=key, dtype=dtype, module=owning_module(gm, node),
+            module_type=type(gm.get_submodule(owning_module(gm, node))).__name__,
+            out_error=out_error,
             loss_error=errors["loss"], grad_error=errors["grad"], float32_out_error=out32,
             float32_loss_error=base["loss"], float32_grad_error=base["grad"],
             **_range(gm, node, dtype, scaling, float32.values, float32.value_grads.get(node.name))))
