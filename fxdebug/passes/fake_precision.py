@@ -4,10 +4,11 @@ Each converted node gets explicit rounding nodes around it (see
 :mod:`fxdebug.runtime.fake_casts`), so ``gm.code`` shows what runs in which precision
 and :func:`fxdebug.diff` shows the change like any pass's::
 
+    fc1_in0_fake = fxdebug_runtime_fake_casts_fake_cast(x, 'float8_e4m3fn', None, None, None)
+    fc1_module = self.fc1
     fc1_weight = self.fc1.weight
     fc1_weight_fake = fxdebug_runtime_fake_casts_fake_cast(fc1_weight, 'float8_e4m3fn', None, None, None)
-    x_fake = fxdebug_runtime_fake_casts_fake_cast(x, 'float8_e4m3fn', None, None, None)
-    fc1 = fxdebug_runtime_call_with_parameters(fc1_module, {'weight': fc1_weight_fake}, x_fake)
+    fc1 = fxdebug_runtime_call_with_parameters(fc1_module, {'weight': fc1_weight_fake}, fc1_in0_fake)
     fc1_fake = fxdebug_runtime_fake_casts_fake_cast(fc1, None, None, 'float8_e5m2', None)
 
 What is rounded, by dtype:
@@ -229,6 +230,7 @@ class FakePrecision(Pass):
 
     def _insert_cast(self, graph: fx.Graph, before: fx.Node, value: fx.Node, key: str, name: str,
                      axis) -> fx.Node:
+        """A cast of ``value`` before ``before``, keyed ``key``, named ``name`` + ``_fake``."""
         float8 = self.dtype in FLOAT8
         grad = self.dtype if (self.backward and not float8) else None
         rowwise = axis if (float8 and self.scaling == "rowwise") else None
@@ -236,7 +238,7 @@ class FakePrecision(Pass):
             cast = graph.create_node("call_function", fake_cast,
                                      (value, self.dtype, rowwise, grad, None), {},
                                      name=f"{name}_fake")
-        cast.meta[META_KEY] = f"{key}:{name}"
+        cast.meta[META_KEY] = key
         cast.meta[META_PASS] = self.name
         cast.meta[META_SOURCE] = before.meta.get(META_SOURCE)
         return cast
@@ -271,8 +273,8 @@ class FakePrecision(Pass):
             if not isinstance(value, fx.Node):
                 continue
             axis = _axis(value, axis, None) if axis is None else axis
-            args[index] = self._insert_cast(graph, node, value, key, f"{node.name}_in{index}",
-                                            axis)
+            args[index] = self._insert_cast(graph, node, value, f"{key}:fake_in{index}",
+                                            f"{node.name}_in{index}", axis)
         if params:
             with graph.inserting_before(node):
                 module = graph.create_node("get_attr", node.target, name=f"{node.name}_module")
@@ -283,7 +285,7 @@ class FakePrecision(Pass):
                     param = graph.create_node("get_attr", f"{node.target}.{pname}",
                                               name=f"{node.name}_{pname.replace('.', '_')}")
                 param.meta[META_KEY], param.meta[META_PASS] = f"{key}:{pname}", self.name
-                views[pname] = self._insert_cast(graph, node, param, key,
+                views[pname] = self._insert_cast(graph, node, param, f"{key}:fake_{pname}",
                                                  f"{node.name}_{pname.replace('.', '_')}", axis)
             node.op, node.target = "call_function", call_with_parameters
             args = [module, views] + args

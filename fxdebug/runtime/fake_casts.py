@@ -30,6 +30,8 @@ True
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.fx.node import has_side_effect
 
@@ -170,10 +172,25 @@ def fake_cast(x, dtype: str | None, axis: tuple[int, ...] | None = None,
     return _fake_cast_function(x, dtype, axis, grad_dtype, grad_axis)
 
 
+_MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float8_e4m3fn": 3, "float8_e5m2": 2}
+
+
+def _rounds_past_max(name: str) -> float:
+    """The magnitude from which a value rounds past the largest one (max + half its ulp):
+    464 for e4m3fn, 61440 for e5m2, 65520 for float16.
+
+    >>> _rounds_past_max("float8_e4m3fn"), _rounds_past_max("float16")
+    (464.0, 65520.0)
+    """
+    largest = torch.finfo(torch_dtype(name)).max
+    return largest + 2.0 ** (math.floor(math.log2(largest)) - _MANTISSA_BITS[name]) / 2
+
+
 def range_stats(x: torch.Tensor, dtype: str, axis: tuple[int, ...] | None = None
                 ) -> dict[str, float]:
-    """How ``x`` fares in ``dtype``: the fractions of its elements that overflow (saturate,
-    or become ``inf`` in float16) and underflow (nonzero, rounded to zero), and its amax.
+    """How ``x`` fares in ``dtype``: the fractions of its elements that overflow (past the
+    largest value by more than rounding: they saturate in float8, become ``inf`` in
+    float16) and underflow (nonzero, rounded to zero), and its amax.
 
     >>> s = range_stats(torch.tensor([1e4, 1e-3, 2e-3, 1.0]), "float8_e4m3fn")
     >>> s["underflow"], s["overflow"], s["amax"]
@@ -184,11 +201,8 @@ def range_stats(x: torch.Tensor, dtype: str, axis: tuple[int, ...] | None = None
     if value.numel() == 0:
         return {"overflow": 0.0, "underflow": 0.0, "amax": 0.0}
     rounded = round_to(value, name, axis)
-    if name in FLOAT8:
-        scaled = value.abs() * float8_scale(value, name, axis)
-        overflow = scaled > torch.finfo(torch_dtype(name)).max
-    else:
-        overflow = torch.isinf(rounded) & torch.isfinite(value)
+    scaled = value.abs() * float8_scale(value, name, axis) if name in FLOAT8 else value.abs()
+    overflow = scaled >= _rounds_past_max(name)
     underflow = (rounded == 0) & (value != 0)
     numel = value.numel()
     return {"overflow": float(overflow.sum()) / numel, "underflow": float(underflow.sum()) / numel,
