@@ -41,6 +41,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import operator
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -62,17 +63,18 @@ _LEFT, _RIGHT, _ROWS = (-1,), (-2,), (-1,)  # rowwise axes: a [.., M, K] @ [.., 
 
 _aten = torch.ops.aten
 # call_function targets: {target: ((argument index, rowwise axis), ...)}
-_PRODUCTS: dict[object, tuple[tuple[int, tuple[int, ...] | None], ...]] = {}
-for _target in (F.linear, _aten.linear.default):
-    _PRODUCTS[_target] = ((0, _ROWS), (1, _ROWS))
-for _target in (torch.matmul, operator.matmul, torch.mm, torch.bmm, _aten.matmul.default,
-                _aten.mm.default, _aten.bmm.default):
-    _PRODUCTS[_target] = ((0, _LEFT), (1, _RIGHT))
-for _target in (torch.addmm, torch.baddbmm, _aten.addmm.default, _aten.baddbmm.default):
-    _PRODUCTS[_target] = ((1, _LEFT), (2, _RIGHT))
-for _target in (F.conv1d, F.conv2d, F.conv3d, _aten.conv1d.default, _aten.conv2d.default,
-                _aten.conv3d.default, _aten.convolution.default):
-    _PRODUCTS[_target] = ((0, (1,)), (1, None))  # weight: all dims but the first, see _axis
+_Spec = tuple[tuple[int, "tuple[int, ...] | None"], ...]
+_PRODUCTS: dict[object, _Spec] = {}
+_PRODUCTS.update(dict.fromkeys((F.linear, _aten.linear.default), ((0, _ROWS), (1, _ROWS))))
+_PRODUCTS.update(dict.fromkeys((torch.matmul, operator.matmul, torch.mm, torch.bmm,
+                                _aten.matmul.default, _aten.mm.default, _aten.bmm.default),
+                               ((0, _LEFT), (1, _RIGHT))))
+_PRODUCTS.update(dict.fromkeys((torch.addmm, torch.baddbmm, _aten.addmm.default,
+                                _aten.baddbmm.default), ((1, _LEFT), (2, _RIGHT))))
+_PRODUCTS.update(dict.fromkeys((F.conv1d, F.conv2d, F.conv3d, _aten.conv1d.default,
+                                _aten.conv2d.default, _aten.conv3d.default,
+                                _aten.convolution.default),
+                               ((0, (1,)), (1, None))))  # weight: all dims but the first
 _METHODS = {"matmul": ((0, _LEFT), (1, _RIGHT)), "mm": ((0, _LEFT), (1, _RIGHT)),
             "bmm": ((0, _LEFT), (1, _RIGHT))}
 _MODULES = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
@@ -244,7 +246,8 @@ class FakePrecision(Pass):
         return cast
 
     def operands(self, gm: fx.GraphModule, node: fx.Node
-                  ) -> tuple[list[tuple[int, tuple[int, ...] | None]], dict[str, tuple | None]]:
+                 ) -> tuple[list[tuple[int, tuple[int, ...] | None]],
+                            dict[str, tuple[int, ...] | None]]:
         """(argument index, rowwise axis) of the node's inputs to round, and its module's
         parameters to round {name: axis}."""
         module = _module(gm, node)
@@ -254,9 +257,10 @@ class FakePrecision(Pass):
             if float8 and isinstance(module, _MODULES):
                 conv = not isinstance(module, torch.nn.Linear)
                 weight_axis = tuple(range(1, module.weight.dim())) if conv else _ROWS
-                return [(0, (1,) if conv else _ROWS)], {"weight": weight_axis}
-            params = {name: _ROWS for name, p in module.named_parameters()
-                      if p.is_floating_point()}
+                weights: dict[str, tuple[int, ...] | None] = {"weight": weight_axis}
+                return [(0, (1,) if conv else _ROWS)], weights
+            params: dict[str, tuple[int, ...] | None] = {
+                name: _ROWS for name, p in module.named_parameters() if p.is_floating_point()}
             return [(i, _ROWS) for i in node_args], params
         spec = _METHODS.get(str(node.target)) if node.op == "call_method" else \
             _PRODUCTS.get(node.target)
@@ -267,7 +271,7 @@ class FakePrecision(Pass):
     def _convert(self, gm: fx.GraphModule, node: fx.Node) -> None:
         graph, key = gm.graph, node_key(node)
         operands, params = self.operands(gm, node)
-        args = list(node.args)
+        args: list[Any] = list(node.args)
         for index, axis in operands:
             value = args[index]
             if not isinstance(value, fx.Node):
@@ -335,8 +339,9 @@ def fake_precision(model: torch.nn.Module, keys=None, dtype: str = "bfloat16",
     >>> import torch, fxdebug
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
     >>> gm = fxdebug.fake_precision(net, ["0"], "float8_e4m3fn")
-    >>> print([line.split(" = ")[0].strip() for line in gm.code.splitlines() if "fake" in line])
-    ['_0_weight_fake', '_0_in0_fake', '_0_fake']
+    >>> names = [line.split(" = ")[0].strip() for line in gm.code.splitlines() if " = " in line]
+    >>> [name for name in names if name.endswith("_fake")]
+    ['_0_in0_fake', '_0_weight_fake', '_0_fake']
     >>> x = torch.randn(2, 4)
     >>> w8 = fxdebug.runtime.fake_casts.round_to(net[0].weight, "float8_e4m3fn")
     >>> x8 = fxdebug.runtime.fake_casts.round_to(x, "float8_e4m3fn")

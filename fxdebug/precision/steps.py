@@ -88,8 +88,8 @@ def run_step(gm: fx.GraphModule, inputs: tuple, loss: Callable[[Any], torch.Tens
         watched = [name for name in grads_of if name in interpreter.values
                    and interpreter.values[name].requires_grad]
         wrt = list(params) + [interpreter.values[name] for name in watched]
-        grads = torch.autograd.grad(value.reshape(()), wrt, allow_unused=True) if wrt else ()
-    grads = [torch.zeros_like(t) if g is None else g.detach() for t, g in zip(wrt, grads)]
+        found = torch.autograd.grad(value.reshape(()), wrt, allow_unused=True) if wrt else ()
+    grads = [torch.zeros_like(t) if g is None else g.detach() for t, g in zip(wrt, found)]
     return Step(value.detach().reshape(()), grads[:len(params)],
                 {name: v.detach() for name, v in interpreter.values.items()},
                 dict(zip(watched, grads[len(params):])))
