@@ -52,10 +52,11 @@ from ..runtime import call_with_parameters
 from ..runtime.fake_casts import FLOAT8, check_dtype, fake_cast
 from ..tracing.keys import META_KEY, META_PASS, META_SOURCE, module_path, node_key
 from ..tracing.selection import matches
+from ..tracing.unsupported import fsdp2_modules
 from .base import Pass
 
 __all__ = ["FakePrecision", "fake_precision", "precision_nodes", "is_matrix_product",
-           "fake_output_key", "owning_module", "copy_graph_module"]
+           "fake_output_key", "owning_module", "copy_graph_module", "refuse_sharded"]
 
 _PASS = "fake-precision"
 _SCALINGS = ("tensorwise", "rowwise")
@@ -307,6 +308,33 @@ class FakePrecision(Pass):
         out.meta[META_SOURCE] = node.meta.get(META_SOURCE)
 
 
+def refuse_sharded(model: torch.nn.Module, where: str) -> None:
+    """Raise :class:`~fxdebug.errors.FxdebugError` for an FSDP2 or tensor-parallel model.
+
+    A float8 scale is the amax of the *whole* tensor, and an error is measured on full
+    values: on one rank's shard both would be that shard's, silently. Until the precision
+    what-if gathers them, a sharded model is refused with the way around it.
+
+    >>> refuse_sharded(torch.nn.Linear(1, 1), "fxdebug.fake_precision")  # not sharded: nothing
+    """
+    why = ""
+    sharded = fsdp2_modules(model)
+    if sharded:
+        why = f"fully_shard was applied to {sharded[0] or '(root)'!r}"
+    elif torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor
+        name = next((n for n, p in model.named_parameters() if isinstance(p, DTensor)), None)
+        why = f"parameter {name!r} is a DTensor (tensor parallelism)" if name else ""
+    if why:
+        raise FxdebugError(
+            f"{where}: {type(model).__name__} is sharded ({why}); fxdebug's precision what-if "
+            f"does not run on sharded models yet: float8 amax scales and errors would be one "
+            f"rank's shard's, not the full tensors'. Run it on the unsharded model: on one "
+            f"rank, build the model unsharded and load the full state dict "
+            f"(torch.distributed.checkpoint.state_dict.get_model_state_dict(model, "
+            f"options=StateDictOptions(full_state_dict=True))), with the same batch.")
+
+
 def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     """A GraphModule with a copy of ``gm``'s graph, sharing its parameters and submodules.
 
@@ -350,6 +378,7 @@ def fake_precision(model: torch.nn.Module, keys=None, dtype: str = "bfloat16",
     """
     from ..frontend import trace
 
+    refuse_sharded(model, "fxdebug.fake_precision")
     if isinstance(model, fx.GraphModule):
         gm = copy_graph_module(model)
     else:

@@ -26,7 +26,7 @@ import torch.fx as fx
 
 from ..errors import FxdebugError
 from ..passes.fake_precision import (FakePrecision, copy_graph_module, fake_output_key,
-                                     owning_module, precision_nodes)
+                                     owning_module, precision_nodes, refuse_sharded)
 from ..runtime.fake_casts import FLOAT8, check_dtype, range_stats
 from ..runtime.progress import progress
 from ..tracing.keys import META_KEY, node_key
@@ -172,6 +172,7 @@ def precision_sensitivity(model: torch.nn.Module, *inputs: Any, loss: Callable |
     if not inputs:
         raise FxdebugError("fxdebug.precision_sensitivity(model, *inputs): no inputs given; pass "
                            "one batch as the model takes it.")
+    refuse_sharded(model, "fxdebug.precision_sensitivity")
     if isinstance(model, fx.GraphModule):
         traced: torch.nn.Module = model
     else:
