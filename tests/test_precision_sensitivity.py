@@ -200,3 +200,30 @@ def test_sharded_models_are_refused_with_the_way_around(config):
     from ranks import on_ranks
     for messages in on_ranks(_sharded, 2, config):
         assert all("sharded" in m and "full_state_dict" in m for m in messages), messages
+
+
+def test_the_callers_model_and_rng_are_left_as_they_were():
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5), torch.nn.Linear(4, 1))
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    x = torch.randn(6, 4)
+    state = torch.get_rng_state()
+    rep = fxdebug.precision_sensitivity(net, x, dtypes=("bfloat16",))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(p.grad is None for p in net.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in net.state_dict().items())
+    assert rep.float32["loss"] < 1e-5  # dropout drew the same mask in float32 and float64
+
+
+def test_float16_overflow_is_a_range_cause():
+    torch.manual_seed(0)
+    net, x = Planted(), torch.randn(8, 16)
+    rep = fxdebug.precision_sensitivity(net, x, loss=_loss, dtypes=("float16", "float8_e5m2"))
+    top = rep.entry("big", "float16")
+    assert top.overflow == pytest.approx(1 / 33)  # the outlier channel: 1e6 > 65504
+    assert top.cause == "range" and rep.entries[0] == top
+    assert not torch.isfinite(fxdebug.fake_precision(net, ["big"], "float16")(x)).any()
+    assert top.loss_error == float("inf") and "3%" in rep.table()
+    assert json.loads(json.dumps(rep.to_dict()))["entries"][0]["loss_error"] == "inf"
+    # e5m2's wider range holds the outlier and the small values together
+    assert rep.entry("big", "float8_e5m2").cause == "resolution"

@@ -3,9 +3,9 @@
 Every error is relative to the float64 run of the same step (``||x - x64|| / ||x64||``),
 and compared with the error the whole model already has in float32 (``x f32``)::
 
-    key               dtype  out err  loss err  x f32  grad err  x f32  under%  cause
-    ----------------  -----  -------  --------  -----  --------  -----  ------  -----
-    big               e4m3   7.9e-1   6.5e-1    4e6x   9.3e-1    9e6x   98%     range
+    key    dtype       out    loss    x f32    grad    x f32     range%    cause
+    -----  -------  ------  ------  -------  ------  --------  --------  -------
+    big    e4m3     9.6e-1  5.1e-2     3e6x  9.8e-1      2e6x       97%    range
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ class SensitivityEntry:
         return out
 
 
-_HEADERS = ["key", "dtype", "out", "loss", "x f32", "grad", "x f32 ", "under%", "cause"]
+_HEADERS = ["key", "dtype", "out", "loss", "x f32", "grad", "x f32 ", "range%", "cause"]
 
 
 def _tail(key: str, width: int) -> str:
@@ -228,7 +228,8 @@ class SensitivityReport(Report):
                            colalign=["left", "right", "right"]), ""]
         rows = [[e.key, short_dtype(e.dtype), short_error(e.out_error), short_error(e.loss_error),
                  short_ratio(e.loss_vs_float32), short_error(e.grad_error),
-                 short_ratio(e.grad_vs_float32), _percent(max(e.underflow, e.grad_underflow)),
+                 short_ratio(e.grad_vs_float32),
+                 _percent(max(e.underflow, e.overflow, e.grad_underflow)),
                  "range" if e.cause == "range" else "resol"] for e in self.entries]
         if width is not None and rows:
             others = sum(max(len(h), *(len(r[i]) for r in rows)) + 2
@@ -236,11 +237,11 @@ class SensitivityReport(Report):
             for row in rows:
                 row[0] = _tail(row[0], max(width - others, 16))
         lines.append(fit_table(rows, _HEADERS, width=width, truncate=("key",),
-                               drop=("out", "cause", "under%"),
+                               drop=("out", "cause", "range%"),
                                colalign=["left", "left"] + ["right"] * 7))
         lines += ["", "out, loss, grad: errors of the node's output, the loss and the parameter",
                   "gradients relative to float64; x f32: over the float32 model's error; "
-                  "under%:", "the largest fraction of a rounded tensor (input, weight, output "
-                  "gradient)", "that becomes zero; cause: range when over 1% of one "
-                  "underflows or saturates,", "else resol(ution)."]
+                  "range%:", "the largest fraction of a rounded tensor (input, weight, output "
+                  "gradient)", "that underflows to zero or overflows; cause: range when "
+                  "that is over 1%,", "else resol(ution)."]
         return "\n".join(lines)

@@ -38,10 +38,15 @@ __all__ = ["precision_sensitivity", "Measurer"]
 
 
 def _seeded() -> contextlib.AbstractContextManager:
-    """Every run draws the same random numbers (dropout), and the caller's RNG is left alone."""
+    """Every run draws the same random numbers (dropout), and the caller's RNG is left alone
+    (the CPU's and, where CUDA is in use, the current device's: manual_seed seeds both)."""
     stack = contextlib.ExitStack()
-    stack.enter_context(torch.random.fork_rng(devices=[]))
-    torch.manual_seed(0)
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    stack.enter_context(torch.random.fork_rng(devices=[torch.cuda.current_device()] if cuda
+                                              else []))
+    if cuda:
+        torch.cuda.manual_seed(0)
+    torch.random.default_generator.manual_seed(0)
     return stack
 
 
