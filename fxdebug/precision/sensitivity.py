@@ -110,10 +110,8 @@ def _operand_values(gm: fx.GraphModule, node: fx.Node, dtype: str, scaling: str,
     found = []
     for index, axis in operands:
         arg = node.args[index] if index < len(node.args) else None
-        if isinstance(arg, fx.Node) and arg.name in values:
+        if isinstance(arg, fx.Node) and arg.name in values:  # get_attr values included
             found.append((values[arg.name], axis))
-        elif isinstance(arg, fx.Node) and arg.op == "get_attr":
-            found.append((gm.get_parameter(str(arg.target)), axis))
     for name, axis in params.items():
         found.append((gm.get_submodule(str(node.target)).get_parameter(name), axis))
     return [(t, axis if scaling == "rowwise" and dtype in FLOAT8 else None) for t, axis in found
