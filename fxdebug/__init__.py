@@ -50,6 +50,9 @@ _LAZY = {
     **dict.fromkeys(("PartialReport", "part_inputs", "traced_parts"), "fxdebug.partial"),
     "trace": "fxdebug.frontend",
     "monitor": "fxdebug.monitor.monitor",
+    "fake_precision": "fxdebug.passes.fake_precision",
+    **dict.fromkeys(("precision_sensitivity", "SensitivityReport", "SensitivityEntry",
+                     "PrecisionChoice"), "fxdebug.precision"),
     **dict.fromkeys(("Monitor", "load_series", "Series", "DriftReport"), "fxdebug.monitor"),
 }
 
@@ -86,6 +89,9 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs (tests/
     from .tracing import keys
     from .monitor.monitor import monitor
     from .monitor import DriftReport, Monitor, Series, load_series
+    from .passes.fake_precision import fake_precision
+    from .precision import (PrecisionChoice, SensitivityEntry, SensitivityReport,
+                            precision_sensitivity)
 
 
 def __getattr__(name: str) -> Any:
@@ -140,6 +146,11 @@ __all__ = [
     "load_series",
     "Series",
     "DriftReport",
+    "fake_precision",
+    "precision_sensitivity",
+    "SensitivityReport",
+    "SensitivityEntry",
+    "PrecisionChoice",
     "compare_runs",
     "RunComparison",
     "Records",
