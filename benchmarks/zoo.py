@@ -387,7 +387,7 @@ def main(argv=None) -> int:
     threads = torch.get_num_threads()  # given back after: tests call main() in their own process
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     try:
-        from fxdebug.runtime.progress import progress
+        from fxdebug.base.progress import progress
         models = list(selected(args))
         for index, (family, name) in progress(list(enumerate(models)), desc="zoo", unit="model"):
             row = run_model(family, name, workdir, index)

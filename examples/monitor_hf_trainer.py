@@ -17,7 +17,7 @@ import torch
 import transformers
 
 import fxdebug
-from fxdebug.monitor.hf_callback import HFMonitorCallback
+from fxdebug.monitoring.hf_callback import HFMonitorCallback
 
 
 class RandomTokens(torch.utils.data.Dataset):

@@ -19,27 +19,27 @@ _LAZY = {
     "runtime": "fxdebug.runtime", "testing": "fxdebug.testing", "tracing": "fxdebug.tracing",
     "compiled": "fxdebug.compiled", "equivalence": "fxdebug.equivalence",
     "nonfinite": "fxdebug.nonfinite", "runs": "fxdebug.runs", "distributed": "fxdebug.distributed",
-    "hazards": "fxdebug.hazards", "tables": "fxdebug.tables",
+    "hazards": "fxdebug.hazards", "tables": "fxdebug.base",
     "keys": "fxdebug.tracing.keys", "partial": "fxdebug.partial",
     "plots": "fxdebug.reporting.plots",
     **dict.fromkeys(("CompiledReport", "backend", "check_compiled", "watch_nonfinite"),
                     "fxdebug.compiled"),
     **dict.fromkeys(("EquivalenceReport", "JacobianNorms", "check_equivalence",
                      "jacobian_norms"), "fxdebug.equivalence"),
-    "vjp": "fxdebug.equivalence.vjp",
+    "vjp": "fxdebug.equivalence.vector_jacobian",
     **dict.fromkeys(("Hazard", "Hazards", "lint_inplace"), "fxdebug.hazards"),
     **dict.fromkeys(("NonfiniteReport", "find_nonfinite", "RankNonfiniteReport", "NonfiniteWatch",
                      "WatchReport"), "fxdebug.nonfinite"),
     **dict.fromkeys(("compare_ranks", "RankReport"), "fxdebug.distributed"),
     **dict.fromkeys(("RunComparison",), "fxdebug.runs"),
-    "compare_runs": "fxdebug.runs.compare_runs",
+    "compare_runs": "fxdebug.runs.run_comparison",
     "dump": "fxdebug.dumping",
     **dict.fromkeys(("FxdebugError", "PassEquivalenceError", "SelectionError", "TraceFailure",
                      "StaleCaptureError", "SavedRunError", "FxdebugWarning", "EagerFallbackWarning",
                      "FidelityWarning", "PerformanceWarning"), "fxdebug.errors"),
-    "instrument": "fxdebug.instrument", "records": "fxdebug.instrument",
-    "accumulate_stats": "fxdebug.instrument", "set_step": "fxdebug.instrument",
-    "flush": "fxdebug.instrument",
+    "instrument": "fxdebug.instrumenting", "records": "fxdebug.instrumenting",
+    "accumulate_stats": "fxdebug.instrumenting", "set_step": "fxdebug.instrumenting",
+    "flush": "fxdebug.instrumenting",
     **dict.fromkeys(("save_records", "load_records", "SavedRecords"), "fxdebug.runs.saved_runs"),
     "PassManager": "fxdebug.pass_manager", "PassReport": "fxdebug.pass_manager",
     **dict.fromkeys(("DiffRow", "GraphChangedError", "GraphDiff", "diff", "print_tabular",
@@ -49,37 +49,37 @@ _LAZY = {
     **dict.fromkeys(("Record", "Records", "Stats"), "fxdebug.runtime"),
     **dict.fromkeys(("PartialReport", "part_inputs", "traced_parts"), "fxdebug.partial"),
     "trace": "fxdebug.frontend",
-    "monitor": "fxdebug.monitor.monitor",
+    "monitor": "fxdebug.monitoring.training_monitor",
     "fake_precision": "fxdebug.passes.fake_precision",
     **dict.fromkeys(("precision_sensitivity", "SensitivityReport", "SensitivityEntry",
                      "PrecisionChoice"), "fxdebug.precision"),
-    **dict.fromkeys(("Monitor", "load_series", "Series", "DriftReport"), "fxdebug.monitor"),
+    **dict.fromkeys(("Monitor", "load_series", "Series", "DriftReport"), "fxdebug.monitoring"),
 }
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs (tests/test_api.py
     # checks that this block, _LAZY and __all__ name the same things)
     from . import (analysis, distributed, equivalence, hazards, nonfinite, passes, reporting, runs,
-                   runtime, tables, testing, tracing)
+                   runtime, base as tables, testing, tracing)
     # (a function named like its module is imported from that module: mypy would take
     # `from .equivalence import vjp` for the submodule fxdebug.equivalence.vjp as well)
     from .compiled import CompiledReport, backend, check_compiled, watch_nonfinite
     from .equivalence import EquivalenceReport, JacobianNorms, check_equivalence, jacobian_norms
-    from .equivalence.vjp import vjp
+    from .equivalence.vector_jacobian import vjp
     from .hazards import Hazard, Hazards, lint_inplace
     from .nonfinite import (NonfiniteReport, NonfiniteWatch, RankNonfiniteReport, WatchReport,
                             find_nonfinite)
     from .distributed import RankReport, compare_ranks
     from .runs import RunComparison
-    from .runs.compare_runs import compare_runs
-    from .dumping.dump import dump
+    from .runs.run_comparison import compare_runs
+    from .dumping.pipeline import dump
     from .errors import (EagerFallbackWarning, FidelityWarning, FxdebugError, FxdebugWarning,
                          PassEquivalenceError, PerformanceWarning, SavedRunError,
                          SelectionError, StaleCaptureError, TraceFailure)
-    from .instrument import accumulate_stats, flush, instrument, records, set_step
+    from .instrumenting import accumulate_stats, flush, instrument, records, set_step
     from .pass_manager import PassManager, PassReport
     from .reporting import DiffRow, GraphChangedError, GraphDiff, plots, print_tabular
-    from .reporting.diff import diff
-    from .reporting.tabular import tabular
+    from .reporting.graph_diff import diff
+    from .reporting.node_table import tabular
     from .reporting.html import report
     from .runtime import Record, Records, Stats
     from .runs.saved_runs import SavedRecords, load_records, save_records
@@ -87,8 +87,8 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs (tests/
     from .frontend import trace
     from .partial import PartialReport, part_inputs, traced_parts
     from .tracing import keys
-    from .monitor.monitor import monitor
-    from .monitor import DriftReport, Monitor, Series, load_series
+    from .monitoring.training_monitor import monitor
+    from .monitoring import DriftReport, Monitor, Series, load_series
     from .passes.fake_precision import fake_precision
     from .precision import (PrecisionChoice, SensitivityEntry, SensitivityReport,
                             precision_sensitivity)

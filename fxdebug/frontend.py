@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 
 from .errors import EagerFallbackWarning, TraceFailure
-from .runtime.torch_compat import compiled_inner
+from .base.torch_compat import compiled_inner
 from .tracing.export import export_trace
 from .tracing.pipelining import refuse_pipelining
 from .tracing.unsupported import why_not_export

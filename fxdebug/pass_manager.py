@@ -40,9 +40,9 @@ import torch.fx as fx
 from .equivalence.equivalence import EquivalenceReport, check_equivalence
 from .errors import FidelityWarning, PassEquivalenceError
 from .passes.base import Pass, PassResult, as_pass, run_passes, unchanged_message
-from .reporting.diff import GraphDiff, GraphSnapshot, diff, snapshot
-from .tables.fit_to_width import fit_table, table_width
-from .tables.report import Report
+from .reporting.graph_diff import GraphDiff, GraphSnapshot, diff, snapshot
+from .base.fit_to_width import fit_table, table_width
+from .base.report import Report
 from .tracing import keyed_copy
 from .frontend import trace
 from .tracing.locations import caller_stacklevel

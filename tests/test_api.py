@@ -49,7 +49,7 @@ def test_every_public_name_resolves_to_what_type_checkers_see():
 
 def test_every_public_exception_and_report_is_exported():
     from fxdebug import errors
-    from fxdebug.tables.report import Report
+    from fxdebug.base.report import Report
     public = {name for name in fxdebug.__all__}
     exceptions = {name for name, value in vars(errors).items()
                   if isinstance(value, type) and issubclass(value, (Exception, Warning))

@@ -247,7 +247,7 @@ def test_how_it_works_names_what_exists():
 def test_how_it_works_pipeline_lists_every_pass_instrument_runs():
     pipeline = next(block for _, _, block in markdown_trees(DOCS / "how-it-works.md")
                     if block and block[0].startswith("instrument(model)"))
-    build_pipeline = importlib.import_module("fxdebug.instrument").build_pipeline
+    build_pipeline = importlib.import_module("fxdebug.instrumenting").build_pipeline
     passes = [type(p).__name__ for p in build_pipeline(capture="all", grads=True)]
     assert len(passes) >= 3
     assert [name for name in passes if name not in "\n".join(pipeline)] == []

@@ -125,7 +125,7 @@ def test_a_child_replaced_or_removed_on_the_instrumented_module():
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_torch_export_of_an_instrumented_module_keeps_its_capture_ops(strict):
-    if strict and fxdebug.runtime.torch_compat.torch_version() < (2, 14):
+    if strict and fxdebug.base.torch_compat.torch_version() < (2, 14):
         pytest.skip("strict torch.export before torch 2.14 refuses the capture ops' token "
                     "tensor (a module global); non-strict export works")
     # torch.export traces with fake tensors (non-strict) or through dynamo (strict): neither

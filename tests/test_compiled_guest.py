@@ -135,7 +135,7 @@ def test_package_calls_no_dynamo_reset():
 
 COMPILED_MODULES = ["compiled/check.py", "compiled/instrumenting_backend.py",
                     "compiled/localize.py", "compiled/watched_runs.py",
-                    "compiled/dynamo_graphs.py", "instrument.py", "runtime/nodes.py",
+                    "compiled/dynamo_graphs.py", "instrumenting.py", "runtime/nodes.py",
                     "runtime/compiled_ops.py", "runtime/compiled_grads.py", "runtime/records.py",
                     "runtime/gradients.py", "frontend.py"]
 

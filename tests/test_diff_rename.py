@@ -6,7 +6,7 @@ import torch
 import torch.fx as fx
 
 import fxdebug
-from fxdebug.reporting.diff import snapshot
+from fxdebug.reporting.graph_diff import snapshot
 from fxdebug.tracing.keys import inherit_key
 
 

@@ -10,7 +10,7 @@ import torch
 import torchvision
 
 import fxdebug
-from fxdebug.dumping.dump import KNOWN
+from fxdebug.dumping.pipeline import KNOWN
 from fxdebug.dumping.writer import prepare_destination
 from test_dump_overwrite import _tree, killed_dump
 

@@ -192,7 +192,7 @@ def test_default_tolerances_give_assert_close_verdicts(dtype, factor):
     # the folder's compare_tensor and fxdebug's compare_tensors share one tolerance table:
     # half of it must pass torch.testing.assert_close and twice it must fail, in every dtype
     from fxdebug.equivalence.compare import compare_tensors
-    from fxdebug.runtime.formatting import TOLERANCES
+    from fxdebug.base.formatting import TOLERANCES
     rtol, atol = TOLERANCES[dtype]
     want = torch.tensor([1.0, 3.0, -2.0], dtype=torch.float64)
     have = want + factor * (atol + rtol * want.abs())

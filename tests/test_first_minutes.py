@@ -130,6 +130,6 @@ def test_partial_warning_is_one_line_at_the_users_call():
 
 def test_lazy_package_keeps_functions_named_like_submodules():
     import importlib
-    importlib.import_module("fxdebug.instrument")  # what `from ..instrument import x` does
+    importlib.import_module("fxdebug.instrumenting")  # what `from ..instrument import x` does
     assert callable(fxdebug.instrument) and fxdebug.instrument.__module__ == "fxdebug.instrument"
     assert sorted(set(fxdebug.__all__) - set(dir(fxdebug))) == []

@@ -222,7 +222,7 @@ def _hsdp_2x2(rank, world, folder):
 
 
 def test_hsdp_on_a_2x2_mesh_captures_gradients_and_statistics(tmp_path):
-    from fxdebug.runtime.stats import tensor_stats
+    from fxdebug.stats.summary import tensor_stats
     folder = str(tmp_path / "hsdp")
     results = on_ranks(_hsdp_2x2, 4, folder)
     assert all(r[0] == 16 for r in results)

@@ -14,7 +14,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "fxdebug"
 # Stages from the bottom up: a module imports only from its own stage's package or a lower one.
 STAGES = {
     "fxdebug.errors": 0,
-    "fxdebug.tables": 1,
+    "fxdebug.base": 1,
     "fxdebug.runtime": 2,
     "fxdebug.tracing": 3,
     "fxdebug.partial": 4,
@@ -28,12 +28,12 @@ STAGES = {
     "fxdebug.distributed": 10,
     "fxdebug.nonfinite": 11,
     "fxdebug.compiled": 12,
-    "fxdebug.instrument": 13,
+    "fxdebug.instrumenting": 13,
     "fxdebug.pass_manager": 13,
     "fxdebug.testing": 13,
     "fxdebug.analysis": 13,
     "fxdebug.precision": 13,
-    "fxdebug.monitor": 14,
+    "fxdebug.monitoring": 14,
     "fxdebug.cli": 15,
     "fxdebug.__main__": 16,
     "fxdebug": 16,
@@ -145,7 +145,7 @@ def test_imports_only_go_down_the_stages():
 def test_runtime_imports_no_pass_and_no_front_end():
     for module, targets in import_graph().items():
         if module.startswith("fxdebug.runtime"):
-            assert all(t.startswith(("fxdebug.runtime", "fxdebug.tables", "fxdebug.errors"))
+            assert all(t.startswith(("fxdebug.runtime", "fxdebug.base", "fxdebug.errors"))
                        for t in targets), module
 
 

@@ -17,7 +17,7 @@ import torch
 
 import fxdebug
 from fxdebug.reporting import diff
-from fxdebug.reporting.diff import GraphChangedError
+from fxdebug.reporting.graph_diff import GraphChangedError
 
 
 def small_model():

@@ -14,7 +14,7 @@ import torch
 import torchvision
 
 import fxdebug
-from fxdebug.runtime.formatting import format_location
+from fxdebug.base.formatting import format_location
 from inplace_models import (DataZeroed, DetachZeroed, EmbeddingMaxNorm, EmbeddingTwice,
                             HarmlessInplaceRelu, MatmulThenSetitem, ReluThenInplaceAdd,
                             SigmoidZeroed, hazard_line)

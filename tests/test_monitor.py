@@ -152,7 +152,7 @@ def test_series_equal_float64_statistics_of_hooks_retain_grad_and_parameter_copi
 
 def test_off_steps_record_nothing_and_run_the_models_own_forward(monkeypatch):
     net = make_net()
-    monitor_module = importlib.import_module("fxdebug.monitor.monitor")
+    monitor_module = importlib.import_module("fxdebug.monitoring.training_monitor")
     summaries = []
     real = monitor_module.summarize_moments
     monkeypatch.setattr(monitor_module, "summarize_moments",

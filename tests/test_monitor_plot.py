@@ -17,7 +17,7 @@ import torch
 
 import fxdebug
 from fxdebug.errors import FxdebugError
-from fxdebug.monitor.folder import SeriesFolder
+from fxdebug.monitoring.folder import SeriesFolder
 
 RTOL = 1e-5  # float32 statistics vs float64 torch ops
 STEPS, EVERY = 10, 2
@@ -299,7 +299,7 @@ def test_series_command_without_matplotlib_says_how_to_get_it(run, tmp_path, cap
 
 def test_a_spike_the_monitor_replayed_is_marked_at_its_step(tmp_path):
     pytest.importorskip("matplotlib")
-    from fxdebug.monitor.spikes import Factor
+    from fxdebug.monitoring.spikes import Factor
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
     reports = {}

@@ -19,7 +19,7 @@ import warnings
 import torch
 
 import fxdebug
-from fxdebug.monitor.selection import selected_modules
+from fxdebug.monitoring.selection import selected_modules
 from fxdebug.runtime.values import named_leaves
 from ranks import on_ranks
 import sharded_families as families

@@ -14,7 +14,7 @@ import torch
 
 import fxdebug
 from fxdebug.errors import FxdebugError
-from fxdebug.monitor.spikes import Factor, NonFinite, Sigma
+from fxdebug.monitoring.spikes import Factor, NonFinite, Sigma
 
 from ranks import on_ranks
 

@@ -107,7 +107,7 @@ def unpatched(model: torch.nn.Module) -> bool:
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
-from fxdebug.monitor.hf_callback import HFMonitorCallback  # noqa: E402
+from fxdebug.monitoring.hf_callback import HFMonitorCallback  # noqa: E402
 
 HF_NAMES = ["transformer.h.0.ln_1", "transformer.h.1.mlp.c_fc", "transformer.ln_f", "lm_head"]
 
@@ -374,7 +374,7 @@ LIGHTNING_NAMES = ["0", "1", "3"]
 @pytest.mark.parametrize("package", LIGHTNING)
 @pytest.mark.parametrize("calls_self", [True, False], ids=["self(x)", "self.model(x)"])
 def test_lightning_series_equal_hooks_and_parameter_copies(tmp_path, package, calls_self):
-    from fxdebug.monitor.lightning_callback import LightningMonitorCallback
+    from fxdebug.monitoring.lightning_callback import LightningMonitorCallback
     pl = importlib.import_module(package)
     module = lightning_module(package, calls_self)
     callback = LightningMonitorCallback(module="model", every=EVERY, folder=tmp_path / "series")
@@ -409,7 +409,7 @@ def test_lightning_series_equal_hooks_and_parameter_copies(tmp_path, package, ca
 
 @pytest.mark.parametrize("package", LIGHTNING)
 def test_lightning_forward_never_run_names_module_and_detaches(tmp_path, package):
-    from fxdebug.monitor.lightning_callback import LightningMonitorCallback
+    from fxdebug.monitoring.lightning_callback import LightningMonitorCallback
     module = lightning_module(package, calls_self=False)  # training_step calls self.model(x)
     callback = LightningMonitorCallback(every=EVERY)
     with pytest.raises(FxdebugError, match=r"step 0 is a logged step but it recorded nothing.*"
@@ -425,7 +425,7 @@ def test_lightning_forward_never_run_names_module_and_detaches(tmp_path, package
 
 @pytest.mark.parametrize("package", LIGHTNING)
 def test_lightning_resumed_from_a_checkpoint_counts_on_from_its_global_step(tmp_path, package):
-    from fxdebug.monitor.lightning_callback import LightningMonitorCallback
+    from fxdebug.monitoring.lightning_callback import LightningMonitorCallback
     seen: list[int] = []
     options = dict(module="model", every=3, callback=lambda step, values: seen.append(step))
     module = lightning_module(package, calls_self=True)
@@ -450,8 +450,8 @@ def test_lightning_resumed_from_a_checkpoint_counts_on_from_its_global_step(tmp_
 
 @pytest.mark.parametrize("package", LIGHTNING)
 def test_lightning_reports_are_kept_and_logged(tmp_path, package, caplog):
-    from fxdebug.monitor.lightning_callback import LightningMonitorCallback
-    from fxdebug.monitor.spikes import NonFinite
+    from fxdebug.monitoring.lightning_callback import LightningMonitorCallback
+    from fxdebug.monitoring.spikes import NonFinite
 
     module = lightning_module(package, True)
     plain_step = module.training_step
@@ -475,7 +475,7 @@ def test_lightning_reports_are_kept_and_logged(tmp_path, package, caplog):
 def test_lightning_callback_options_are_checked():
     if not LIGHTNING:
         pytest.skip("no Lightning package installed")
-    from fxdebug.monitor.lightning_callback import LightningMonitorCallback
+    from fxdebug.monitoring.lightning_callback import LightningMonitorCallback
     with pytest.raises(FxdebugError, match="module= is the attribute path"):
         LightningMonitorCallback(module=torch.nn.Linear(2, 2))
     with pytest.raises(FxdebugError, match="every= must be a positive int"):
@@ -487,8 +487,8 @@ def test_lightning_callback_options_are_checked():
 # -- imports -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, missing, extra", [
-    ("fxdebug.monitor.hf_callback", "transformers", "pip install 'fxdebug[hf]'"),
-    ("fxdebug.monitor.lightning_callback", "pytorch_lightning", "pip install 'fxdebug[lightning]'"),
+    ("fxdebug.monitoring.hf_callback", "transformers", "pip install 'fxdebug[hf]'"),
+    ("fxdebug.monitoring.lightning_callback", "pytorch_lightning", "pip install 'fxdebug[lightning]'"),
 ])
 def test_import_without_the_library_names_the_pip_install(monkeypatch, name, missing, extra):
     monkeypatch.delitem(sys.modules, name, raising=False)
@@ -499,7 +499,7 @@ def test_import_without_the_library_names_the_pip_install(monkeypatch, name, mis
 
 
 def test_importing_a_callback_module_keeps_fxdebug_monitor_the_function():
-    import fxdebug.monitor.hf_callback  # noqa: F401
+    import fxdebug.monitoring.hf_callback  # noqa: F401
     assert callable(fxdebug.monitor) and fxdebug.monitor.__name__ == "monitor"
     net = torch.nn.Linear(2, 2)
     with fxdebug.monitor(net, every=1) as mon:

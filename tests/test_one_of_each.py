@@ -21,7 +21,7 @@ import torch
 import fxdebug
 from fxdebug.dumping.folder_runtime import run_py_source
 from fxdebug.runtime import values
-from fxdebug.tables.report import Report
+from fxdebug.base.report import Report
 
 PACKAGE = pathlib.Path(fxdebug.__file__).resolve().parent
 CONTAINERS = {"list", "tuple", "dict"}
@@ -36,7 +36,7 @@ OTHER_WALKS = {
     ("dumping/forward.py", "_rebuilt"): "a pytree TreeSpec, into code",
     ("dumping/literals.py", "literal"): "a value as Python source, brackets and classes kept",
     ("equivalence/node_matching.py", "_shown"): "fx node arguments as text, brackets kept",
-    ("reporting/tabular.py", "_parts"): "fx node arguments as text, brackets and classes kept",
+    ("reporting/node_table.py", "_parts"): "fx node arguments as text, brackets and classes kept",
     ("hazards/lint.py", "_discover"): "the autograd graph (grad_fn.next_functions)",
     ("tracing/torch_caches.py", "_holds"): "torch's caches, sets included, by identity",
     ("tracing/torch_caches.py", "_replace_in"): "torch's caches, edited in place",
@@ -222,7 +222,7 @@ def test_every_report_module_brings_the_walker_to_dict_uses():
     defining = [module for module in sorted(graph) if any(
         isinstance(node, ast.ClassDef) and any(getattr(base, "id", "") == "Report" for base in node.bases)
         for node in ast.walk(ast.parse(_source(module))))]
-    assert len(defining) >= 8 and "fxdebug.runtime.values" not in imported("fxdebug.tables.report")
+    assert len(defining) >= 8 and "fxdebug.runtime.values" not in imported("fxdebug.base.report")
     assert [m for m in defining if "fxdebug.runtime.values" not in imported(m)] == []
 
 

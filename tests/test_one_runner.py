@@ -2,7 +2,7 @@
 
 The pass runner is :func:`fxdebug.passes.base.run_passes`: it runs the pass
 protocol (``apply`` -> ``requires`` / ``call`` / ``ensures``) and adds the one
-error note. The table renderer is :mod:`fxdebug.tables.fit_to_width`: the only
+error note. The table renderer is :mod:`fxdebug.base.fit_to_width`: the only
 module that imports tabulate or draws the line of dashes under a header.
 
 The static checks read every module of ``fxdebug/`` with ``ast`` (functions
@@ -28,11 +28,11 @@ from tabulate import tabulate
 import fxdebug
 from fxdebug.cli import main as cli_main
 from fxdebug.passes import Pass
-from fxdebug.tables.fit_to_width import fit_table
+from fxdebug.base.fit_to_width import fit_table
 
 PACKAGE = pathlib.Path(fxdebug.__file__).resolve().parent
 RUNNER = ("passes/base.py", "run_passes")
-RENDERER = "tables/fit_to_width.py"
+RENDERER = "base/fit_to_width.py"
 PASS_PROTOCOL = {"apply", "call", "requires", "ensures"}
 
 
@@ -169,8 +169,8 @@ def test_only_the_runner_writes_a_note_about_a_pass():
 
 
 def test_only_the_renderer_draws_tables():
-    assert tabulate_users() == [RENDERER], "draw tables with fxdebug.tables.fit_to_width.fit_table"
-    assert dash_rules() == [RENDERER], "draw tables with fxdebug.tables.fit_to_width.fit_table"
+    assert tabulate_users() == [RENDERER], "draw tables with fxdebug.base.fit_to_width.fit_table"
+    assert dash_rules() == [RENDERER], "draw tables with fxdebug.base.fit_to_width.fit_table"
 
 
 def test_the_checks_see_a_second_runner_and_a_second_renderer(tmp_path, monkeypatch):

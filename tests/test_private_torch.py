@@ -1,4 +1,4 @@
-"""Private torch names live in the package ``fxdebug/runtime/torch_compat/`` only.
+"""Private torch names live in the package ``fxdebug/base/torch_compat/`` only.
 
 torch may rename or drop any private name (``torch._dynamo``, ``torch.utils._pytree``,
 ``grad_fn._saved_*``, ``module._forward_hooks``...) in any release. fxdebug supports every
@@ -31,7 +31,7 @@ import torch
 import torch.fx as fx
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "fxdebug"
-COMPAT = "runtime/torch_compat"  # a package: every module in it (and only those) may use them
+COMPAT = "base/torch_compat"  # a package: every module in it (and only those) may use them
 
 
 def _in_compat(path: str) -> bool:
@@ -204,7 +204,7 @@ def _uses_in(path: str, tree: ast.Module, own: dict, torch_names: dict) -> list[
 
 def test_no_private_torch_name_outside_torch_compat():
     assert private_torch_uses() == [], (
-        "move these into a module of fxdebug/runtime/torch_compat/ (with the torch versions "
+        "move these into a module of fxdebug/base/torch_compat/ (with the torch versions "
         "checked and a public fallback), re-export them from its __init__.py and call that")
 
 
@@ -228,7 +228,7 @@ def test_the_check_finds_each_kind_of_private_name(tmp_path, monkeypatch):
                 "bad.py:5: from torch.fx.graph_module import _CodeOnlyModule",
                 "bad.py:6: torch._ops.OpOverload", "bad.py:7: fx.graph_module._forward_from_src",
                 "bad.py:9: _forward_hooks (attribute)", "bad.py:9: _orig_mod (getattr)",
-                "runtime/torch_compat.py:1: import torch._dynamo"]
+                "base/torch_compat.py:1: import torch._dynamo"]
     assert [f for f in expected if f not in found] == []
     assert any("_saved_self" in f for f in found)
     assert not any("_assert" in f or f.startswith(COMPAT + "/") for f in found)
@@ -308,10 +308,10 @@ def test_the_package_reexports_every_name_of_its_modules():
     """``torch_compat.X`` reaches every name: the modules are a layout, not an API."""
     import importlib
 
-    from fxdebug.runtime import torch_compat
+    from fxdebug.base import torch_compat
     names: list[str] = []
     for path in sorted((PACKAGE / COMPAT).glob("[!_]*.py")):
-        module = importlib.import_module(f"fxdebug.runtime.torch_compat.{path.stem}")
+        module = importlib.import_module(f"fxdebug.base.torch_compat.{path.stem}")
         names += module.__all__
         assert [name for name in module.__all__
                 if getattr(torch_compat, name, None) is not getattr(module, name)] == [], path.name

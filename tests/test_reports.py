@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torchvision
 
 import fxdebug
-from fxdebug.tables.report import REPR_LIMIT, Report
+from fxdebug.base.report import REPR_LIMIT, Report
 
 
 def check_shape(report, name: str) -> str:

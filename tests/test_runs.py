@@ -266,7 +266,7 @@ def test_planted_perturbation_is_found_at_its_key(resnet, tmp_path):
     for a, b in ((rec_a, rec_b), (fxdebug.save_records(rec_a, tmp_path / "a"),
                                   fxdebug.save_records(rec_b, tmp_path / "b"))):
         report = fxdebug.compare_runs(a, b)
-        assert not report.ok and isinstance(report, fxdebug.tables.report.Report)
+        assert not report.ok and isinstance(report, fxdebug.base.report.Report)
         first = report.first_divergence
         assert first.key == truth and first.op == "Conv2d"
         assert first.location.split(":")[0].endswith("resnet.py")

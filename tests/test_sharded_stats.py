@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import fxdebug
-from fxdebug.runtime.stats import tensor_stats
+from fxdebug.stats.summary import tensor_stats
 from ranks import on_ranks
 from tp_models import D, Net
 

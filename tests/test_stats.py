@@ -14,8 +14,8 @@ import torch
 import fxdebug
 from subprocesses import run_python
 from fxdebug.runtime import stats_from_summary, summarize
-from fxdebug.runtime import stats_kernel
-from fxdebug.runtime.stats_kernel import MIN_NUMEL, one_pass_sums
+from fxdebug.stats import kernel as stats_kernel
+from fxdebug.stats.kernel import MIN_NUMEL, one_pass_sums
 
 
 class Copy(torch.nn.Module):
@@ -270,7 +270,7 @@ _TRITON_CASES = textwrap.dedent("""
     import os, sys
     import torch
     from fxdebug.runtime import stats_from_summary
-    from fxdebug.runtime.stats_triton import gpu_summary
+    from fxdebug.stats.triton_kernel import gpu_summary
     from test_stats import ADVERSARIAL, adversarial, assert_stats_equal, sample, truth
     cases = [(case, adversarial(case)) for case in ADVERSARIAL]
     cases += [("nan-inf-zeros " + str(dtype), sample(dtype)) for dtype in
@@ -302,7 +302,7 @@ _STATS_WITH_WARNINGS_AS_ERRORS = """\
 import json, sys, warnings
 warnings.simplefilter("error")  # every warning an error, as under python -W error
 import torch, fxdebug
-from fxdebug.runtime import stats_native
+from fxdebug.stats import native as stats_native
 if sys.argv[1] == "compiled":  # as where no C compiler builds the CPU kernel
     stats_native._library.append(None)
 x = torch.linspace(-3.0, 5.0, 1 << 16).reshape(1, 1, 256, 256)

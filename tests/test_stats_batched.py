@@ -16,7 +16,7 @@ import fxdebug
 from fxdebug.errors import StaleCaptureError
 from fxdebug.runtime import stats_batch
 from fxdebug.runtime.records import Records
-from fxdebug.runtime.stats_kernel import MIN_NUMEL
+from fxdebug.stats.kernel import MIN_NUMEL
 from test_stats import ADVERSARIAL, adversarial, assert_stats_equal, truth
 
 

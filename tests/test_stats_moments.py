@@ -12,9 +12,9 @@ import math
 import pytest
 import torch
 
-from fxdebug.runtime import stats_native
-from fxdebug.runtime.stats_moments import combine_moments, pool_moments, summarize_moments
-from fxdebug.runtime.stats_native import WIDE_MOMENTS_NUMEL
+from fxdebug.stats import native as stats_native
+from fxdebug.stats.moments import combine_moments, pool_moments, summarize_moments
+from fxdebug.stats.native import WIDE_MOMENTS_NUMEL
 from test_stats import ADVERSARIAL, adversarial
 
 needs_compiler = pytest.mark.skipif(stats_native._compiler() is None, reason="no C compiler here")

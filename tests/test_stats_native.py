@@ -13,9 +13,10 @@ import pytest
 import torch
 
 import fxdebug
-from fxdebug.runtime import stats, stats_batch, stats_from_summary, stats_kernel, stats_native, summarize
-from fxdebug.runtime.stats_kernel import MIN_NUMEL, NATIVE_MIN_NUMEL, ROW, one_pass_sums
-from fxdebug.runtime.stats_native import row_sums
+from fxdebug.stats import summary as stats, kernel as stats_kernel, native as stats_native
+from fxdebug.runtime import stats_batch, stats_from_summary, summarize
+from fxdebug.stats.kernel import MIN_NUMEL, NATIVE_MIN_NUMEL, ROW, one_pass_sums
+from fxdebug.stats.native import row_sums
 from subprocesses import run_python
 from test_stats import ADVERSARIAL, adversarial, assert_stats_equal, truth
 
@@ -156,7 +157,7 @@ import json, os, torch
 torch.set_num_threads(2)
 x = torch.randn(1 << 22, generator=torch.Generator().manual_seed(0))
 x.sum(), torch.mm(torch.randn(512, 512), torch.randn(512, 512))  # torch's own OpenMP threads
-from fxdebug.runtime import stats_native
+from fxdebug.stats import native as stats_native
 def state():
     return stats_native.openmp_runtimes(), sorted(os.listdir("/proc/self/task"))
 before = state()
@@ -228,7 +229,7 @@ def test_the_one_call_summary_is_what_the_sums_and_their_checks_give(case):
 
 _KERNEL_OFF_SCRIPT = """
 import torch, fxdebug
-from fxdebug.runtime import stats_native, stats_kernel
+from fxdebug.stats import native as stats_native, kernel as stats_kernel
 x = torch.randn(1 << 16, generator=torch.Generator().manual_seed(0))
 gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), mode="stats")
 gm(x)

@@ -233,7 +233,7 @@ def test_no_warning_when_nothing_became_a_leaf():
 
 
 def test_locations_prefer_site_packages_over_the_working_directory(tmp_path, monkeypatch):
-    from fxdebug.runtime.formatting import format_location
+    from fxdebug.base.formatting import format_location
     site = tmp_path / ".venv" / "lib" / "python3.11" / "site-packages"
     (site / "pkg").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)

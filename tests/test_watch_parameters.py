@@ -230,7 +230,7 @@ def test_the_walk_finds_what_parameters_and_buffers_find():
 
     import torchvision
 
-    from fxdebug.runtime.torch_compat import parameters_and_buffers
+    from fxdebug.base.torch_compat import parameters_and_buffers
 
     def ids(tensors):
         return [id(t) for t in tensors]

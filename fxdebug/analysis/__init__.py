@@ -16,14 +16,14 @@ finds the node a ``torch.compile``'d model's compiled code makes a NaN at.)
 True
 """
 
-from ..runs.compare_runs import RunComparison, RunEntry, compare_runs
+from ..runs.run_comparison import RunComparison, RunEntry, compare_runs
 from ..equivalence.equivalence import EquivalenceReport, NodeComparison, check_equivalence
 from ..equivalence.jacobian import JacobianNorms, jacobian_norms
 from ..hazards.lint import Hazard, Hazards, lint_inplace
 from ..nonfinite.nonfinite import NonfiniteReport, find_nonfinite
 from ..distributed.ranks import compare_ranks
 from ..distributed.ranks_report import RankEntry, RankReport
-from ..equivalence.vjp import vjp
+from ..equivalence.vector_jacobian import vjp
 from ..nonfinite.watch import NonfiniteWatch, watch_nonfinite
 from ..nonfinite.watch_ranks import RankFinding, RankNonfiniteReport
 from ..nonfinite.watch_report import WatchReport

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a model error: one paragraph, then the user's frames
         # imported here: --help and argument errors must not import torch (tracing does)
         from ..tracing.locations import user_location_in_traceback
-        from ..runtime.formatting import format_location
+        from ..base.formatting import format_location
         location = user_location_in_traceback(exc.__traceback__)
         where = f" (raised at {format_location(location)})" if location else ""
         print(f"fxdebug: error: {type(exc).__name__}: {_one_paragraph(exc)}{where}",

@@ -38,7 +38,7 @@ def model_and_inputs(args) -> tuple:
 def describe_inputs(inputs) -> str:
     import torch
 
-    from ..runtime.formatting import shape_text
+    from ..base.formatting import shape_text
     return ", ".join(shape_text(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
                      for t in inputs)
 

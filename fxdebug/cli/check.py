@@ -102,9 +102,9 @@ def run(args) -> int:
     from ..passes.base import graph_source, run_passes, unchanged_message
     from ..tracing import keyed_copy
     from ..frontend import trace
-    from ..runtime.formatting import format_error
-    from ..runtime.progress import progress
-    from ..tables.fit_to_width import fit_table, table_width
+    from ..base.formatting import format_error
+    from ..base.progress import progress
+    from ..base.fit_to_width import fit_table, table_width
     names = args.passes or list(DEFAULT_PASSES)
     passes = [load_pass(name) for name in names]
     model, inputs = model_and_inputs(args)

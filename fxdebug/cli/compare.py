@@ -57,7 +57,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from ..errors import FxdebugError
-    from ..runs.compare_runs import compare_runs
+    from ..runs.run_comparison import compare_runs
     from ..runs.reference import REFERENCE_FACTOR
     from ..runs.saved_runs import load_records
     if args.reference is None and (args.reference_factor is not None

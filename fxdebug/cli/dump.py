@@ -35,7 +35,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from ..dumping import dump
-    from ..instrument import instrument
+    from ..instrumenting import instrument
     model, inputs = model_and_inputs(args)
     capture = [] if args.capture == "none" else capture_argument(args.capture)
     with warnings.catch_warnings(record=True) as caught:

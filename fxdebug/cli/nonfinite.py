@@ -28,7 +28,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from ..nonfinite import find_nonfinite
-    from ..runtime.progress import progress_bar
+    from ..base.progress import progress_bar
     with progress_bar(total=2, desc="nonfinite", unit="step") as bar:
         bar.set_postfix_str("building the model")
         model, inputs = model_and_inputs(args)

@@ -29,7 +29,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import torch
 
-    from ..instrument import instrument, records
+    from ..instrumenting import instrument, records
     from ..pass_manager import PassManager
     from ..reporting.html import report
     from ._common import built_in_passes

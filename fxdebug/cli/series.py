@@ -4,12 +4,12 @@
                           [--limit 10] [--wide] [--plot PNG] [--html HTML]
 
 FOLDER is what ``fxdebug.monitor(model, folder=...)`` wrote. Prints
-:meth:`fxdebug.load_series(FOLDER).drift() <fxdebug.monitor.series.Series.drift>`: for
+:meth:`fxdebug.load_series(FOLDER).drift() <fxdebug.monitoring.series.Series.drift>`: for
 each key, its stat at the first and last of the latest N logged steps and the factor
 between them, most moved first (the global batch's, or rank R's own); then the spikes
 the monitor replayed, if any (step, trigger, reproduced, first divergence). ``--plot``
 saves a PNG of the table's top keys (at most 6) over the steps and of the loss, spike
-steps marked (:meth:`~fxdebug.monitor.series.Series.plot`); ``--html`` writes the same as
+steps marked (:meth:`~fxdebug.monitoring.series.Series.plot`); ``--html`` writes the same as
 a self-contained page (:func:`fxdebug.report`). Exit status 0; 2 for trouble (no such
 folder, an unknown stat, no matplotlib for --plot).
 """
@@ -61,8 +61,8 @@ def spikes_table(spikes: list[dict], wide: bool | None = None) -> str:
     ------  -----------  ------------  ------------------
     7     loss is nan  yes         fc1
     """
-    from ..monitor.plot import spike_rows
-    from ..tables.fit_to_width import fit_table, table_width
+    from ..monitoring.plot import spike_rows
+    from ..base.fit_to_width import fit_table, table_width
     cells = [list(row[:4]) for row in spike_rows(spikes)]
     table = fit_table(cells, ["step", "trigger", "reproduced", "first divergence"],
                       width=table_width(wide) or (None if wide else 80),
@@ -72,7 +72,7 @@ def spikes_table(spikes: list[dict], wide: bool | None = None) -> str:
 
 def run(args) -> int:
     from ..errors import FxdebugError
-    from ..monitor import STATS, load_series
+    from ..monitoring import STATS, load_series
     from ..reporting.html import report as write_page
     if args.stat not in STATS:
         raise FxdebugError(f"fxdebug series: unknown --stat {args.stat!r}; the stats are "

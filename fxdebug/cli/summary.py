@@ -44,12 +44,12 @@ def _reduce(output, how: str):
 
 
 def run(args) -> int:
-    from ..instrument import records
+    from ..instrumenting import records
     loss_fn = _loss_function(args.loss) if args.grads else None
     if args.plot:
         from ..reporting.plots import require_matplotlib
         require_matplotlib()  # fail before the run when matplotlib is missing
-    from ..runtime.progress import progress_bar
+    from ..base.progress import progress_bar
     bar = progress_bar(total=2, desc="summary", unit="step")
     with bar as steps:
         steps.set_postfix_str("building the model")
@@ -69,7 +69,7 @@ def run(args) -> int:
 def _instrument_and_run(args, model, inputs):
     import torch
 
-    from ..instrument import instrument
+    from ..instrumenting import instrument
     output = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -100,7 +100,7 @@ def _print(args, model, inputs, gm, rec) -> int:
         raise FxdebugError(f"nothing in {type(model).__name__} could be traced, so nothing was "
                            f"captured. {reasons}")
     grads_text = f", grads of {args.loss}" if args.grads else ""
-    from ..tables.fit_to_width import fit_line, table_width
+    from ..base.fit_to_width import fit_line, table_width
     print(fit_line(f"{args.model}: {type(model).__name__}, input {describe_inputs(inputs)}, "
                    f"capture={args.capture}, mode={args.mode}{grads_text}",
                    table_width(args.wide)))

@@ -27,9 +27,9 @@ from ..dumping import dump as dump_folder
 from ..dumping.folder_runtime import flatten_outputs
 from ..errors import FxdebugError
 from ..runtime.values import outputs_loss
-from ..tables.fit_to_width import fit_table, table_width
-from ..runtime.formatting import format_error, format_location
-from ..tables.report import Report
+from ..base.fit_to_width import fit_table, table_width
+from ..base.formatting import format_error, format_location
+from ..base.report import Report
 from ..tracing.keys import node_key, op_name
 from ..tracing.locations import is_user_file
 from ..equivalence.compare import Comparison, compare_values
@@ -93,7 +93,7 @@ class CompiledDivergence:
 class CompiledReport(Report):
     """What :func:`check_compiled` found.
 
-    A :class:`~fxdebug.tables.report.Report`: ``str`` is :meth:`table`, ``repr``
+    A :class:`~fxdebug.base.report.Report`: ``str`` is :meth:`table`, ``repr``
     one line (``<CompiledReport 1 output(s), 1 graph(s), DIFFERENT: first divergence ...>``),
     ``to_dict()`` plain data.
 
@@ -137,7 +137,7 @@ class CompiledReport(Report):
     def table(self, wide: bool | None = None) -> str:
         """Verdict, outputs, graph breaks, the first divergent node and its smallest piece.
 
-        Fitted to the terminal unless ``wide=True`` (see :mod:`fxdebug.tables.fit_to_width`).
+        Fitted to the terminal unless ``wide=True`` (see :mod:`fxdebug.base.fit_to_width`).
         """
         failed = [c for c in self.outputs if not c.ok]
         counts = f"{len(self.outputs) - len(failed)}/{len(self.outputs)} outputs agree"

@@ -31,7 +31,7 @@ import torch.fx as fx
 from ..errors import FxdebugError
 from ..passes import Capture
 from ..runtime import RECORDER_ATTR, Recorder, Records
-from ..runtime.torch_compat import dynamo_frame_id, inductor_backend, lookup_backend
+from ..base.torch_compat import dynamo_frame_id, inductor_backend, lookup_backend
 from ..tracing import keyed_copy
 from ..tracing.keys import META_PASS
 from .dynamo_graphs import key_dynamo_graph

@@ -46,7 +46,7 @@ import torch
 import torch.fx as fx
 
 from ..runtime import clone_inputs
-from ..runtime.torch_compat import graph_break_reason
+from ..base.torch_compat import graph_break_reason
 from ..equivalence.controlled_run import ControlledRuns
 from .dynamo_graphs import key_dynamo_graph
 

@@ -34,7 +34,7 @@ import torch
 from ..errors import FxdebugError
 from ..runtime import Records
 from ..runtime.placement import UNKNOWN_PLACEMENT
-from ..runtime.formatting import dtype_text, format_location, shape_text
+from ..base.formatting import dtype_text, format_location, shape_text
 from ..tracing.locations import user_location
 from .rank_group import RankGroup, local_view, on_ranks, unwrap
 from .ranks_report import RankEntry, RankReport

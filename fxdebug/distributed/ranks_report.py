@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..tables.fit_to_width import fit_table, table_width
-from ..tables.report import Report
+from ..base.fit_to_width import fit_table, table_width
+from ..base.report import Report
 from .rank_group import on_ranks, ranks_text
 
 __all__ = ["RankReport", "RankEntry", "DIVERGENT", "NOT_COMPARED", "STATUS_TEXT"]

@@ -16,7 +16,7 @@ What a rank sends is its *share* of each value: the summary of the pieces that a
 copy of another rank's (an empty summary where all it holds is a copy: a replicated
 parameter on any rank but the first, a Replicate DTensor's piece off coordinate 0). Which
 pieces those are follows from placements, on each rank alone (see
-:mod:`fxdebug.monitor.pooling`). Where a rank cannot know (a plain activation of a
+:mod:`fxdebug.monitoring.pooling`). Where a rank cannot know (a plain activation of a
 tensor-parallel model, layout undeclared), it names its *replica group* (the slot of the
 first rank of its tensor-parallel group): if every rank of that group sent the same ten
 numbers, bit for bit, the value is replicated there and counts once (the group's first
@@ -38,7 +38,7 @@ import zlib
 import torch
 
 from ..errors import FxdebugError
-from ..runtime.stats_moments import MOMENT_COLUMNS, combine_moments
+from ..stats.moments import MOMENT_COLUMNS, combine_moments
 from .rank_group import RankGroup, on_ranks
 
 __all__ = ["reduce_summaries", "merge_ranks", "empty_summaries", "NO_GROUP"]

@@ -23,6 +23,6 @@
 True
 """
 
-from .dump import FILES, dump
+from .pipeline import FILES, dump
 
 __all__ = ["dump", "FILES"]

@@ -30,8 +30,9 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from ..runtime import clone_inputs, outputs_loss, stops_disabled, torch_compat
-from ..runtime.torch_compat import TorchDispatchMode
+from ..runtime import clone_inputs, outputs_loss, stops_disabled
+from ..base import torch_compat
+from ..base.torch_compat import TorchDispatchMode
 from ..tracing.graph_module import MODES_META
 from .folder_runtime import first_line, flatten_outputs
 

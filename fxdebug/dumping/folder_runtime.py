@@ -17,7 +17,7 @@ import types
 
 import torch
 
-from ..runtime.formatting import TOLERANCES
+from ..base.formatting import TOLERANCES
 from ..runtime import values
 from ..runtime.values import WALKER_FUNCTIONS, named_leaves, outputs_loss
 from . import numeric_settings
@@ -70,7 +70,7 @@ def first_line(exc):
 
 def tolerance(want, scaled, spread=0.0):
     """``(rtol, atol)`` for comparing with ``want``: torch.testing.assert_close's for its dtype
-    (:data:`~fxdebug.runtime.formatting.TOLERANCES`; run.py carries the table as a literal).
+    (:data:`~fxdebug.base.formatting.TOLERANCES`; run.py carries the table as a literal).
 
     ``scaled`` (gradients) adds ``GRADIENT_SCALE * rtol * max|want|`` to atol: a
     gradient sums many terms, and the order of that sum (it changes with the

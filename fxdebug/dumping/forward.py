@@ -18,8 +18,8 @@ import types
 import torch.fx as fx
 
 from ..errors import FxdebugError
-from ..runtime import torch_compat
-from ..runtime.formatting import format_location
+from ..base import torch_compat
+from ..base.formatting import format_location
 from ..tracing.keys import META_SOURCE, node_key
 from .literals import Imports, importable
 from .script_source import ScriptSource, is_script_object

@@ -21,7 +21,7 @@ import torch
 
 from ..errors import FxdebugError
 from ..runtime import clone_inputs, leaves
-from ..runtime.formatting import value_text
+from ..base.formatting import value_text
 from .folder_runtime import NONDETERMINISTIC_RUNS, SPREAD_SCALE, first_line, run_py_source
 from .module_text import module_text, template
 from .numeric_settings import nondeterminism, setting_text

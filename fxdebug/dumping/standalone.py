@@ -29,7 +29,7 @@ from .. import runtime
 from ..runtime import PROXY_IN_TEXT
 from ..tracing.graph_module import MODES_META
 from ..tracing.keys import META_PASS, META_SOURCE, inherit_key, node_key
-from ..runtime.formatting import format_location
+from ..base.formatting import format_location
 
 __all__ = ["standalone_copy", "fxdebug_nodes"]
 

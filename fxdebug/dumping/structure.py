@@ -23,7 +23,8 @@ import torch
 import torch.fx as fx
 
 from ..errors import FxdebugError
-from ..runtime import Recorder, torch_compat
+from ..runtime import Recorder
+from ..base import torch_compat
 from .literals import Imports, NotLiteral, call_arguments, importable, literal
 
 __all__ = ["Structure", "Pickled", "tensor_file", "BASE_MODULE_ATTRS"]

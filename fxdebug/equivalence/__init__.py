@@ -21,7 +21,7 @@ True
 from .compare import Comparison, compare_tensors, compare_values
 from .equivalence import EquivalenceReport, NodeComparison, check_equivalence
 from .jacobian import JacobianNorms, jacobian_norms
-from .vjp import vjp
+from .vector_jacobian import vjp
 
 __all__ = ["check_equivalence", "EquivalenceReport", "NodeComparison", "vjp", "jacobian_norms",
            "JacobianNorms", "Comparison", "compare_tensors", "compare_values"]

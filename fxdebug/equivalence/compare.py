@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..runtime import children
-from ..runtime.formatting import default_tolerances, dtype_text, format_error, shape_text
+from ..base.formatting import default_tolerances, dtype_text, format_error, shape_text
 
 __all__ = ["Comparison", "compare_tensors", "compare_values"]
 

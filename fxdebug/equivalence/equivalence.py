@@ -29,7 +29,7 @@ import torch.fx as fx
 from ..errors import FxdebugError, TraceFailure
 from ..passes import Capture
 from ..runtime import RECORDER_ATTR, outputs_loss
-from ..runtime.formatting import value_text
+from ..base.formatting import value_text
 from ..tracing import keyed_copy
 from ..frontend import keyed_module, trace
 from ..tracing.keys import META_PROVENANCE, META_SOURCE, node_key, op_name, target_name

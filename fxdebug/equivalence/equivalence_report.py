@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 
 from ..reporting.html import equivalence_html
-from ..tables.fit_to_width import fit_table, table_width
-from ..tables.report import Report
-from ..runtime.formatting import format_error, format_location
+from ..base.fit_to_width import fit_table, table_width
+from ..base.report import Report
+from ..base.formatting import format_error, format_location
 from .compare import Comparison
 
 __all__ = ["EquivalenceReport", "NodeComparison"]
@@ -170,7 +170,7 @@ class EquivalenceReport(Report):
     def table(self, wide: bool | None = None) -> str:
         """The verdict, the output table, the first divergence and the node error table.
 
-        The node tables fit the terminal unless ``wide=True`` (see :mod:`fxdebug.tables.fit_to_width`).
+        The node tables fit the terminal unless ``wide=True`` (see :mod:`fxdebug.base.fit_to_width`).
         """
         lines = [f"check_equivalence: {self.reference_name} (reference) vs {self.candidate_name} "
                  f"(candidate), {self.mode} mode, cloned inputs {self.inputs}; training flags "

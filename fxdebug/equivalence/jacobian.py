@@ -31,9 +31,9 @@ import torch
 
 from ..errors import FxdebugError
 from ..runtime import flatten_tensors
-from ..tables.fit_to_width import fit_table, table_width
-from ..runtime.progress import progress_bar
-from ..tables.report import Report
+from ..base.fit_to_width import fit_table, table_width
+from ..base.progress import progress_bar
+from ..base.report import Report
 from ..frontend import keyed_module
 from ..tracing.selection import select
 from .node_by_node import LiveRun, find_target

@@ -37,11 +37,11 @@ import torch.fx as fx
 
 from ..runtime import flatten_tensors, map_tensors
 from ..frontend import keyed_module
-from ..runtime import torch_compat
-from ..tables.fit_to_width import fit_table, table_width
-from ..runtime.formatting import format_location
+from ..base import torch_compat
+from ..base.fit_to_width import fit_table, table_width
+from ..base.formatting import format_location
 from ..runtime.inplace_ops import INPLACE_OPERATORS, OPERATOR_SYMBOLS
-from ..tables.report import Report
+from ..base.report import Report
 from ..tracing.alias_rules import alias_inputs, inplace_requested, mutated_argument
 from ..tracing.keys import META_SOURCE, node_key, op_name
 

@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from ..runtime.torch_compat import foreach_norm
+from ..base.torch_compat import foreach_norm
 
 __all__ = ["GradientFlags", "flag_sum"]
 

@@ -37,14 +37,15 @@ import torch
 import torch.fx as fx
 
 from ..errors import FxdebugError
-from ..runtime import flatten_tensors, outputs_loss, tensor_stats, torch_compat
-from ..runtime.formatting import dtype_text, format_location, shape_text
+from ..runtime import flatten_tensors, outputs_loss, tensor_stats
+from ..base import torch_compat
+from ..base.formatting import dtype_text, format_location, shape_text
 from ..frontend import keyed_module
 from ..tracing.keys import META_PASS, META_SOURCE, node_key, op_name
 from ..tracing.selection import matches
 from ..equivalence.controlled_run import ControlledRuns
 from .nonfinite_report import BackwardHit, ForwardHit, NonfiniteReport, ValueStats
-from .sharded_replay import local as _local, sharded_parameter
+from ..distributed.sharded_replay import local as _local, sharded_parameter
 
 __all__ = ["find_nonfinite", "NonfiniteReport", "ForwardHit", "BackwardHit", "ValueStats"]
 

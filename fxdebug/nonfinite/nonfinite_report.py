@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 
 from ..runtime import Stats
-from ..runtime.formatting import format_location
-from ..tables.fit_to_width import fit_table, table_width
-from ..tables.report import Report
+from ..base.formatting import format_location
+from ..base.fit_to_width import fit_table, table_width
+from ..base.report import Report
 
 __all__ = ["NonfiniteReport", "ForwardHit", "BackwardHit", "ValueStats"]
 

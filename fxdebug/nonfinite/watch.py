@@ -51,15 +51,15 @@ from torch.nn.modules.module import (register_module_module_registration_hook,
 
 from ..errors import FxdebugError, TraceFailure
 from ..runtime import clone_inputs, flatten_tensors
-from ..tables.report import REPR_LIMIT
-from ..runtime.torch_compat import (compiled_backend, compiled_inner, foreach_copy_,
-                                    parameters_and_buffers)
+from ..base.report import REPR_LIMIT
+from ..base.torch_compat import (compiled_backend, compiled_inner, foreach_copy_,
+                                 parameters_and_buffers)
 from ..frontend import trace
 from .gradient_flags import GradientFlags, flag_sum
 from .nonfinite import NonfiniteReport, find_nonfinite
 from ..distributed.rank_group import RankGroup, distributed_ready, unwrap
 from .watch_modules import replay_by_modules
-from .sharded_replay import kept_parameters, sharded_parameter
+from ..distributed.sharded_replay import kept_parameters, sharded_parameter
 from .watch_ranks import RankFlags, RankNonfiniteReport
 from .watch_report import WatchReport
 

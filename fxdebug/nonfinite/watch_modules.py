@@ -31,7 +31,7 @@ import torch
 
 from ..runtime import flatten_tensors, outputs_loss, tensor_stats
 from ..runtime.placement import dtensor_placement, local_value
-from ..runtime.formatting import dtype_text, shape_text
+from ..base.formatting import dtype_text, shape_text
 from .nonfinite import BackwardHit, ForwardHit, NonfiniteReport, ValueStats
 
 __all__ = ["replay_by_modules"]

@@ -54,11 +54,11 @@ import math
 
 import torch
 
-from ..tables.fit_to_width import fit_table, table_width
-from ..tables.report import Report
+from ..base.fit_to_width import fit_table, table_width
+from ..base.report import Report
 from .nonfinite import NonfiniteReport
 from ..distributed.rank_group import RankGroup, on_ranks
-from .sharded_replay import OutcomeGroup
+from ..distributed.sharded_replay import OutcomeGroup
 from .watch_report import WatchReport
 
 __all__ = ["RankFlags", "RankFinding", "RankNonfiniteReport"]

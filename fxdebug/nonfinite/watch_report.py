@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..tables.report import Report
+from ..base.report import Report
 from .nonfinite import NonfiniteReport
 
 __all__ = ["WatchReport"]

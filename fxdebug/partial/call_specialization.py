@@ -16,8 +16,9 @@ import inspect
 import torch
 import torch.fx as fx
 
-from ..runtime import RECORDER_ATTR, SharedRecorder, leaves, torch_compat
-from ..runtime.formatting import dtype_text
+from ..runtime import RECORDER_ATTR, SharedRecorder, leaves
+from ..base import torch_compat
+from ..base.formatting import dtype_text
 from ..tracing.fidelity import static_forward
 from ..tracing.keys import META_RETURNS, ModuleReturn
 from ..tracing.module_copy import module_tree_copy

@@ -12,7 +12,7 @@ import re
 import torch
 
 from ..errors import TraceFailure
-from ..tables.report import Report
+from ..base.report import Report
 from ..tracing.keys import join_path
 from ..tracing.locations import short_list
 

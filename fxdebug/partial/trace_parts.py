@@ -67,7 +67,8 @@ import torch.fx as fx
 
 from .. import runtime
 from ..errors import EagerFallbackWarning, TraceFailure
-from ..runtime import (RECORDER_ATTR, PartRecorder, SharedRecorder, begin_part, clone_inputs, torch_compat)
+from ..runtime import RECORDER_ATTR, PartRecorder, SharedRecorder, begin_part, clone_inputs
+from ..base import torch_compat
 from .call_specialization import (CallPlan, ExportPlan, call_forward, call_plan, clean_tree, export_plan, is_container, is_fx_leaf, note_part_output, set_submodule, strip_guards)
 from ..tracing.export import export_trace
 from ..tracing.unsupported import why_not_export

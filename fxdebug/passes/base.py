@@ -36,7 +36,7 @@ from torch.fx.passes.infra.pass_base import PassBase, PassResult
 from ..errors import FxdebugError
 from ..runtime.inplace_ops import INPLACE_OPERATORS
 from ..tracing.keys import META_SOURCE, node_key
-from ..runtime.formatting import format_location
+from ..base.formatting import format_location
 
 __all__ = ["Pass", "PassResult", "as_pass", "FunctionPass", "graph_source", "unchanged_message",
            "run_passes", "pass_failure_note"]

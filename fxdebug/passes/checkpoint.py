@@ -46,7 +46,7 @@ from ..tracing.graph_module import DebugGraphModule
 from ..tracing.keys import (META_KEY, META_PASS, META_RETURNS, META_SOURCE, ModuleReturn,
                             inherit_key, node_key, op_name)
 from ..tracing.locations import caller_stacklevel, short_list
-from ..runtime.formatting import format_location
+from ..base.formatting import format_location
 from ..runtime import emit_if_tracing
 from ..tracing.selection import close_keys_hint, key_depth, matches
 from .base import Pass

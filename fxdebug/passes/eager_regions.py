@@ -30,7 +30,7 @@ import torch
 import torch.fx as fx
 
 from .. import runtime
-from ..runtime import torch_compat
+from ..base import torch_compat
 from ..partial.call_specialization import is_container, is_fx_leaf
 from ..partial.part_selection import Selection
 from ._placement import ensure_recorder

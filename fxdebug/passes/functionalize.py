@@ -47,7 +47,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from ..errors import FidelityWarning
-from ..runtime.formatting import format_location
+from ..base.formatting import format_location
 from ..runtime.inplace_ops import INPLACE_OPERATORS
 from ..tracing.alias_rules import inplace_requested, mutated_argument, signature_of
 from ..tracing.keys import META_KEY, META_PASS, META_RETURNS, META_SOURCE, node_key, op_name

@@ -23,8 +23,8 @@ import torch
 
 from ..errors import FxdebugError
 from ..runtime.fake_casts import FLOAT8
-from ..tables.fit_to_width import fit_table, table_width
-from ..tables.report import Report
+from ..base.fit_to_width import fit_table, table_width
+from ..base.report import Report
 
 __all__ = ["PrecisionChoice", "Breakpoint", "ModuleFilter", "choose", "first_beyond",
            "resolve_budget"]

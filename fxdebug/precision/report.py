@@ -14,8 +14,8 @@ import dataclasses
 import math
 from typing import Any
 
-from ..tables.fit_to_width import fit_table, table_width
-from ..tables.report import Report
+from ..base.fit_to_width import fit_table, table_width
+from ..base.report import Report
 from .choice import PrecisionChoice, choose, first_beyond
 
 __all__ = ["SensitivityEntry", "SensitivityReport", "plural", "short_dtype", "short_error", "short_ratio"]

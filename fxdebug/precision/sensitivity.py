@@ -28,7 +28,7 @@ from ..errors import FxdebugError
 from ..passes.fake_precision import (FakePrecision, copy_graph_module, fake_output_key,
                                      owning_module, precision_nodes, refuse_sharded)
 from ..runtime.fake_casts import FLOAT8, check_dtype, range_stats
-from ..runtime.progress import progress
+from ..base.progress import progress
 from ..tracing.keys import META_KEY, node_key
 from .report import SensitivityEntry, SensitivityReport
 from .steps import (Step, as_float64, default_loss, float64_copy, relative_error, run_step,

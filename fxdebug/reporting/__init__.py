@@ -21,8 +21,8 @@ no change (3 nodes)
 
 from . import html, plots
 from .html import report
-from .diff import DiffRow, GraphChangedError, GraphDiff, GraphSnapshot, diff, snapshot
-from .tabular import NodeView, node_views, print_tabular, tabular
+from .graph_diff import DiffRow, GraphChangedError, GraphDiff, GraphSnapshot, diff, snapshot
+from .node_table import NodeView, node_views, print_tabular, tabular
 
 __all__ = ["tabular", "print_tabular", "node_views", "NodeView", "diff",
            "GraphDiff", "DiffRow", "GraphChangedError", "GraphSnapshot", "snapshot", "plots",

@@ -33,8 +33,8 @@ import os
 import torch
 
 from ..runtime import RECORDER_ATTR, Records
-from ..runtime.records_html import records_rows, records_table_html
-from ..tables.report import Report
+from ..base.records_html import records_rows, records_table_html
+from ..base.report import Report
 from .series_html import series_html
 from .series_view import SeriesView
 

@@ -2,7 +2,7 @@
 
 The PNG (:func:`fxdebug.reporting.plots.view_figure`) and the HTML section
 (:func:`fxdebug.reporting.series_html.series_html`) draw the same view, so the
-two agree; :meth:`fxdebug.monitor.Series.chart_data` makes one from a
+two agree; :meth:`fxdebug.monitoring.Series.chart_data` makes one from a
 monitor's folder::
 
     SeriesView(title, charts=(Chart(title, ylabel, lines=(Line(label, steps, values), ...)),

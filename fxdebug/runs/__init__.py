@@ -17,7 +17,7 @@
 True
 """
 
-from .compare_runs import RunComparison, RunEntry, compare_runs
+from .run_comparison import RunComparison, RunEntry, compare_runs
 from .reference import ReferenceMismatchError
 from .run_writer import RunWriter
 from .saved_runs import SavedRecords, load_records, save_records

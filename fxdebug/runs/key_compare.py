@@ -1,10 +1,10 @@
-"""Key by key: one key of two runs compared (tensors or statistics), for :mod:`.compare_runs`.
+"""Key by key: one key of two runs compared (tensors or statistics), for :mod:`.run_comparison`.
 
     compare_all(a, b, section)     every key of a in a's order, then the keys only b has
       compare_key(ra, rb)          stale / not assembled / shape / values or statistics;
                                    a sharded run whose ranks hold different values with no
                                    known placement is resolved against the other run first
-                                   (:meth:`~fxdebug.runs.sharded.ShardedRecord.resolve_against`)
+                                   (:meth:`~fxdebug.distributed.sharded.ShardedRecord.resolve_against`)
 
 A key resolved that way is compared by the resolution's checks (each rank's piece against what
 the layout says it must hold), so one bad rank is never hidden behind a good copy; the value
@@ -23,7 +23,7 @@ from ..equivalence.compare import compare_tensors, default_tolerances, dtype_tex
 from ..runtime.record import Record
 from ..runtime.records import Records
 from .rounding import ROUNDING_FACTOR, rounding_dtype, rounding_ratio, stats_rounding_ratio
-from .sharded import ShardedRecord, unassembled
+from ..distributed.sharded import ShardedRecord, unassembled
 
 __all__ = ["RunEntry", "compare_all", "compare_key", "STATUS_TEXT", "DIVERGENT", "NOT_COMPARED"]
 
@@ -143,7 +143,7 @@ def compare_key(ra: Record, rb: Record, location: str, section: str, rtol,
             found = this.resolve_against(other, rtol, atol)
             if found is not None:
                 return _resolved_entry(side, found, ra, rb, common, resolved, rtol, atol)
-    if why := unassembled(ra, rb):  # a sharded run (runs/sharded.py)
+    if why := unassembled(ra, rb):  # a sharded run (distributed/sharded.py)
         return RunEntry(status="unassembled", detail=why, **common)
     if tuple(ra.shape) != tuple(rb.shape):
         return RunEntry(status="shape", max_abs=math.inf, max_rel=math.inf,

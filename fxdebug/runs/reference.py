@@ -94,7 +94,7 @@ def stats_error(x, r) -> float:
     """For statistics-only captures: the largest ``|x - r|`` of mean, std, min and max over the
     reference's scale ``max(|min|, |max|, |mean| + std)``; inf where non-finite counts differ.
 
-    >>> from fxdebug.runtime.stats import tensor_stats
+    >>> from fxdebug.stats.summary import tensor_stats
     >>> r = tensor_stats(torch.tensor([1.0, 2.0, 4.0]))
     >>> stats_error(tensor_stats(torch.tensor([1.0, 2.0, 4.4])), r) > 0.09
     True

@@ -36,9 +36,9 @@ import torch
 
 from ..errors import SavedRunError
 from ..runtime.records import Record, Records
-from ..runtime.stats import Stats
-from .sharded import RANK_FOLDER, ShardedRecords, placement_entry, placement_of
-from .sharded_stats import local_shape
+from ..stats.summary import Stats
+from ..distributed.sharded import RANK_FOLDER, ShardedRecords, placement_entry, placement_of
+from ..distributed.sharded_stats import local_shape
 
 __all__ = ["save_records", "load_records", "SavedRecords", "RunFile", "record_entry",
            "run_context", "write_manifest", "manifest_of", "location_of", "run_folders",
@@ -313,7 +313,7 @@ def load_records(path: str | os.PathLike, run: int | None = None
     """Open a saved run: a folder written by :func:`save_records`, or the latest run in a
     ``save_to`` folder (``run=N`` for ``run-00000N``). Tensors are read when used. A folder
     of ``rank-R`` folders (saved by several ranks) gives
-    :class:`~fxdebug.runs.sharded.ShardedRecords`: full values, assembled when read.
+    :class:`~fxdebug.distributed.sharded.ShardedRecords`: full values, assembled when read.
 
     Raises :class:`~fxdebug.errors.SavedRunError` for a missing path, a
     truncated or corrupt file, or a run written by a newer fxdebug.

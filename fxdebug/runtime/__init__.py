@@ -55,7 +55,8 @@ from .module_hooks import ROOT_HOOKS_ATTR, HookedRoot, forward_hooks, forward_pr
 from .parts import PartRecorder, SharedRecorder, begin_part
 from .placement import Placement, plan_layouts
 from .records import Record, Records
-from .stats import Stats, combine, stats_from_summaries, stats_from_summary, summarize, tensor_stats
+from ..stats.summary import (Stats, combine, stats_from_summaries, stats_from_summary, summarize,
+                             tensor_stats)
 from .values import (children, clone_inputs, flatten_tensors, leaves, map_leaves, map_tensors,
                      named_leaves, outputs_loss)
 

@@ -1,7 +1,7 @@
 """Stats mode inside ``torch.compile``: statistics as graph ops, handed out once per graph.
 
 While dynamo traces ``capture_stats`` (:func:`.compiled_ops.compiled_capture`),
-each tensor's summary (the eight float64 numbers of :mod:`.stats`) is written
+each tensor's summary (the eight float64 numbers of :mod:`fxdebug.stats.summary`) is written
 as plain torch ops on the value, which inductor compiles into its kernels,
 and nothing runs in Python per capture::
 
@@ -49,7 +49,7 @@ the squares are at most ``(count + 1) * M2`` and float64 rounding leaves
 values near float32's overflow: their squares are finite in float64). Where
 no pick is finite the shift is 0; if that leaves ``M2`` imprecise, the std is
 NaN, never a wrong number. float64 values take two passes, scaled by their largest
-magnitude (as :func:`.stats._summarize_masked`) so their squares cannot
+magnitude (as :func:`fxdebug.stats.summary._summarize_masked`) so their squares cannot
 overflow. The Records object of a compiled run is a :class:`CompiledRecords`;
 it fills itself from the recorder's sink the first time it is read.
 
@@ -66,7 +66,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .records import Record, Records
-from .stats import combine
+from ..stats.summary import combine
 
 __all__ = ["graph_summary", "scaled_deviations", "summarizable_in_graph", "StatsSink", "CompiledRecords", "SINK_ATTR",
            "file_entries"]
@@ -90,7 +90,7 @@ def summarizable_in_graph(tensor: Any) -> bool:
 
 
 def graph_summary(tensor: torch.Tensor) -> torch.Tensor:
-    """The summary of ``tensor`` (see :mod:`.stats`) as torch ops, equal to float64's answer.
+    """The summary of ``tensor`` (see :mod:`fxdebug.stats.summary`) as torch ops, equal to float64's answer.
 
     >>> [round(v, 4) for v in graph_summary(torch.tensor([2, 0, 4])).tolist()]
     [3.0, 2.0, 8.0, 0.0, 4.0, 1.0, 0.0, 3.0]

@@ -23,7 +23,7 @@ import sys
 
 from torch.fx.node import has_side_effect
 
-from .formatting import value_text
+from ..base.formatting import value_text
 from .nodes import emit_if_tracing
 
 __all__ = ["stop", "stops_disabled"]

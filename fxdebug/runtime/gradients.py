@@ -26,7 +26,7 @@ from torch.overrides import TorchFunctionMode
 from ..errors import FxdebugError
 from .nodes import Recorder, emit_if_tracing
 from .records import Records
-from .torch_compat import add_tensor_hook, run_eagerly_from_compiled_code
+from ..base.torch_compat import add_tensor_hook, run_eagerly_from_compiled_code
 from .values import flatten_tensors, map_tensors
 
 __all__ = ["PASSES_THROUGH", "GradEdit", "own_value", "record_grads", "edit_grads", "edited_parameter",
@@ -85,7 +85,7 @@ def record_grads(recorder: Recorder, value, key: str, op: str, stats_only: bool 
     records inputs through :func:`own_value`; a leaf met here is noted.
     This runs once per hooked activation, so the usual value, one plain tensor,
     takes a short way (no walk of the value, no re-tracing check, torch's hook
-    dict filled directly: :func:`~fxdebug.runtime.torch_compat.add_tensor_hook`).
+    dict filled directly: :func:`~fxdebug.base.torch_compat.add_tensor_hook`).
     """
     if is_compiling():  # torch.compile traces: register the hooks eagerly (a graph break)
         from .compiled_grads import register_grad_hooks  # imports dynamo: only when compiling

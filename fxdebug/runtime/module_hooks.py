@@ -32,7 +32,7 @@ import torch
 from torch.fx.node import has_side_effect
 
 from ..errors import FxdebugError
-from . import torch_compat
+from ..base import torch_compat
 from .nodes import emit_if_tracing
 from .values import leaves
 

@@ -32,8 +32,8 @@ from .compiled_ops import (ID_ATTR, compiled_begin_run, compiled_capture, regist
                            start_run)
 from .records import Records
 from .stats_batch import BATCH_DTYPES, CPU_BATCH_NUMEL, SMALL
-from .stats_kernel import MIN_NUMEL
-from .torch_compat import read_version
+from ..stats.kernel import MIN_NUMEL
+from ..base.torch_compat import read_version
 
 __all__ = ["Recorder", "RECORDER_ATTR", "begin_run", "capture", "capture_stats",
            "emit_if_tracing"]

@@ -3,7 +3,7 @@
 Under tensor or sequence parallelism a module's output is a ``DTensor`` (its placements
 and mesh are exact) or, where the ParallelStyle was given ``use_local_output=True``, a plain
 tensor holding this rank's piece. For those the style's own forward hook says what the piece
-is (:func:`fxdebug.runtime.torch_compat.parallel_output_layout`): ColwiseParallel hands on
+is (:func:`fxdebug.base.torch_compat.parallel_output_layout`): ColwiseParallel hands on
 ``Shard(-1)`` (its ``output_layouts``), RowwiseParallel ``Replicate()`` after its
 all-reduce, SequenceParallel ``Shard(sequence_dim)``. Any other plain capture of a
 tensor-parallel model is "local, placement unknown", never guessed::
@@ -32,8 +32,8 @@ from typing import Any, cast
 import torch
 
 from ..errors import FxdebugError
-from . import torch_compat
-from .stats import stats_from_summary, summarize
+from ..base import torch_compat
+from ..stats.summary import stats_from_summary, summarize
 
 __all__ = ["Placement", "dtensor_placement", "planned_placement", "plan_layouts", "local_value",
            "full_value", "assemble", "same_tensor", "agreement_text", "parameter_pieces",

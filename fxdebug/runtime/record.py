@@ -14,10 +14,10 @@ import dataclasses
 import torch
 
 from ..errors import FxdebugError
-from . import torch_compat
-from .formatting import dtype_text, shape_text
+from ..base import torch_compat
+from ..base.formatting import dtype_text, shape_text
 from .placement import Placement, local_value
-from .stats import Stats, stats_from_summary, tensor_stats
+from ..stats.summary import Stats, stats_from_summary, tensor_stats
 
 __all__ = ["Record", "StaleStatsRecord", "BatchedStatsRecord"]
 
@@ -36,7 +36,7 @@ class Record:
 
     ``value`` is the tensor in tensor mode (``None`` in stats mode, where
     ``summary`` holds its statistics on the tensor's device, see
-    :mod:`fxdebug.runtime.stats`);
+    :mod:`fxdebug.stats.summary`);
     ``copied`` says whether it is a copy (taken because a later in-place op
     writes to it) or a view of the model's own activation. A view whose
     tensor was written in place after the capture (``stale``) is never shown

@@ -20,19 +20,19 @@ from typing import Any, Iterator
 import torch
 
 from ..errors import FxdebugError, StaleCaptureError
-from ..tables.fit_to_width import fit_table, table_width
-from .formatting import dtype_text, shape_text
+from ..base.fit_to_width import fit_table, table_width
+from ..base.formatting import dtype_text, shape_text
 from .placement import (dtensor_placement, full_value, grad_layouts, local_value,
                         parameter_pieces, planned_placement)
 from .record import Record, _new_record, _version_of
-from .records_html import records_table_html
-from . import torch_compat
-from ..tables.report import Report
-from .stats import Stats, combine, stats_from_summaries, tensor_stats
+from ..base.records_html import records_table_html
+from ..base import torch_compat
+from ..base.report import Report
+from ..stats.summary import Stats, combine, stats_from_summaries, tensor_stats
 from .stats_batch import (READY, SMALL, PendingBatch, batchable, capture_summary,
                           merge_runs)
 from .values import flatten_tensors
-from .torch_compat import read_version
+from ..base.torch_compat import read_version
 
 __all__ = ["Records", "Record", "Stats", "tensor_stats"]
 
@@ -56,7 +56,7 @@ class Records(Report):
     (stats mode). Nested outputs are flattened with ``/``: a module returning
     ``(a, {"b": c})`` under key ``blk`` gives ``blk/0`` and ``blk/1/b``.
 
-    Also a :class:`~fxdebug.tables.report.Report` without a verdict: ``str`` is
+    Also a :class:`~fxdebug.base.report.Report` without a verdict: ``str`` is
     :meth:`table`, ``repr`` one line (``<Records 75 tensors, 2.7 MiB>``),
     ``to_dict()`` every record's key, op, shape, dtype and statistics.
     """
@@ -444,7 +444,7 @@ class Records(Report):
 
         In a terminal (or with ``COLUMNS`` set) the table fits its width: the
         least important columns are dropped and long keys end in ``…``;
-        ``wide=True`` always gives every column (see :mod:`fxdebug.tables.fit_to_width`).
+        ``wide=True`` always gives every column (see :mod:`fxdebug.base.fit_to_width`).
 
         With recorded gradients it adds ``grad norm`` and ``grad non-finite``
         columns and a table of parameter gradients (name, shape, grad norm).

@@ -21,7 +21,7 @@ Records themselves are made when first read::
            │                                      squares, zeros): about 15 ops per size;
            │                                      other devices: segment reductions
            └─ one K x 8 float64 tensor: row i is tensor i's summary, the layout of
-              :mod:`.stats` (count, mean, M2, min, max, zeros, non-finite, numel)
+              :mod:`fxdebug.stats.summary` (count, mean, M2, min, max, zeros, non-finite, numel)
 
 A row's reductions give the same bits whatever the other rows, so a tensor's
 statistics do not depend on the other captures of the forward. Rows with a
@@ -52,9 +52,9 @@ import torch
 
 from ..errors import FxdebugError
 from .record import BatchedStatsRecord, Record, StaleStatsRecord, _new_record
-from .stats import combine, summarize
-from .stats_kernel import MIN_NUMEL
-from . import torch_compat
+from ..stats.summary import combine, summarize
+from ..stats.kernel import MIN_NUMEL
+from ..base import torch_compat
 
 __all__ = ["batch_summaries", "batchable", "capturing", "capture_summary", "finish_pending",
            "summarize_small", "merge_runs", "PendingBatch", "SMALL", "READY", "MAX_PENDING_NUMEL",
@@ -73,7 +73,7 @@ BATCH_DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16, torch.fl
                           torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
                           torch.bool))
 """Dtypes whose values float64 holds (integers up to 2**53 exactly): complex, float8 and
-quantized tensors take :func:`fxdebug.runtime.stats.summarize` one at a time."""
+quantized tensors take :func:`fxdebug.stats.summary.summarize` one at a time."""
 
 SMALL = "small capture, summary pending"
 """The kind of a Records.pending entry ``(key, op, PendingBatch, SMALL, index)``."""
@@ -268,7 +268,7 @@ def _rows_all_finite(rows: torch.Tensor, size: int, count: torch.Tensor,
 
 def _masked(values, lengths, numel, total) -> torch.Tensor:
     """The summaries over the finite values, branch-free (nothing read back; as
-    :func:`fxdebug.runtime.stats._summarize_masked`, a segment per tensor)."""
+    :func:`fxdebug.stats.summary._summarize_masked`, a segment per tensor)."""
     finite = torch.isfinite(values)
 
     def spread(per_segment: torch.Tensor) -> torch.Tensor:
@@ -304,7 +304,7 @@ def summarize_small(tensor: torch.Tensor) -> torch.Tensor | None:
 
 def capture_summary(tensor: torch.Tensor) -> torch.Tensor:
     """A stats-mode capture's summary: a small tensor's as in a batch of captures (the same
-    numbers either way), others by :func:`~fxdebug.runtime.stats.summarize`.
+    numbers either way), others by :func:`~fxdebug.stats.summary.summarize`.
 
     >>> capture_summary(torch.ones(1 << 16)).tolist()
     [65536.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 65536.0]

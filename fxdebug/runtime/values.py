@@ -7,7 +7,7 @@ other's in-place writes take copies of their inputs. Everything in fxdebug that
 looks inside such a value goes through this module.
 
 The walk is torch's pytree (``tree_flatten_with_path``, through
-:mod:`fxdebug.runtime.torch_compat`): every type pytree knows (tuple, list,
+:mod:`fxdebug.base.torch_compat`): every type pytree knows (tuple, list,
 dict, namedtuple, ``OrderedDict``, ``torch.Size``, ``torch.return_types``,
 transformers' ``ModelOutput``, what a library registered) is walked as pytree
 walks it; plain tuples, lists, dicts and namedtuples are read directly, with the
@@ -25,7 +25,7 @@ dump's expected gradients are those every check compares.
 
 Also here, built on the same walk: :func:`json_safe` (what every report's
 ``to_dict()`` returns; the report shape sits below the runtime, so
-:mod:`fxdebug.tables.report` is handed it when this module is imported).
+:mod:`fxdebug.base.report` is handed it when this module is imported).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..tables.report import Report, use_json_converter
-from .torch_compat import tree_flatten_with_path, tree_is_leaf, tree_unflatten
+from ..base.report import Report, use_json_converter
+from ..base.torch_compat import tree_flatten_with_path, tree_is_leaf, tree_unflatten
 
 __all__ = ["children", "named_leaves", "leaves", "flatten_tensors", "map_leaves", "map_tensors",
            "clone_inputs", "outputs_loss", "json_safe", "WALKER_FUNCTIONS"]
@@ -250,7 +250,7 @@ def json_safe(value: Any, depth: int = 0) -> Any:
     (opened as :func:`children` opens them), tensors as their shape and dtype, non-finite
     floats as text, reports as their ``to_dict()``, anything else as ``str``.
 
-    What every report's ``to_dict()`` returns (:class:`fxdebug.tables.report.Report`).
+    What every report's ``to_dict()`` returns (:class:`fxdebug.base.report.Report`).
 
     >>> json_safe({"t": torch.zeros(2, 3), "x": float("nan"), "xs": (1, "a")})
     {'t': {'shape': [2, 3], 'dtype': 'float32'}, 'x': 'nan', 'xs': [1, 'a']}

@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 
 from .. import runtime
-from ..runtime import torch_compat
+from ..base import torch_compat
 from ..runtime.inplace_ops import INPLACE_OPERATORS
 from .keys import short_name
 

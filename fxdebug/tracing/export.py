@@ -38,14 +38,15 @@ import torch
 import torch.fx as fx
 
 from ..errors import TraceFailure
-from ..runtime import flatten_tensors, torch_compat
+from ..runtime import flatten_tensors
+from ..base import torch_compat
 from .fidelity import UnfaithfulTrace
 from .function_watch import custom_functions_applied
 from .graph_module import DebugGraphModule
 from .keys import (META_KEY, META_MODULE, META_RETURNS, META_SOURCE, KeyAllocator, ModuleReturn,
                    key_base)
 from .locations import is_user_file, user_location_in_traceback
-from ..runtime.formatting import format_location
+from ..base.formatting import format_location
 from .module_copy import module_tree_copy
 from .transaction import ModelSnapshot
 from .unsupported import refuse_unsupported

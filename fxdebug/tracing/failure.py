@@ -11,7 +11,7 @@ import torch.fx as fx
 
 from ..errors import TraceFailure
 from .locations import is_user_file, user_location_in_traceback
-from ..runtime.formatting import format_location
+from ..base.formatting import format_location
 
 __all__ = ["explain_failure"]
 

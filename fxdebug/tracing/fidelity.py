@@ -65,9 +65,9 @@ import torch
 import torch.fx as fx
 from torch.overrides import TorchFunctionMode
 
-from ..runtime import torch_compat
+from ..base import torch_compat
 from ..runtime.inplace_ops import writes_in_place
-from ..runtime.torch_compat import tree_leaves
+from ..base.torch_compat import tree_leaves
 from .function_watch import watching_functions
 from .torch_caches import CacheWatch, warm_overrides
 

@@ -44,8 +44,8 @@ import torch.fx as fx
 from torch.fx.proxy import Attribute
 
 from ..errors import EagerFallbackWarning, FidelityWarning
-from ..runtime import (PROXY_IN_TEXT, ROOT_HOOKS_ATTR, HookedRoot, Recorder, leaves,
-                       torch_compat, traced_message)
+from ..runtime import PROXY_IN_TEXT, ROOT_HOOKS_ATTR, HookedRoot, Recorder, leaves, traced_message
+from ..base import torch_compat
 from ..runtime.inplace_ops import INPLACE_NAMES
 from .failure import explain_failure
 from .fidelity import (NOT_CONSTANT, TracePatches, UnfaithfulTrace, constant_value, real_values,

@@ -32,9 +32,9 @@ import weakref
 import torch
 import torch.fx as fx
 from .. import runtime
-from ..runtime import torch_compat
+from ..base import torch_compat
 from .keys import META_KEY, META_SOURCE, assign_missing_keys, op_name
-from ..runtime.formatting import format_location, value_text
+from ..base.formatting import format_location, value_text
 
 __all__ = ["DebugGraphModule", "keyed_copy", "lazy_graph_module", "MODES_META"]
 

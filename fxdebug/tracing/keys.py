@@ -29,7 +29,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from ..runtime import torch_compat
+from ..base import torch_compat
 
 __all__ = ["node_key", "target_name", "op_name", "short_name", "KeyAllocator",
            "assign_missing_keys", "inherit_key", "META_KEY", "META_SOURCE", "META_RETURNS",

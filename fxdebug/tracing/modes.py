@@ -38,7 +38,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import FxdebugError
-from ..runtime import torch_compat
+from ..base import torch_compat
 from .graph_module import MODES_META, DebugGraphModule
 
 __all__ = ["ModeLink", "ModeFollower", "follow_mode", "follow_modes"]

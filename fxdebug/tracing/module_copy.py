@@ -11,7 +11,7 @@ import copy
 
 import torch
 
-from ..runtime import torch_compat
+from ..base import torch_compat
 
 __all__ = ["shallow_module_copy", "module_tree_copy"]
 

@@ -32,7 +32,7 @@ import torch
 import torch.fx as fx
 
 from .. import runtime
-from ..runtime import torch_compat
+from ..base import torch_compat
 from .keys import META_PASS
 
 __all__ = ["runs_hooks_in_graph", "runs_whole", "hooked_forward", "fixed_keys",

@@ -59,8 +59,8 @@ from typing import Any, Iterator
 
 import torch
 
-from ..runtime.torch_compat import global_module_hook_names, global_module_hooks_owner
-from ..runtime.torch_compat import BUFFERS_ATTR, CHILDREN_ATTR, PARAMETERS_ATTR, tensor_version
+from ..base.torch_compat import global_module_hook_names, global_module_hooks_owner
+from ..base.torch_compat import BUFFERS_ATTR, CHILDREN_ATTR, PARAMETERS_ATTR, tensor_version
 
 __all__ = ["ModelSnapshot", "model_transaction", "MAX_HOPS", "MAX_OBJECTS"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import FxdebugError
-from ..runtime.formatting import format_location
+from ..base.formatting import format_location
 from .locations import user_location
 
 __all__ = ["refuse_unsupported", "fsdp2_modules", "why_not_export"]

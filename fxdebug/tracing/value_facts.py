@@ -56,7 +56,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..runtime import torch_compat
+from ..base import torch_compat
 from ..runtime.inplace_ops import INPLACE_OPERATORS
 from .alias_rules import is_plain_torch_module, is_torch_callable
 
