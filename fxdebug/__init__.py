@@ -8,8 +8,6 @@ torch.Size([1, 64, 16, 16])
 """
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 # Public names and the module each lives in. They are imported on first use (PEP 562), so that
@@ -19,7 +17,7 @@ _LAZY = {
     "runtime": "fxdebug.runtime", "testing": "fxdebug.testing", "tracing": "fxdebug.tracing",
     "compiled": "fxdebug.compiled", "equivalence": "fxdebug.equivalence",
     "nonfinite": "fxdebug.nonfinite", "runs": "fxdebug.runs", "distributed": "fxdebug.distributed",
-    "hazards": "fxdebug.hazards", "tables": "fxdebug.base",
+    "hazards": "fxdebug.hazards", "base": "fxdebug.base",
     "keys": "fxdebug.tracing.keys", "partial": "fxdebug.partial",
     "plots": "fxdebug.reporting.plots",
     **dict.fromkeys(("CompiledReport", "backend", "check_compiled", "watch_nonfinite"),
@@ -58,10 +56,8 @@ _LAZY = {
 
 if TYPE_CHECKING:  # the same names, eagerly, for type checkers and IDEs (tests/test_api.py
     # checks that this block, _LAZY and __all__ name the same things)
-    from . import (analysis, distributed, equivalence, hazards, nonfinite, passes, reporting, runs,
-                   runtime, base as tables, testing, tracing)
-    # (a function named like its module is imported from that module: mypy would take
-    # `from .equivalence import vjp` for the submodule fxdebug.equivalence.vjp as well)
+    from . import (analysis, base, distributed, equivalence, hazards, nonfinite, passes, reporting,
+                   runs, runtime, testing, tracing)
     from .compiled import CompiledReport, backend, check_compiled, watch_nonfinite
     from .equivalence import EquivalenceReport, JacobianNorms, check_equivalence, jacobian_norms
     from .equivalence.vector_jacobian import vjp
@@ -100,7 +96,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'fxdebug' has no attribute {name!r}")
     module = importlib.import_module(module_name)
     # a subpackage (fxdebug.equivalence, which holds a module equivalence.py) is the package;
-    # a module named like a function it defines (fxdebug.equivalence.vjp) gives the function
+    # a module named like a function it defines (fxdebug.passes.fake_precision) gives the function
     value = module if (module_name == f"{__name__}.{name}" and hasattr(module, "__path__")) or (
         module_name.rpartition(".")[2] == name and name not in vars(module)) \
         else getattr(module, name)
@@ -110,23 +106,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
-
-
-class _Package(types.ModuleType):
-    """``import fxdebug.instrument`` (the submodule) must not hide the function ``instrument``
-    (nor ``import fxdebug.monitor`` the function ``monitor``).
-
-    Importing a submodule sets it as an attribute of the package; the eager imports this
-    package had before overwrote it with the function, and this keeps it that way lazily.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("instrument", "monitor") and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 __version__ = "0.1.0"
@@ -210,7 +189,7 @@ __all__ = [
     "runs",
     "distributed",
     "hazards",
-    "tables",
+    "base",
     "reporting",
     "runtime",
     "tracing",

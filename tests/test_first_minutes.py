@@ -128,8 +128,20 @@ def test_partial_warning_is_one_line_at_the_users_call():
     assert "summary()" in str(warning.message)
 
 
-def test_lazy_package_keeps_functions_named_like_submodules():
+def test_importing_a_submodule_never_hides_a_public_function():
     import importlib
-    importlib.import_module("fxdebug.instrumenting")  # what `from ..instrument import x` does
-    assert callable(fxdebug.instrument) and fxdebug.instrument.__module__ == "fxdebug.instrument"
+    for name in ("fxdebug.instrumenting", "fxdebug.monitoring.training_monitor",
+                 "fxdebug.equivalence.vector_jacobian", "fxdebug.runs.run_comparison",
+                 "fxdebug.dumping.pipeline", "fxdebug.reporting.graph_diff",
+                 "fxdebug.reporting.node_table"):
+        importlib.import_module(name)  # what `from ..instrumenting import x` does
+    importlib.import_module("fxdebug.instrument")  # loading an old pickle: old path on purpose
+    import fxdebug.monitoring.spikes as spikes  # a package of its own, not the function monitor
+    assert spikes.__name__ == "fxdebug.monitoring.spikes"
+    for package, name in ((fxdebug, "instrument"), (fxdebug, "monitor"), (fxdebug, "vjp"),
+                          (fxdebug, "dump"), (fxdebug.monitoring, "monitor"),
+                          (fxdebug.equivalence, "vjp"), (fxdebug.runs, "compare_runs"),
+                          (fxdebug.dumping, "dump"), (fxdebug.reporting, "diff"),
+                          (fxdebug.reporting, "tabular")):
+        assert type(getattr(package, name)).__name__ == "function", (package.__name__, name)
     assert sorted(set(fxdebug.__all__) - set(dir(fxdebug))) == []

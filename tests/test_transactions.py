@@ -27,7 +27,7 @@ import fxdebug.tracing.fx_tracer as fx_tracer
 from fxdebug.passes import Capture, EagerRegions, GradHooks
 from ranks import on_ranks
 
-instrument_module = importlib.import_module("fxdebug.instrumenting")  # fxdebug.instrument: the function
+instrument_module = importlib.import_module("fxdebug.instrumenting")
 
 
 class Scale:
