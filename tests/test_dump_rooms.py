@@ -79,7 +79,7 @@ def measure(gm, folder, *inputs) -> dict:
         caller = frame.f_back
         if caller is not None and caller.f_code is dump.__code__:
             unit = _unit(module)
-            if unit != "fxdebug.dumping.dump" and (not pipeline or pipeline[-1] != unit):
+            if unit != "fxdebug.dumping.pipeline" and (not pipeline or pipeline[-1] != unit):
                 pipeline.append(unit)
         caller = _fxdebug_caller(frame)
         if caller is None or frame.f_code.co_name in _TORCH_CALLBACKS:
@@ -123,7 +123,8 @@ def test_a_dump_goes_through_each_step_once_and_never_climbs(tmp_path):
     assert seen["climbs"] == []  # e.g. no callback into instrument re-tracing the model
     # it reads only downward: its own room and the rooms below it (never passes or instrument)
     assert set(seen["rooms_entered"]) <= {"fxdebug.dumping", "fxdebug.tracing", "fxdebug.runtime",
-                                          "fxdebug.frontend", "fxdebug.errors"}, seen["rooms_entered"]
+                                          "fxdebug.stats", "fxdebug.frontend", "fxdebug.base",
+                                          "fxdebug.errors"}, seen["rooms_entered"]
 
 
 if __name__ == "__main__":
