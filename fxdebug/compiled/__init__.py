@@ -10,6 +10,11 @@
     backend(inner="inductor"): an instrumenting dynamo backend      instrumenting_backend.py
     watch_nonfinite(model): the NaN watch, with check_compiled for a compiled model's
       step that the eager replay does not reproduce                 watch.py
+    the training monitor's taps inside a compiled copy              monitor_taps.py
+      └─ moment summaries as graph ops                              moments.py
+
+(What inserted nodes call while dynamo traces them stays in :mod:`fxdebug.runtime`:
+compiled_ops.py, compiled_stats.py, compiled_grads.py.)
 
 >>> import torch, fxdebug
 >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())

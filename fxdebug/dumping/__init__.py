@@ -2,7 +2,7 @@
 
 ::
 
-    dump(gm, folder, *inputs)          dump.py: the pipeline below, each step once
+    dump(gm, folder, *inputs)          pipeline.py: the pipeline below, each step once
       ├─ standalone.py                 standalone=True: fxdebug's observing nodes left out,
       │                                so the folder runs where fxdebug is not installed
       ├─ plan.py                       collect: everything the folder holds, as named values

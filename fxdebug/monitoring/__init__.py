@@ -2,7 +2,8 @@
 
 ::
 
-    monitor.py     fxdebug.monitor(model, every=N, ...): the monitor you leave on; step(loss)
+    training_monitor.py  fxdebug.monitor(model, every=N, ...): the monitor you leave on;
+                         step(loss)
     selection.py   select= by module-name pattern and module class
     statistics.py  the stats of a moment summary and their names <key>.<kind>.<stat>
     folder.py      the series folder: a JSON-lines file per rank, global lines, a manifest

@@ -23,7 +23,7 @@ Call tree::
                    values (their replays found a node), every finding; this rank's replay
               a sharded model (DTensor parameters: FSDP2, tensor parallel), instead:
               RankFlags.replay_together(watch, flagged)
-                ├─ OutcomeGroup (sharded_replay.py): a gloo group of the same ranks, made
+                ├─ OutcomeGroup (distributed/sharded_replay.py): a gloo group of these ranks, made
                 │    once, for the replay's own agreement only
                 ├─ gather: did any flagged rank confirm on its values?  (else: None)
                 ├─ every rank, flagged or not: NonfiniteWatch.replay(lockstep=True), the

@@ -2,9 +2,9 @@
 
 Nothing here changes a graph or runs a pass::
 
-    tabular(gm, *inputs)                tabular.py: one row per node (key, opcode, target,
+    tabular(gm, *inputs)                node_table.py: a row per node (key, opcode, target,
       └─ node_views(gm)                 args, shape, dtype, module, source, pass)
-    diff(before, after)                 diff.py: + / - / ~ rows, matched by name and
+    diff(before, after)                 graph_diff.py: + / - / ~ rows, matched by name and
       ├─ snapshot(gm)                   provenance (fxdebug.keys.inherit_key), and a
       └─ GraphDiff.table / code_diff    unified diff of the generated code
     plot_norms(records, "norms.png")    plots.py: activation and gradient norms per node

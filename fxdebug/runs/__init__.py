@@ -5,9 +5,11 @@
     save_records(records, path)            saved_runs.py   a manifest.json + one file of bytes
     load_records(path)                     saved_runs.py   Records again (lazily read)
     instrument(model, save_to=path)        run_writer.py   every forward written while it runs
-    compare_runs(a, b)                     compare_runs.py key by key, first divergence
+    compare_runs(a, b)                     run_comparison.py key by key, first divergence
       ├─ across dtypes: what rounding can explain        rounding.py
       └─ reference=: rounding told from bugs by a float64 run   reference.py
+
+A sharded run (a folder per rank) is assembled by :mod:`fxdebug.distributed.sharded`.
 
 >>> import os, tempfile, torch, fxdebug
 >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()))

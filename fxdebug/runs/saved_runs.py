@@ -376,7 +376,7 @@ def _load_one(path: str, run: int | None) -> SavedRecords:
         for name, shape, stats, *piece in manifest.get("parameters", []):
             records._parameter_stats_saved.append(
                 (name, tuple(shape), None if stats is None else _saved_stats(stats, version)))
-            if piece:  # its summary; a DTensor gradient's piece: its placement (.sharded_stats)
+            if piece:  # its summary; a DTensor gradient's piece: its placement (distributed/sharded_stats.py)
                 placement, mesh = (placement_of(piece[0]["placement"]) if "placement" in piece[0]
                                    else (None, None))
                 records.parameter_pieces[name] = (

@@ -9,7 +9,7 @@ these functions, and the functions write into the module's Recorder::
       │                                        where a later in-place op writes
       ├─ capture_stats(recorder, value, ...)   Records.add_stats: a large tensor summarized at
       │                                        once, small ones together when the forward ends
-      │                                        (stats_batch.py; large ones: stats_native.py)
+      │                                        (stats_batch.py; large ones: fxdebug.stats)
       ├─ own_value(x)                          a view of an input: hooks go on it, not on x
       ├─ record_grads(recorder, value, ...)    Tensor.register_hook -> Records.grads
       ├─ edit_grads(edit, value, key)          Tensor.register_hook(edit.fn) on an activation
@@ -27,11 +27,11 @@ these functions, and the functions write into the module's Recorder::
                                                compiled_ops.py; gradient hooks: compiled_grads.py
     torch.compile(fxdebug.monitor's copy)      the monitor's taps: output and gradient moment
                                                summaries as graph ops, no graph break
-                                               (monitor_taps.py, compiled_moments.py)
+                                               (fxdebug.compiled.monitor_taps)
 
 Under all of it: nested values walked one way, with ``/`` keys (values.py, on torch's
-pytree), and one way to write shapes, dtypes, errors and ``file:line`` places, with
-``torch.testing.assert_close``'s tolerances (formatting.py).
+pytree); below it, the statistics engine (:mod:`fxdebug.stats`) and the helpers every room
+uses (:mod:`fxdebug.base`: formatting, the Report base, torch_compat).
 
 Every node function is registered with ``torch.fx.node.has_side_effect`` and
 emits itself again under re-tracing. They are published here, as
