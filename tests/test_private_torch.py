@@ -214,7 +214,7 @@ def test_the_check_finds_each_kind_of_private_name(tmp_path, monkeypatch):
     (package / COMPAT / "__init__.py").write_text("from .dynamo import reset\n")
     (package / COMPAT / "dynamo.py").write_text("from torch._dynamo import reset\n")
     # a module beside the package, where torch_compat used to be one file, is not part of it
-    (package / "runtime" / "torch_compat.py").write_text("import torch._dynamo\n")
+    (package / "base" / "torch_compat.py").write_text("import torch._dynamo\n")
     (package / "bad.py").write_text(
         "import torch\nimport torch.fx as fx\nimport torch.utils._pytree as pytree\n"
         "from torch._dynamo import reset\nfrom torch.fx.graph_module import _CodeOnlyModule\n"
