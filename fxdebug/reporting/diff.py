@@ -31,7 +31,7 @@ import weakref
 
 import torch.fx as fx
 
-from ..errors import FxdebugError
+from ..errors import FxdebugError, GraphChangedError
 from ..passes.base import graph_source
 from ..tables.fit_to_width import fit_table, table_width
 from ..tables.report import Report
@@ -90,10 +90,6 @@ class GraphSnapshot:
         <GraphSnapshot 'relu': 3 nodes>
         """
         return f"<GraphSnapshot {self.name!r}: {len(self.views)} nodes>"
-
-
-class GraphChangedError(FxdebugError, RuntimeError):
-    """A diff's code was asked for after its GraphModule changed."""
 
 
 def snapshot(gm: fx.GraphModule, name: str = "", *inputs, lazy_code: bool = False
