@@ -330,7 +330,7 @@ def _entry_points(tmp_path):
         "find_nonfinite": lambda: fxdebug.find_nonfinite(model, x),
         "jacobian_norms": lambda: fxdebug.jacobian_norms(model, x, samples=2),
         "lint_inplace": lambda: fxdebug.lint_inplace(model, x),
-        "vjp": lambda: fxdebug.vjp(model, x, of="head", wrt="conv"),
+        "vjp": lambda: fxdebug.vjp(model, x, output="head", wrt="conv"),
         "dump": lambda: fxdebug.dump(instrumented, tmp_path / "dump", x, overwrite=True),
         "report": lambda: fxdebug.report(instrumented, tmp_path / "report.html"),
         "watch_nonfinite": watch,

@@ -15,7 +15,7 @@
 >>> class Log(torch.nn.Module):
 ...     def forward(self, x):
 ...         return torch.log(x)
->>> fxdebug.nonfinite.find_nonfinite(Log(), -torch.ones(2), backward=False).ok
+>>> fxdebug.nonfinite.find_nonfinite(Log(), -torch.ones(2), grads=False).ok
 False
 """
 
