@@ -142,7 +142,7 @@ class StaleCaptureError(FxdebugError):
 
 
 class SavedRunError(FxdebugError):
-    """A saved run (``fxdebug.save_records``, ``instrument(..., save_to=)``) that cannot be read
+    """A saved run (``fxdebug.save_records``, ``instrument(..., folder=)``) that cannot be read
     or written: a missing folder, a truncated or corrupt file, a newer format, a failed write.
 
     The message names the file and what to do.

@@ -34,7 +34,7 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
-from .errors import FxdebugError, TraceFailure
+from .errors import FxdebugError, TraceFailure, deprecated, renamed_arguments
 from .passes import Capture, EagerRegions, GradHooks, Pass, as_pass
 from .passes.base import run_passes
 from .runtime import RECORDER_ATTR, Recorder, Records, capture, capture_stats, tensor_stats
@@ -58,9 +58,10 @@ __all__ = ["instrument", "records", "accumulate_stats", "build_pipeline", "run_p
            "set_step", "flush"]
 
 
+@renamed_arguments({"save_to": "folder"})
 def instrument(model: torch.nn.Module, capture="modules", depth: int | None = None,
                include=None, exclude=None, grads: bool = False, mode: str = "tensor",
-               passes: Sequence = (), save_to: str | os.PathLike | None = None) -> torch.nn.Module:
+               passes: Sequence = (), folder: str | os.PathLike | None = None) -> torch.nn.Module:
     """Trace ``model`` (unless it is a GraphModule) and insert capture nodes.
 
     Args:
@@ -78,11 +79,11 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
             mean/std/min/max/zeros %/non-finite count.
         passes: more passes (``fxdebug.passes.Pass`` or functions
             ``gm -> gm``) run after the capture pass.
-        save_to: a folder: every forward is written there as a numbered run
-            (``run-000001``, ...) while it runs, and its captures leave memory
-            once written (see :mod:`fxdebug.runs.run_writer`);
-            ``records(gm)`` reads the latest run back, :func:`load_records`
-            any run, :func:`set_step` tags runs, :func:`flush` finishes writing.
+        folder: a folder (``instrument(folder=)`` before): every forward is written there as a
+            numbered run (``run-000001``, ...) while it runs, and its captures leave
+            memory once written (see :mod:`fxdebug.runs.run_writer`);
+            ``records(gm)`` finishes writing and reads the latest run back,
+            :func:`load_records` any run, :func:`set_step` tags runs.
 
     Returns:
         ``torch.nn.Module``: usually a ``torch.fx.GraphModule`` whose graph and
@@ -118,7 +119,7 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
         raise TypeError(f"fxdebug.instrument expects an nn.Module or a GraphModule, "
                         f"got {type(model).__name__}.")
     with model_transaction(model, "fxdebug.instrument") as snapshot:  # a failure: put back
-        return _instrument(model, capture, depth, include, exclude, grads, mode, passes, save_to,
+        return _instrument(model, capture, depth, include, exclude, grads, mode, passes, folder,
                            snapshot)
 
 
@@ -262,7 +263,10 @@ def run_pipeline(gm: fx.GraphModule, pipeline, recompile: bool = True) -> fx.Gra
 
 
 def records(gm: torch.nn.Module) -> Records:
-    """The Records of the latest forward of an instrumented module.
+    """The Records of the latest forward of an instrumented module (``instrument(model)``,
+    ``torch.compile`` of one) or of a model compiled with ``backend=fxdebug.backend()`` (pass
+    the backend). For a module instrumented with ``folder=``, the run is finished writing
+    and read back from disk.
 
     Example::
 
@@ -287,10 +291,11 @@ def records(gm: torch.nn.Module) -> Records:
         return shared.latest
     latest = recorder.latest
     writer = getattr(recorder, "run_writer", None)
-    if writer is not None and writer.folder is not None:  # save_to: the latest run, from disk
+    if writer is not None and writer.folder is not None:  # folder=: the latest run, from disk
         _flush_writer(gm, writer)
         return load_records(writer.folder)
-    latest.bind_parameters(gm.named_parameters())
+    if isinstance(gm, torch.nn.Module):  # (fxdebug.backend(): the compiled model owns them)
+        latest.bind_parameters(gm.named_parameters())
     latest.locations = getattr(recorder, "locations", {})
     return latest
 
@@ -322,23 +327,21 @@ def set_step(gm: torch.nn.Module, step) -> None:
 
 
 def flush(gm: torch.nn.Module) -> None:
-    """Finish writing what ``instrument(..., save_to=path)`` queued: every capture and the
-    latest run's manifest; stop the writer thread (it starts again with the next forward).
-
-    Raises :class:`~fxdebug.errors.SavedRunError` if writing failed (a full disk), naming
-    the run. Nothing to do for a module instrumented without ``save_to``. The same
-    happens at exit, so a script needs it only before reading the runs itself.
+    """Deprecated: :func:`records` finishes writing what ``instrument(..., folder=)`` queued
+    (every capture and the latest run's manifest) and reads the run back;
+    :func:`~fxdebug.load_records` of that folder and the process's exit finish it too.
 
     Example::
 
-        >>> import os, tempfile, torch, fxdebug
+        >>> import os, tempfile, warnings, torch, fxdebug
         >>> folder = os.path.join(tempfile.mkdtemp(), "runs")
-        >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), save_to=folder)
+        >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), folder=folder)
         >>> _ = gm(torch.ones(2))
-        >>> fxdebug.flush(gm)
-        >>> fxdebug.load_records(folder).keys()
+        >>> fxdebug.records(gm).keys()   # instead of fxdebug.flush(gm)
         ['0']
     """
+    deprecated("fxdebug.flush(gm)", "fxdebug.records(gm), which finishes writing the run and "
+               "reads it back (load_records(folder) and the process's exit finish it too)")
     writer = getattr(_recorder_of(gm, "flush"), "run_writer", None)
     if writer is not None:
         _flush_writer(compiled_inner(gm) or gm, writer)

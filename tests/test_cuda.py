@@ -250,9 +250,9 @@ def test_a_saved_gpu_run_compares_with_a_cpu_run_and_finds_a_changed_weight(tmp_
     x = torch.randn(2, 3, 64, 64, device=DEVICE)
     cpu_model = resnet().eval().cpu()
     with torch.no_grad():
-        gm = fxdebug.instrument(model, save_to=str(tmp_path / "gpu"))
+        gm = fxdebug.instrument(model, folder=str(tmp_path / "gpu"))
         gm(x)
-        fxdebug.flush(gm)
+        fxdebug.records(gm)
         cpu_gm = fxdebug.instrument(cpu_model)
         cpu_gm(x.cpu())
     saved = fxdebug.load_records(str(tmp_path / "gpu"))

@@ -4,7 +4,7 @@
 
     save_records(records, path)            saved_runs.py   a manifest.json + one file of bytes
     load_records(path)                     saved_runs.py   Records again (lazily read)
-    instrument(model, save_to=path)        run_writer.py   every forward written while it runs
+    instrument(model, folder=path)        run_writer.py   every forward written while it runs
     compare_runs(a, b)                     compare_runs.py key by key, first divergence
       ├─ across dtypes: what rounding can explain        rounding.py
       └─ reference=: rounding told from bugs by a float64 run   reference.py

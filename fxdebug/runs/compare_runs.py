@@ -279,7 +279,7 @@ def compare_runs(a, b, rtol: float | None = None, atol: float | None = None, *,
                  reference=None, reference_factor: float = REFERENCE_FACTOR,
                  reference_floor: float | None = None) -> RunComparison:
     """Compare two runs key by key: Records (``fxdebug.records(gm)``, ``load_records``) or
-    folders of saved runs (the latest run in a ``save_to`` folder).
+    folders of saved runs (the latest run in an ``instrument(folder=)`` folder).
 
     ``rtol`` / ``atol`` default to ``torch.testing.assert_close``'s for the
     narrower dtype of each pair. Relative errors are taken against run ``a``.
