@@ -79,7 +79,7 @@ def dumps(label, model, x, root):
         plain.to_folder(fresh("tofolder"), "Model")
 
     def dump():
-        fxdebug.dump(gm, fresh("dump"), x)
+        fxdebug.dump(gm, x, folder=fresh("dump"))
     return {f"torch to_folder, {label}": to_folder, f"fxdebug.dump, {label}": dump}
 
 

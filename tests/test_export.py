@@ -118,7 +118,7 @@ def test_export_equivalence_table_and_dump(resnet, tmp_path):
     assert "layer1.0.conv1.conv2d" in table and "aten.conv2d.default" in table
     assert not re.search(r"0x[0-9a-f]{6}", table)
     instrumented = fxdebug.instrument(exported, capture=["layer2"])
-    fxdebug.dump(instrumented, tmp_path / "resnet_export", x)
+    fxdebug.dump(instrumented, x, folder=tmp_path / "resnet_export")
     sys.path.insert(0, str(tmp_path))
     try:
         loaded = importlib.import_module("resnet_export").load()

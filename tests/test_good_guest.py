@@ -181,7 +181,7 @@ def test_user_code_runs_with_the_collector_as_the_user_left_it(enabled, tmp_path
         gm(x).sum().backward()
         fxdebug.diff(fxdebug.trace(model, leaf_modules=[_Probe]), gm)
         fxdebug.tabular(gm)
-        fxdebug.dump(gm, tmp_path / "dump", x)  # runs forward and backward of the model
+        fxdebug.dump(gm, x, folder=tmp_path / "dump")  # runs forward and backward of the model
         assert gc.isenabled() == enabled
     finally:
         (gc.enable if was else gc.disable)()
@@ -331,7 +331,7 @@ def _entry_points(tmp_path):
         "jacobian_norms": lambda: fxdebug.jacobian_norms(model, x, samples=2),
         "lint_inplace": lambda: fxdebug.lint_inplace(model, x),
         "vjp": lambda: fxdebug.vjp(model, x, output="head", wrt="conv"),
-        "dump": lambda: fxdebug.dump(instrumented, tmp_path / "dump", x, overwrite=True),
+        "dump": lambda: fxdebug.dump(instrumented, x, folder=tmp_path / "dump", overwrite=True),
         "report": lambda: fxdebug.report(instrumented, tmp_path / "report.html"),
         "watch_nonfinite": watch,
         "compare_ranks, watch_nonfinite under torch.distributed": ranks,

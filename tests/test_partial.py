@@ -268,7 +268,7 @@ def test_parts_work_alone(tmp_path):
     assert not ADDRESS.search(fxdebug.tabular(part, *args))
     before = traced_parts(instrumented)["block"]
     assert any(row.mark == "+" and row.key == "block.mul" for row in fxdebug.diff(before, part).rows)
-    folder = fxdebug.dump(part, tmp_path / "block_part", *args)
+    folder = fxdebug.dump(part, *args, folder=tmp_path / "block_part")
     sys.path.insert(0, str(tmp_path))
     try:
         loaded = importlib.import_module("block_part").load()
@@ -337,4 +337,4 @@ def test_whole_model_tools_say_to_use_the_parts(tmp_path):
     assert report.ok
     assert any("cannot be traced as a whole" in note for note in report.notes)
     with pytest.raises(fxdebug.TraceFailure, match=r"fxdebug.traced_parts\(model\)"):
-        fxdebug.dump(instrumented, tmp_path / "whole", *flow_inputs())
+        fxdebug.dump(instrumented, *flow_inputs(), folder=tmp_path / "whole")
