@@ -82,7 +82,8 @@ def test_report_of_a_three_pass_run_holds_four_snapshots():
     model = TwoSubs()
     pm = fxdebug.PassManager([Capture(), GradHooks(), lambda gm: gm], check_inputs=(x,))
     with pytest.warns(UserWarning, match="pass '<lambda>' changed nothing in the graph"):
-        gm, report = pm.run(model)
+        result = pm.run(model)
+        gm, report = result.graph_module, result.report
     assert len(report.snapshots) == 4
     assert [stage.name for stage in report.stages] == ["input", "capture", "grads", "<lambda>"]
     assert [stage.modified for stage in report.stages[1:]] == [True, True, False]
