@@ -21,6 +21,7 @@ import torchvision
 
 import fxdebug
 from fxdebug.partial.trace_parts import is_partial, part_inputs, traced_parts
+from fxdebug.reporting.tabular import tabular_text
 from hooks import hook_captures
 from partial_models import Flow, Wrapper, flow_inputs
 from subprocesses import fxdebug_cli, outputs_under_hash_seeds
@@ -265,7 +266,7 @@ def test_parts_work_alone(tmp_path):
     with torch.no_grad():
         alone = part(*args)
     assert fxdebug.records(part).keys() == ["block.fc", "block.act", "block"]
-    assert not ADDRESS.search(fxdebug.tabular(part, *args))
+    assert not ADDRESS.search(tabular_text(part, *args))
     before = traced_parts(instrumented)["block"]
     assert any(row.mark == "+" and row.key == "block.mul" for row in fxdebug.diff(before, part).rows)
     folder = fxdebug.dump(part, *args, folder=tmp_path / "block_part")

@@ -1,7 +1,7 @@
 """``diff(before, after)``: what a pass did to a graph, as rows and as a code diff.
 
 Nodes are matched by name, and where a pass replaced a node (recorded with
-:func:`fxdebug.keys.inherit_key`) by provenance. Each row is marked::
+:func:`fxdebug.passes.inherit_key`) by provenance. Each row is marked::
 
     +  added          -  removed          ~  changed (target, args or kwargs)
 
@@ -39,7 +39,7 @@ from ..tracing.keys import META_PROVENANCE
 from .html import diff_html
 from .tabular import COLUMNS, NodeView, node_views
 
-__all__ = ["diff", "GraphDiff", "DiffRow", "GraphSnapshot", "GraphChangedError", "snapshot"]
+__all__ = ["diff", "GraphDiff", "DiffRow", "GraphSnapshot", "snapshot"]
 
 # Columns of GraphDiff.table a narrow terminal gives up first.
 DIFF_DROP = ("kwargs", "name", "opcode", "pass", "args")

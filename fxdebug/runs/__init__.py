@@ -18,9 +18,12 @@ True
 """
 
 from .compare_runs import RunComparison, RunEntry, compare_runs
-from .reference import ReferenceMismatchError
 from .run_writer import RunWriter
 from .saved_runs import SavedRecords, load_records, save_records
+from .sharded import ShardedRecords
+from .. import errors as _errors
 
-__all__ = ["save_records", "load_records", "SavedRecords", "RunWriter", "compare_runs",
-           "RunComparison", "RunEntry", "ReferenceMismatchError"]
+ReferenceMismatchError = _errors.ReferenceMismatchError  # its old path (defined in fxdebug.errors)
+
+__all__ = ["save_records", "load_records", "SavedRecords", "ShardedRecords", "RunWriter",
+           "compare_runs", "RunComparison", "RunEntry"]

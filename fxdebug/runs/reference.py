@@ -49,7 +49,7 @@ from ..runtime.records import Record, Records
 
 __all__ = ["REFERENCE_FACTOR", "REFERENCE_FLOOR_EPS", "STATS_FLOOR_EPS", "relative_error", "stats_error",
            "reference_errors", "reference_floor", "check_reference_keys", "ReferenceCheck",
-           "ReferenceMismatchError", "LastBits"]
+           "LastBits"]
 
 REFERENCE_FACTOR = 4.0
 """Run b diverges at a key where its error against the reference exceeds this many times a's."""
