@@ -59,11 +59,12 @@ _LAZY = {
                     "fxdebug.errors"),
 }
 
-# Old names, for one release: name -> (module, attribute, the new spelling the warning names).
+# Old names, for one release: name -> (module, attribute, the new spelling the warning names;
+# "" where the function warns when called).
 _DEPRECATED = {
     "tabular": ("fxdebug.reporting.tabular", "tabular_text",
                 "fxdebug.print_tabular(gm, *inputs) (file=io.StringIO() for the text)"),
-    "flush": ("fxdebug.instrument", "flush", "fxdebug.records(gm)"),
+    "flush": ("fxdebug.instrument", "flush", ""),
     "keys": ("fxdebug.tracing.keys", "", "fxdebug.passes.inherit_key"),
 }
 
@@ -86,8 +87,9 @@ def _other_attribute(name: str) -> Any:
     (``fxdebug.runtime``: pickles and dumped folders import it; ``fxdebug.equivalence``)."""
     if name in _DEPRECATED:
         module_name, attribute, new = _DEPRECATED[name]
-        from .errors import deprecated
-        deprecated(f"fxdebug.{name}", new, stacklevel=4)
+        if new:
+            from .errors import deprecated
+            deprecated(f"fxdebug.{name}", new, stacklevel=4)
         module = importlib.import_module(module_name)
         return getattr(module, attribute) if attribute else module
     if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
