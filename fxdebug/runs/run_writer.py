@@ -7,23 +7,23 @@ it is made and the forward goes on; the thread writes its bytes (the format of
 :mod:`.saved_runs`) and lets it go, so a run holds at most ``limit_bytes`` of
 captures not yet written: a forward waits for the writer when more are queued.
 The run's ``manifest.json`` is written when the next forward starts, at
-:func:`flush`, when :func:`~fxdebug.load_records` of this process reads that folder
-(even after the module was deleted), and when the process exits.
+:func:`~fxdebug.records` of the module, when :func:`~fxdebug.load_records` of this
+process reads that folder (even after the module was deleted), and when the process exits.
 
 A view captured from the model is written after the forward has moved on: its
 version counter is checked when it is written, and a tensor written in place
 since its capture is saved as stale (never shown), as in memory.
 
 Errors in the thread (a full disk) are raised by the next forward or by
-:func:`flush`, naming the run folder. The thread is a daemon, stops at
-:func:`flush` (it starts again with the next capture) and is flushed and
+:func:`~fxdebug.records`, naming the run folder. The thread is a daemon, stops at
+:func:`~fxdebug.records` (it starts again with the next capture) and is flushed and
 stopped at exit.
 
 >>> import os, tempfile, torch, fxdebug
 >>> folder = os.path.join(tempfile.mkdtemp(), "runs")
 >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), folder=folder)
 >>> _ = gm(torch.tensor([-1.0, 2.0])); _ = gm(torch.tensor([3.0, -4.0]))
->>> fxdebug.flush(gm)
+>>> _ = fxdebug.records(gm)  # every run written
 >>> sorted(os.listdir(folder)), fxdebug.load_records(folder)["0"]
 (['run-000001', 'run-000002'], tensor([3., 0.]))
 """
