@@ -68,6 +68,7 @@ _DEPRECATED = {
     "keys": ("fxdebug.tracing.keys", "", "fxdebug.passes.inherit_key"),
 }
 
+
 def __getattr__(name: str) -> Any:
     module_name = _LAZY.get(name)
     if module_name is None:
