@@ -178,7 +178,7 @@ SCRIPT = textwrap.dedent("""
     gm = fxdebug.instrument(fxdebug.trace(DimBranch().eval(), torch.randn(3, 9, 9), frontend="export"))
     gm(torch.randn(3, 9, 9))
     print(gm.code)
-    print(tabular_text(gm, torch.randn(3, 9, 9)))
+    fxdebug.print_tabular(gm, torch.randn(3, 9, 9))
     print(fxdebug.records(gm).table())
 """)
 
