@@ -22,6 +22,8 @@ Runs, each in its own interpreter (so no benchmark warms another's caches)::
     monitor      monitor_cost.py       fxdebug.monitor's training steps (off, logged, after a
                                        logged one) vs plain and stats mode, resnet50 and
                                        GPT-2 small; compiled (inductor) vs the floor
+    precision    precision_cost.py     precision_sensitivity: seconds per candidate node and
+                                       choose(), resnet18 and a tiny GPT-2, vs a plain step
 
 and prints one GitHub table: benchmark, model, variant, median, the benchmark's
 spread column (min, or max - min of the repeats) and the ratio with what it is a
@@ -65,6 +67,7 @@ BENCHMARKS = [
     ("sharded-zoo", "sharded_zoo.py", [], ["--quick"]),
     ("host", "host_overhead.py", [], ["--quick"]),
     ("monitor", "monitor_cost.py", [], ["--quick"]),
+    ("precision", "precision_cost.py", [], ["--quick"]),
 ]
 
 

@@ -51,6 +51,10 @@ _LAZY = {
     "monitor": "fxdebug.monitor.monitor",
     **dict.fromkeys(("Monitor", "load_series", "Series", "DriftReport"), "fxdebug.monitor"),
     "SpikeReport": "fxdebug.monitor.spike_report",
+    # precision what-if
+    "fake_precision": "fxdebug.passes.fake_precision",
+    **dict.fromkeys(("precision_sensitivity", "SensitivityReport", "SensitivityEntry",
+                     "PrecisionChoice"), "fxdebug.precision"),
     # errors and warnings
     **dict.fromkeys(("FxdebugError", "TraceFailure", "SelectionError", "PassEquivalenceError",
                      "StaleCaptureError", "SavedRunError", "GraphChangedError",

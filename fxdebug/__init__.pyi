@@ -59,6 +59,11 @@ from .monitor import load_series as load_series
 from .monitor import Series as Series
 from .monitor import DriftReport as DriftReport
 from .monitor.spike_report import SpikeReport as SpikeReport
+from .passes.fake_precision import fake_precision as fake_precision
+from .precision import precision_sensitivity as precision_sensitivity
+from .precision import SensitivityReport as SensitivityReport
+from .precision import SensitivityEntry as SensitivityEntry
+from .precision import PrecisionChoice as PrecisionChoice
 from .errors import FxdebugError as FxdebugError
 from .errors import TraceFailure as TraceFailure
 from .errors import SelectionError as SelectionError
@@ -129,6 +134,11 @@ __all__ = [
     'Series',
     'DriftReport',
     'SpikeReport',
+    'fake_precision',
+    'precision_sensitivity',
+    'SensitivityReport',
+    'SensitivityEntry',
+    'PrecisionChoice',
     'FxdebugError',
     'TraceFailure',
     'SelectionError',

@@ -180,7 +180,7 @@ def unwrap_compiled(model: torch.nn.Module, caller: str) -> torch.nn.Module:
             f"compiled code computes), or record compiled graphs with torch.compile(model, "
             f"backend=fxdebug.backend(inner=...))" if caller == "fxdebug.instrument" else
             "compile the result again if it must run compiled; fxdebug.backend(inner=...) "
-            f"records what compiled graphs compute")
+            "records what compiled graphs compute")
     warnings.warn(f"{caller} got a torch.compile'd module: it works on the module inside "
                   f"({type(inner).__name__}, OptimizedModule._orig_mod) and returns an eager "
                   f"module; {then}.", EagerFallbackWarning, stacklevel=caller_stacklevel())

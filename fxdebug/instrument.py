@@ -3,21 +3,26 @@
 Call tree::
 
     instrument(model)                      a transaction: any failure puts the model back
-      ├─ tracing.unwrap_compiled(model)    torch.compile(m) given: instrument m, one warning
-      ├─ tracing.trace(model)              unless it is a GraphModule already
-      │    └─ TraceFailure of the root:     tracing.instrument_parts(model, _instrument_part):
+      ├─ frontend.unwrap_compiled(model)   torch.compile(m) given: instrument m, one warning
+      ├─ partial.is_partial(model)         already part by part: instrument_parts, below
+      ├─ tracing.keyed_copy(gm)            a GraphModule: the caller's module is never edited
+      ├─ frontend.trace_in_transaction     any other module: traced (fx, else export)
+      │    └─ TraceFailure of the root:     partial.instrument_parts(model, _instrument_part):
       │                                     each module traced when first called, specialised
       │                                     to the call, instrumented by the same pipeline;
       │                                     what cannot be traced runs eagerly
-      ├─ tracing.keyed_copy(gm)            a GraphModule: the caller's module is never edited
-      ├─ passes.Capture(...)               capture nodes + recorder
-      ├─ passes.GradHooks(...)             with grads=True: gradient-recording nodes
-      ├─ passes.EagerRegions(...)          leaf modules called as one node (auto-leaves,
-      │                                    TransformerEncoder): capture inside them too
-      ├─ user passes                       run in the order given
-      │                                    (all by passes.run_passes: lint after each
-      │                                    that may have changed the graph, a failure named)
-      └─ recompile()                       once, after every pass
+      ├─ run_pipeline(gm, build_pipeline(...) + passes)
+      │    ├─ passes.Capture(...)          capture nodes + recorder
+      │    ├─ passes.GradHooks(...)        with grads=True: gradient-recording nodes
+      │    ├─ passes.EagerRegions(...)     leaf modules called as one node (auto-leaves,
+      │    │                               TransformerEncoder): capture inside them too
+      │    ├─ user passes                  run in the order given (all by
+      │    │                               passes.base.run_passes: lint after each that
+      │    │                               may have changed the graph, a failure named)
+      │    └─ DebugGraphModule.defer_recompile()   once, after every pass: the code is
+      │                                    generated on first use
+      ├─ tracing.modes.follow_modes(gm, model, ...)   its graph follows model.train()/eval()
+      └─ runs.run_writer.RunWriter         with folder=: each run streamed to the folder
     gm(x)                                  begin_run, then every capture node
     torch.compile(gm)(x)                   the same nodes as custom ops in the compiled
                                            graphs: the compiled code's values (see
@@ -37,7 +42,7 @@ import torch.fx as fx
 from .errors import FxdebugError, TraceFailure, deprecated, renamed_arguments
 from .passes import Capture, EagerRegions, GradHooks, Pass, as_pass
 from .passes.base import run_passes
-from .runtime import RECORDER_ATTR, Recorder, Records, capture, capture_stats, tensor_stats
+from .runtime import RECORDER_ATTR, Recorder, Records, capture, capture_stats
 from .runs.run_writer import RunWriter
 from .runs.saved_runs import load_records
 from .runtime.placement import parameter_pieces
@@ -79,7 +84,7 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
             mean/std/min/max/zeros %/non-finite count.
         passes: more passes (``fxdebug.passes.Pass`` or functions
             ``gm -> gm``) run after the capture pass.
-        folder: a folder (``instrument(folder=)`` before): every forward is written there as a
+        folder: a folder (``save_to=`` before): every forward is written there as a
             numbered run (``run-000001``, ...) while it runs, and its captures leave
             memory once written (see :mod:`fxdebug.runs.run_writer`);
             ``records(gm)`` finishes writing and reads the latest run back,
@@ -124,7 +129,7 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
 
 
 def _instrument(model, capture, depth, include, exclude, grads, mode, passes,
-                save_to, snapshot) -> torch.nn.Module:
+                folder, snapshot) -> torch.nn.Module:
     inner = unwrap_compiled(model, "fxdebug.instrument")
     if inner is not model:
         model, snapshot = inner, None  # the snapshot is the wrapper's
@@ -133,7 +138,7 @@ def _instrument(model, capture, depth, include, exclude, grads, mode, passes,
     user_passes = [as_pass(p) for p in passes]
     instrument_part = functools.partial(_instrument_part, user_passes=user_passes)
     if is_partial(model):
-        return _saving(instrument_parts(model, instrument_part, **arguments), save_to)
+        return _saving(instrument_parts(model, instrument_part, **arguments), folder)
     gm: fx.GraphModule
     if isinstance(model, fx.GraphModule):
         gm = keyed_copy(model, recompile=False)  # run_pipeline recompiles once
@@ -144,7 +149,7 @@ def _instrument(model, capture, depth, include, exclude, grads, mode, passes,
             if next(model.children(), None) is None:
                 raise  # no submodules: there are no parts, the TraceFailure says what to do
             return _saving(instrument_parts(model, instrument_part, **arguments,
-                                            failure=failure), save_to)
+                                            failure=failure), folder)
     gm = run_pipeline(gm, build_pipeline(**arguments) + user_passes)
     if not isinstance(model, fx.GraphModule):  # its graph follows model.train() / eval()
         follow_modes(gm, model, functools.partial(_instrument_mode, arguments=arguments,
@@ -158,8 +163,8 @@ def _instrument(model, capture, depth, include, exclude, grads, mode, passes,
         return gm
     locations = capture_locations(gm)
     recorder.locations = locations  # type: ignore[assignment]  # (a module takes any value)
-    if save_to is not None:
-        writer = RunWriter(save_to)
+    if folder is not None:
+        writer = RunWriter(folder)
         writer.locations = locations
         recorder.run_writer = writer  # type: ignore[assignment]
     return gm
@@ -199,12 +204,12 @@ def _after_mode_switch(gm: fx.GraphModule) -> None:
             writer.locations = recorder.locations
 
 
-def _saving(partial: torch.nn.Module, save_to) -> torch.nn.Module:
-    """A part-by-part model that writes each run to ``save_to`` (if given): its one shared
+def _saving(partial: torch.nn.Module, folder) -> torch.nn.Module:
+    """A part-by-part model that writes each run to ``folder`` (if given): its one shared
     recorder, which every part and eager capture writes into, streams as a traced one does."""
     recorder = getattr(partial, RECORDER_ATTR, None)
-    if save_to is not None and isinstance(recorder, Recorder):
-        writer = RunWriter(save_to)
+    if folder is not None and isinstance(recorder, Recorder):
+        writer = RunWriter(folder)
         writer.locations = {}
         recorder.run_writer = writer  # type: ignore[assignment]
     return partial

@@ -5,7 +5,7 @@ Call tree::
     PassManager(passes, check_inputs=(x,)).run(model)
       ├─ trace(model)                      unless it is a GraphModule (then a keyed copy)
       ├─ snapshot "input"                  code + node table
-      └─ passes.run_passes(gm, passes, after_each=record_stage)    the one pass runner
+      └─ passes.base.run_passes(gm, passes, after_each=record_stage)   the one pass runner
            ├─ pass.apply(gm); graph.lint()  an fxdebug Pass, a torch PassBase, or a
            │                               function gm -> PassResult | gm | None
            └─ record_stage

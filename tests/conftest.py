@@ -12,6 +12,10 @@ import torch
 from hooks import hook_captures
 
 
+# Artifacts an older fxdebug wrote (tests/test_old_artifacts.py reads them): a dumped folder's
+# run.py carries that fxdebug's doctests, which are not this code's to run.
+collect_ignore = ["fixtures"]
+
 # pytest-xdist's workers start with COLUMNS=80 and LINES=24 in their environment; fxdebug fits
 # tables to COLUMNS, so each worker gets back the values (or their absence) of the pytest command.
 _TERMINAL = ("COLUMNS", "LINES")

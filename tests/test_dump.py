@@ -48,14 +48,14 @@ CHILD = textwrap.dedent("""
     import contextlib, importlib, io, json, os, runpy, sys
     import torch
     from fxdebug.dumping.numeric_settings import apply_settings
+    from folder_import import import_folder
     moved, results, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    sys.path.insert(0, moved)
     out = {}
     for name in sorted(os.listdir(moved)):
         torch.set_num_threads(threads)                   # not the dumping process's count
         with open(os.path.join(moved, name, "settings.json")) as handle:
             applied, failed = apply_settings(json.load(handle)["settings"])
-        package = importlib.import_module(name)          # the folder is a package
+        package = import_folder(os.path.join(moved, name))  # the folder is a package
         model = package.load()
         inputs = torch.load(os.path.join(moved, name, "inputs.pt"), weights_only=True)
         with torch.no_grad():

@@ -33,8 +33,7 @@ import torchvision
 import fxdebug
 import fxdebug.dumping
 
-sys.path.insert(0, os.path.dirname(__file__))
-from test_layout import _stage  # noqa: E402
+from test_layout import _stage  # tests/ is on the path (pyproject's pythonpath, PYTHONPATH)
 
 _TORCH_CALLBACKS = ("__torch_dispatch__", "__torch_function__")
 

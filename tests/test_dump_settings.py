@@ -39,9 +39,8 @@ RUN_PY = ("import runpy, sys, torch\n"
           "    print('exit', exc.code)\n" + READ_BACK + "\n")
 
 LOAD = ("import sys, torch\n"
-        "sys.path.insert(0, sys.argv[1])\n"
-        "from dumped import load\n"
-        "model = load()\n"
+        "from folder_import import import_folder\n"
+        "model = import_folder(sys.argv[1] + '/dumped').load()\n"
         "inputs = torch.load(sys.argv[1] + '/dumped/inputs.pt', weights_only=True)\n"
         "print('dtype:', model(*inputs).dtype)\n" + READ_BACK + "\n")
 

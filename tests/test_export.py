@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
-import sys
 import textwrap
 import warnings
 
@@ -16,6 +14,7 @@ from torch import nn
 
 import fxdebug
 from fxdebug.reporting.tabular import tabular_text
+from folder_import import import_folder
 from hooks import hook_captures
 from subprocesses import outputs_under_hash_seeds
 
@@ -120,11 +119,7 @@ def test_export_equivalence_table_and_dump(resnet, tmp_path):
     assert not re.search(r"0x[0-9a-f]{6}", table)
     instrumented = fxdebug.instrument(exported, capture=["layer2"])
     fxdebug.dump(instrumented, x, folder=tmp_path / "resnet_export")
-    sys.path.insert(0, str(tmp_path))
-    try:
-        loaded = importlib.import_module("resnet_export").load()
-    finally:
-        sys.path.remove(str(tmp_path))
+    loaded = import_folder(tmp_path / "resnet_export").load()
     with torch.no_grad():
         assert torch.equal(loaded(x), model(x))
         assert torch.equal(fxdebug.records(loaded)["layer2"], hook_captures(model, x)["layer2"])

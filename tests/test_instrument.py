@@ -67,7 +67,6 @@ def test_captures_equal_forward_hooks(name, hooks):
 
 def test_reused_module_captured_per_call(hooks):
     model, x = _build("reuse")
-    rec_keys = fxdebug.records  # noqa: F841 (readability)
     gm = fxdebug.instrument(model)
     with torch.no_grad():
         gm(x)

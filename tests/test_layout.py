@@ -31,6 +31,7 @@ STAGES = {
     "fxdebug.instrument": 13,
     "fxdebug.pass_manager": 13,
     "fxdebug.testing": 13,
+    "fxdebug.precision": 13,
     "fxdebug.monitor": 14,
     "fxdebug.cli": 15,
     "fxdebug.__main__": 16,

@@ -111,36 +111,77 @@ def test_pytree_specs_exist_before_first_use():
 
 
 def test_first_calls_from_two_threads_both_run_the_generated_code():
-    """The code is generated once while the other thread's first call waits for it."""
+    """The code is generated once while the other thread's first call waits for it: the
+    thread generating it sees the other one inside ``_realize``, blocked on the lock."""
+    for _ in range(3):
+        race = _first_calls(overlap=True, patience=10.0)
+        assert len(race["generated_by"]) == 1, "the code was generated more than once"
+        assert race["waiting_in"] == ["_realize"], (
+            "the other thread's first call was never seen waiting while the code was generated: "
+            "the threads did not interleave")
+        assert not race["errors"] and len(race["results"]) == 2, race["errors"]
+        assert all(torch.equal(out, race["eager"]) for out in race["results"])
+
+
+def test_the_race_check_sees_no_overlap_when_the_calls_run_one_after_the_other():
+    race = _first_calls(overlap=False, patience=0.2)
+    assert race["waiting_in"] == [] and len(race["results"]) == 2
+
+
+def _first_calls(overlap: bool, patience: float) -> dict:
+    """First calls of a lazily generated module from two threads, released together by a
+    barrier (``overlap``) or the second only after the first returned. While one thread
+    generates the code (in its module class's ``recompile``), it looks at the other thread's
+    stack for up to ``patience`` seconds: ``waiting_in`` lists ``_realize`` if the other was
+    seen inside it."""
     import sys
     import threading
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads often: inside the code generation too
-    try:
-        _two_threads_first_calls()
-    finally:
-        sys.setswitchinterval(interval)
+    import time
+    model = torch.nn.Sequential(*[layer for _ in range(20) for layer in (
+        torch.nn.Linear(4, 4), torch.nn.ReLU())])
+    gm = fxdebug.instrument(model)
+    x = torch.randn(3, 4)
+    race: dict = {"generated_by": [], "waiting_in": [], "results": [], "errors": [],
+                  "eager": model(x)}
+    idents: list[int] = []
+    barrier = threading.Barrier(2) if overlap else None
+    cls = type(gm)  # this module's own class: patching it touches no other module
+    original = cls.recompile
 
+    def recompile(self):
+        me = threading.get_ident()
+        race["generated_by"].append(me)
+        deadline = time.monotonic() + patience
+        while time.monotonic() < deadline and not race["waiting_in"]:
+            for other in idents:
+                frame = sys._current_frames().get(other) if other != me else None
+                while frame is not None:
+                    if frame.f_code.co_name == "_realize":
+                        race["waiting_in"].append("_realize")
+                        break
+                    frame = frame.f_back
+            time.sleep(0.001)
+        return original(self)
 
-def _two_threads_first_calls():
-    import threading
-    for _ in range(5):
-        model = torch.nn.Sequential(*[layer for _ in range(50) for layer in (
-            torch.nn.Linear(4, 4), torch.nn.ReLU())])
-        gm = fxdebug.instrument(model)
-        x = torch.randn(3, 4)
-        barrier, results, errors = threading.Barrier(2), [], []
-
-        def first_call():
+    def first_call():
+        idents.append(threading.get_ident())
+        if barrier is not None:
             barrier.wait()
-            try:
-                results.append(gm(x))
-            except Exception as error:  # noqa: BLE001 - reported by the assert below
-                errors.append(error)
+        try:
+            race["results"].append(gm(x))
+        except Exception as error:  # noqa: BLE001 - reported by the caller's assert
+            race["errors"].append(error)
+
+    cls.recompile = recompile
+    try:
         threads = [threading.Thread(target=first_call) for _ in range(2)]
         for thread in threads:
             thread.start()
+            if barrier is None:
+                thread.join(timeout=60)
         for thread in threads:
             thread.join(timeout=60)
-        assert not errors and len(results) == 2, errors
-        assert all(torch.equal(out, model(x)) for out in results)
+    finally:
+        del cls.recompile
+    assert cls.recompile is original
+    return race

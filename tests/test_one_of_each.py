@@ -14,6 +14,7 @@ import dataclasses
 import inspect
 import json
 import pathlib
+import textwrap
 
 import torch
 
@@ -131,13 +132,14 @@ def test_the_one_loss_counts_complex_outputs_and_run_py_carries_it():
     want = torch.autograd.grad(by_hand, x)[0]
     assert torch.equal(want, torch.full((3,), 3.0))
     namespace: dict = {}  # run.py's own: torch and what it carries, no fxdebug
-    exec(compile("import dataclasses\nimport torch\n" + run_py_source() + "\n\n"
-                 + values.outputs_loss_source(), "run.py", "exec"), namespace)
+    exec(compile("import dataclasses\nimport torch\n" + run_py_source(), "run.py", "exec"),
+         namespace)
     for loss in (values.outputs_loss, namespace["outputs_loss"]):
         value = loss(_outputs(x))
         assert torch.equal(value.detach(), by_hand.detach())
         assert torch.equal(torch.autograd.grad(value, x)[0], want)
-    code = ast.parse(values.outputs_loss_source())  # nothing imported, no fxdebug name used
+    code = ast.parse(textwrap.dedent(inspect.getsource(values.outputs_loss)))  # nothing
+    # imported, no fxdebug name used
     assert not [n for n in ast.walk(code) if isinstance(n, (ast.Import, ast.ImportFrom))
                 or (isinstance(n, ast.Name) and n.id == "fxdebug")]
 

@@ -7,11 +7,9 @@ Ground truth: eager outputs, forward hooks on the same modules (tests/hooks.py),
 from __future__ import annotations
 
 import copy
-import importlib
 import os
 import pickle
 import re
-import sys
 import textwrap
 import warnings
 
@@ -22,6 +20,7 @@ import torchvision
 import fxdebug
 from fxdebug.partial.trace_parts import is_partial, part_inputs, traced_parts
 from fxdebug.reporting.tabular import tabular_text
+from folder_import import import_folder
 from hooks import hook_captures
 from partial_models import Flow, Wrapper, flow_inputs
 from subprocesses import fxdebug_cli, outputs_under_hash_seeds
@@ -270,11 +269,7 @@ def test_parts_work_alone(tmp_path):
     before = traced_parts(instrumented)["block"]
     assert any(row.mark == "+" and row.key == "block.mul" for row in fxdebug.diff(before, part).rows)
     folder = fxdebug.dump(part, *args, folder=tmp_path / "block_part")
-    sys.path.insert(0, str(tmp_path))
-    try:
-        loaded = importlib.import_module("block_part").load()
-    finally:
-        sys.path.remove(str(tmp_path))
+    loaded = import_folder(folder).load()
     with torch.no_grad():
         assert torch.equal(loaded(*args), alone)
     assert os.path.isfile(os.path.join(folder, "run.py"))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 
 import pytest
-import torch
 import torch.fx as fx
 from torch import nn
 

@@ -9,7 +9,6 @@ piece, taken with ``DTensor.to_local()`` / the local tensor.
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest

@@ -4,12 +4,12 @@ Call tree::
 
     check_compiled(model, *inputs, backend="inductor")
       ├─ ControlledRuns                 same RNG state, buffers and fresh inputs every run
-      ├─ eager run, compiled run        compiled_runs.watched_run: torch.compile of fxdebug's
+      ├─ eager run, compiled run        watched_runs.watched_run: torch.compile of fxdebug's
       │    │                            own entry point with the backend under test; the
       │    │                            user's compiled functions stay compiled (no reset)
       │    ├─ compare_values(outputs)   (+ parameter gradients with grads=True)
       │    └─ the graphs that ran       graph count, graph breaks: reason and user file:line
-      └─ outputs differ: localize        compiled_localize.py
+      └─ outputs differ: localize        localize.py
            ├─ capture_graphs             the graphs dynamo captured, keyed, and their inputs
            └─ localize(graph)            first divergent node by bisection over prefixes,
                                          then the smallest divergent piece (report.dump)

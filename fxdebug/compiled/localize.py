@@ -4,7 +4,7 @@ Call tree::
 
     capture_graphs(model, runs)        torch.compile with a backend that keeps each graph
                                        dynamo captured and the real inputs of its first call
-                                       (compiled_runs.py: the user's dynamo caches untouched)
+                                       (watched_runs.py: the user's dynamo caches untouched)
     localize(graph, compile_piece)
       ├─ eager values                  keyed copy + Capture("all"): fxdebug's captures of
       │                                every node; an Interpreter for the inputs of pieces
@@ -34,7 +34,7 @@ from ..passes import Capture
 from ..passes.aliasing import AliasAnalysis
 from ..runtime import RECORDER_ATTR, clone_inputs
 from ..tracing import keyed_copy
-from ..tracing.keys import META_KEY, META_SOURCE, node_key, op_name
+from ..tracing.keys import META_KEY, META_SOURCE, node_key
 from ..equivalence.compare import Comparison, compare_tensors
 from .watched_runs import keeping, watched_run
 from ..equivalence.controlled_run import ControlledRuns
@@ -263,7 +263,3 @@ def _smallest_piece(work: _Localizer, stop: int, target: fx.Node) -> PieceResult
             high = middle
     return best
 
-
-def describe_node(node: fx.Node, gm: fx.GraphModule) -> tuple[str, str, tuple | None]:
-    """``(key, op, source)`` of a node, as tables show them."""
-    return node_key(node), op_name(node, gm), node.meta.get(META_SOURCE)

@@ -5,7 +5,8 @@
     render_files(plan) -> {file name: bytes, or a function writing the file}
       ├─ module.py, breakpoints.json   module_text.py
       ├─ run.py                        templates/run.py.tmpl + folder_runtime.py's functions
-      ├─ README.md, settings.json, __init__.py
+      ├─ README.md                     templates/README.md.tmpl
+      ├─ settings.json, __init__.py
       └─ inputs.pt, expected.pt, weights.pt, pickled_modules.pt
 """
 
@@ -31,90 +32,52 @@ __all__ = ["render_files"]
 
 
 def _readme(plan: DumpPlan) -> str:
-    module, settings, devices = plan.module, plan.settings, plan.devices
-    cls, example, packages = module.cls, plan.example_key, module.imports.top_level_packages()
+    """The folder's README.md: templates/README.md.tmpl, its optional paragraphs filled in."""
+    module, settings = plan.module, plan.settings
+    packages = module.imports.top_level_packages()
+    pickled = module.pickled is not None
     pickled_notes = module.pickled.notes if module.pickled is not None else []
-    shapes = ", ".join(map(value_text, plan.inputs))
-    lines = [
-        f"# {cls}, dumped by fxdebug",
-        "",
-        f"A traced `{cls}` as plain Python files, with its weights, example inputs "
-        f"({shapes or 'none'}) and the results it gave when dumped.",
-        "",
-        "```bash",
-        "python run.py                          # forward, compare outputs, print the Records table",
-        "python run.py --backward               # also backward, compare parameter gradients",
-        f"fxdebug debug . --break {example}   # pdb, stopped at that node's line of module.py",
-        "```",
-        "",
-        "| file | what it holds |",
-        "|---|---|",
-        "| `module.py` | the model as code; every statement of `forward` ends with `# [node key] file:line` |",
-        "| `weights.pt` | every parameter and buffer (non-persistent ones too), once; `torch.load(..., weights_only=True)` |",
-        "| `inputs.pt` | the example inputs, a list |",
-        "| `expected.pt` | `{\"outputs\": ..., \"grads\": ...}` recorded when dumped |",
-        "| `settings.json` | the numeric settings (TF32, deterministic algorithms, default dtype...) "
-        "they were computed under, which `run.py` sets again, and the devices |",
-        "| `run.py` | loads, runs, compares (`torch.equal`, else `torch.allclose` with "
-        "torch.testing's tolerances for the dtype; for gradients scaled by their largest "
-        "element, so another machine or thread count passes) |",
-        "| `breakpoints.json` | node key -> line of `module.py`, and the names of the node's inputs |",
-    ]
-    if module.pickled is not None:
-        lines.append(f"| `{PICKLED_FILE}` | submodules that could not be written as code (below) |")
-    lines += ["", "Every path is relative to this folder: move or copy it freely.", "",
-              "## Numeric settings", "",
-              "`run.py` first sets the settings that change what a model computes (TF32, float32 "
-              "matmul precision, deterministic algorithms, cuDNN and oneDNN flags, attention "
-              "backends, the default dtype, the CPU thread count) to those `expected.pt` was computed "
-              "under, listed in "
-              "`settings.json`, and prints those it changed. `load()` changes none of them: in "
-              "your own process, set them yourself for the same numbers (for instance "
-              + ", ".join(f"`{setting_text(name, settings[name])}`" for name in
-                          ("torch.backends.cudnn.allow_tf32", "torch.get_float32_matmul_precision()",
-                           "torch.get_num_threads()")
-                          if name in settings) + ")."]
-    why = nondeterminism(settings, devices)
-    if why:
-        lines += ["", f"Nondeterministic: {why}, so torch does not promise the same results twice; "
-                  f"`run.py` runs the model {NONDETERMINISTIC_RUNS} times and widens each "
-                  f"tolerance by {SPREAD_SCALE}x the largest difference between those runs."]
-    lines += ["",
-              "## Opening this folder runs its code", "",
-              "`load()`, `python run.py` and `fxdebug debug` import `module.py` and run `run.py`: "
-              "Python code, which can do anything your account can. Open only folders you trust, "
-              "as with any pickle (see the warning in `torch.load`'s documentation). Tensors are "
-              "read with `torch.load(..., weights_only=True)`"
-              + (f"; `{PICKLED_FILE}` is unpickled with `weights_only=False` (module.py checks its "
-                 f"sha256 first)." if module.pickled is not None else "; nothing is unpickled."), "",
-              "## What must be importable", "",
-              "module.py imports `torch`" + "".join(f", `{name}`" for name in packages)
-              + "; run it where these import as they did when it was dumped."]
-    if "fxdebug" in packages:
-        lines += ["", "It keeps fxdebug's nodes (captures, gradient hooks, breakpoints), which call "
-                  "`fxdebug.runtime`: install fxdebug where it runs. `fxdebug dump --standalone` "
-                  "(`fxdebug.dump(..., standalone=True)`) writes a folder without them, which "
-                  "needs torch and the model's own packages but not fxdebug."]
-    if module.wrapped:
-        lines += ["", "Functions kept as single calls with `torch.fx.wrap`: "
-                  + ", ".join(f"`{name}`" for name in module.wrapped) + "."]
-    if plan.copied:
-        lines += ["", "Copied into module.py from the script that was run (`__main__`), with the "
-                  "constants and imports they use: " + ", ".join(f"`{name}`" for name in plan.copied)
-                  + "."]
-    lines += ["", "## Submodules", ""]
+    why = nondeterminism(settings, plan.devices)
     if pickled_notes:
-        lines.append(f"These submodules are pickled in `{PICKLED_FILE}` (their classes must be "
-                     f"importable; their parameters and buffers are in `weights.pt`):")
-        lines.append("")
-        lines += [f"* `{note.path}` ({note.type_name}): {note.reason}" for note in pickled_notes]
+        submodules = "\n".join([f"These submodules are pickled in `{PICKLED_FILE}` (their classes "
+                                f"must be importable; their parameters and buffers are in "
+                                f"`weights.pt`):", ""]
+                               + [f"* `{note.path}` ({note.type_name}): {note.reason}"
+                                  for note in pickled_notes])
     else:
-        lines.append("Every submodule is built by code in `module.py`; nothing is pickled.")
-    if plan.hooked:
-        lines += ["", "Hooks registered on these modules were not written (module.py registers "
-                  "none): " + ", ".join(f"`{name}`" for name in plan.hooked) + "."]
-    lines.append("")
-    return "\n".join(lines)
+        submodules = "Every submodule is built by code in `module.py`; nothing is pickled."
+    return template("README.md.tmpl").format(
+        cls=module.cls, example=plan.example_key,
+        shapes=", ".join(map(value_text, plan.inputs)) or "none",
+        pickled_row=(f"\n| `{PICKLED_FILE}` | submodules that could not be written as code "
+                     f"(below) |" if pickled else ""),
+        setting_examples=", ".join(f"`{setting_text(name, settings[name])}`" for name in
+                                   ("torch.backends.cudnn.allow_tf32",
+                                    "torch.get_float32_matmul_precision()",
+                                    "torch.get_num_threads()")
+                                   if name in settings),
+        nondeterministic=(f"\n\nNondeterministic: {why}, so torch does not promise the same "
+                          f"results twice; `run.py` runs the model {NONDETERMINISTIC_RUNS} times "
+                          f"and widens each tolerance by {SPREAD_SCALE}x the largest difference "
+                          f"between those runs." if why else ""),
+        unpickled=(f"; `{PICKLED_FILE}` is unpickled with `weights_only=False` (module.py checks "
+                   f"its sha256 first)." if pickled else "; nothing is unpickled."),
+        packages="".join(f", `{name}`" for name in packages),
+        fxdebug_note=("\n\nIt keeps fxdebug's nodes (captures, gradient hooks, breakpoints), "
+                      "which call `fxdebug.runtime`: install fxdebug where it runs. `fxdebug dump "
+                      "--standalone` (`fxdebug.dump(..., standalone=True)`) writes a folder "
+                      "without them, which needs torch and the model's own packages but not "
+                      "fxdebug." if "fxdebug" in packages else ""),
+        wrapped=("\n\nFunctions kept as single calls with `torch.fx.wrap`: "
+                 + ", ".join(f"`{name}`" for name in module.wrapped) + "."
+                 if module.wrapped else ""),
+        copied=("\n\nCopied into module.py from the script that was run (`__main__`), with the "
+                "constants and imports they use: "
+                + ", ".join(f"`{name}`" for name in plan.copied) + "." if plan.copied else ""),
+        submodules=submodules,
+        hooked=("\n\nHooks registered on these modules were not written (module.py registers "
+                "none): " + ", ".join(f"`{name}`" for name in plan.hooked) + "."
+                if plan.hooked else ""))
 
 
 def _settings_json(settings: dict, devices: list[str]) -> str:

@@ -3,7 +3,7 @@
 ::
 
     write_atomically(folder, files, overwrite, known)
-      ├─ _Token.create(parent, name)   .NAME.T.lock in the parent, flock'ed while writing
+      ├─ _Token(parent, name)          .NAME.T.lock in the parent, flock'ed while writing
       ├─ clean_leftovers(folder)       earlier writers that were killed: their .NAME.T.tmp
       │                                removed, an earlier dump left in .NAME.T.old put back
       ├─ check_replaceable(folder)     only a folder whose files are exactly its manifest's

@@ -177,124 +177,158 @@ def match_nodes(reference: fx.GraphModule, candidate: fx.GraphModule,
     >>> [(r.meta["fxdebug_key"], x.how) for r, x in m.counterpart.items()]
     [('input', 'key'), ('0', 'key'), ('1', 'key')]
     """
-    ref_nodes = value_nodes(reference.graph)
-    cand_nodes = value_nodes(candidate.graph)
-    ref_set = dict.fromkeys(ref_nodes)
-    cand_set = dict.fromkeys(cand_nodes)
-    counterpart: dict[fx.Node, Match] = {}
-    owner: dict[fx.Node, fx.Node] = {}  # candidate node -> its reference node
-    refused = {pair_: None for pair_ in refuted}
+    matcher = _Matcher(reference, candidate, refuted)
+    matcher.pair_by_key()
+    matcher.pair_by_inputs()
+    matcher.pair_by_position()
+    matcher.pair_by_inputs()  # nodes whose inputs the position rule matched
+    return matcher.result()
 
-    def pair(ref: fx.Node, cand: fx.Node, how: str) -> None:
-        counterpart[ref] = Match(cand, how)
-        owner[cand] = ref
 
-    cand_by_key = {node_key(node): node for node in cand_nodes}
-    changed: list[tuple[fx.Node, fx.Node]] = []
-    for ref in ref_nodes:
-        cand = cand_by_key.get(node_key(ref))
-        if cand is not None and cand not in owner:
-            if module_changed(ref, reference, cand, candidate):
-                changed.append((ref, cand))  # paired by position only, if at all
-            else:
-                pair(ref, cand, "key")
-    position_only = {node: None for pair_ in changed for node in pair_}
+def _signature(slots: dict[str, fx.Node], translate: Callable[[fx.Node], fx.Node | None]
+               ) -> tuple | None:
+    """``(slot, translated input)`` of every argument slot; None if one has no translation."""
+    items = []
+    for label in sorted(slots):
+        target = translate(slots[label])
+        if target is None:
+            return None
+        items.append((label, target))
+    return tuple(items) or None
 
-    def pair_by_inputs() -> None:
-        def signature(slots, translate):
-            items = []
-            for label in sorted(slots):
-                target = translate(slots[label])
-                if target is None:
-                    return None
-                items.append((label, target))
-            return tuple(items) or None
 
+class _Matcher:
+    """The state of one :func:`match_nodes`: one method per rule, run in the module's order."""
+
+    def __init__(self, reference: fx.GraphModule, candidate: fx.GraphModule,
+                 refuted: Iterable[tuple[fx.Node, fx.Node]]) -> None:
+        self.reference, self.candidate = reference, candidate
+        self.ref_nodes = value_nodes(reference.graph)
+        self.cand_nodes = value_nodes(candidate.graph)
+        self.ref_set = dict.fromkeys(self.ref_nodes)
+        self.cand_set = dict.fromkeys(self.cand_nodes)
+        self.counterpart: dict[fx.Node, Match] = {}
+        self.owner: dict[fx.Node, fx.Node] = {}  # candidate node -> its reference node
+        self.refused = {pair_: None for pair_ in refuted}
+        self.changed: list[tuple[fx.Node, fx.Node]] = []
+        self.position_only: dict[fx.Node, None] = {}
+        self.seen_as: dict[fx.Node, list[tuple[fx.Node, fx.Node]]] = {}
+
+    def pair(self, ref: fx.Node, cand: fx.Node, how: str) -> None:
+        self.counterpart[ref] = Match(cand, how)
+        self.owner[cand] = ref
+
+    def pair_by_key(self) -> None:
+        """Rule 1: the same key, unless the candidate's module was changed (then position only)."""
+        cand_by_key = {node_key(node): node for node in self.cand_nodes}
+        for ref in self.ref_nodes:
+            cand = cand_by_key.get(node_key(ref))
+            if cand is not None and cand not in self.owner:
+                if module_changed(ref, self.reference, cand, self.candidate):
+                    self.changed.append((ref, cand))  # paired by position only, if at all
+                else:
+                    self.pair(ref, cand, "key")
+        self.position_only = {node: None for pair_ in self.changed for node in pair_}
+
+    def pair_by_inputs(self) -> None:
+        """Rule 2: the one unmatched pair that reads the same matched inputs in the same slots."""
+        counterpart = self.counterpart
         cand_sigs: dict[tuple, list[fx.Node]] = {}
-        for cand in cand_nodes:
-            if cand not in owner and cand not in position_only:
-                sig = signature(arg_slots(cand), lambda n: n if n in cand_set else None)
+        for cand in self.cand_nodes:
+            if cand not in self.owner and cand not in self.position_only:
+                sig = _signature(arg_slots(cand), lambda n: n if n in self.cand_set else None)
                 if sig is not None:
                     cand_sigs.setdefault(sig, []).append(cand)
         ref_sigs: dict[tuple, list[fx.Node]] = {}
-        for ref in ref_nodes:
-            if ref not in counterpart and ref not in position_only:
-                sig = signature(arg_slots(ref), lambda n: counterpart[n].candidate
-                                if n in counterpart else None)
+        for ref in self.ref_nodes:
+            if ref not in counterpart and ref not in self.position_only:
+                sig = _signature(arg_slots(ref), lambda n: counterpart[n].candidate
+                                 if n in counterpart else None)
                 if sig is not None:
                     ref_sigs.setdefault(sig, []).append(ref)
         for sig, refs in ref_sigs.items():
             cands = cand_sigs.get(sig, [])
-            if len(refs) == 1 and len(cands) == 1 and (refs[0], cands[0]) not in refused:
-                pair(refs[0], cands[0], "inputs")
+            if len(refs) == 1 and len(cands) == 1 and (refs[0], cands[0]) not in self.refused:
+                self.pair(refs[0], cands[0], "inputs")
 
-    pair_by_inputs()
-    seen_as: dict[fx.Node, list[tuple[fx.Node, fx.Node]]] = {}
-    for user in reversed(ref_nodes):
-        match = counterpart.get(user)
-        if match is None:
-            continue
-        same_user = _same_op(user, reference, match.candidate, candidate)
-        cand_slots = arg_slots(match.candidate)
-        for label, ref_arg in arg_slots(user).items():
-            cand_arg = cand_slots.get(label)
-            if (cand_arg is None or ref_arg not in ref_set or cand_arg not in cand_set
-                    or (ref_arg, cand_arg) in refused):
+    def pair_by_position(self) -> None:
+        """Rule 3: what a matched pair of users reads in the same slot, users last to first;
+        where both are matched elsewhere, what the user is seen to read instead (seen_as)."""
+        for user in reversed(self.ref_nodes):
+            match = self.counterpart.get(user)
+            if match is None:
                 continue
-            existing = counterpart.get(ref_arg)
-            if existing is not None and existing.candidate is cand_arg:
-                continue
-            if existing is None and cand_arg not in owner:
-                pair(ref_arg, cand_arg, "position")
-            elif same_user and (existing is None or cand_arg not in owner):
-                entries = seen_as.setdefault(ref_arg, [])
-                if all(cand is not cand_arg for cand, _ in entries):
-                    entries.append((cand_arg, user))
-            # else both are matched elsewhere: the user itself reads other values
-            # (operands swapped), and its own comparison shows that (a Rewire, below).
-    pair_by_inputs()
+            same_user = _same_op(user, self.reference, match.candidate, self.candidate)
+            cand_slots = arg_slots(match.candidate)
+            for label, ref_arg in arg_slots(user).items():
+                cand_arg = cand_slots.get(label)
+                if (cand_arg is None or ref_arg not in self.ref_set or cand_arg not in self.cand_set
+                        or (ref_arg, cand_arg) in self.refused):
+                    continue
+                existing = self.counterpart.get(ref_arg)
+                if existing is not None and existing.candidate is cand_arg:
+                    continue
+                if existing is None and cand_arg not in self.owner:
+                    self.pair(ref_arg, cand_arg, "position")
+                elif same_user and (existing is None or cand_arg not in self.owner):
+                    entries = self.seen_as.setdefault(ref_arg, [])
+                    if all(cand is not cand_arg for cand, _ in entries):
+                        entries.append((cand_arg, user))
+                # else both are matched elsewhere: the user itself reads other values
+                # (operands swapped), and its own comparison shows that (a Rewire, below).
 
-    def read_through_removed(ref: fx.Node) -> dict[fx.Node, None]:
+    def read_through_removed(self, ref: fx.Node) -> dict[fx.Node, None]:
         """What a reference node reads, through nodes without a counterpart (removed too)."""
         found: dict[fx.Node, None] = {}
         todo = list(arg_slots(ref).values())
         while todo:
             arg = todo.pop()
-            if arg in found or arg not in ref_set:
+            if arg in found or arg not in self.ref_set:
                 continue
             found[arg] = None
-            if arg not in counterpart:
+            if arg not in self.counterpart:
                 todo.extend(arg_slots(arg).values())
         return found
 
-    def stands_in(ref: fx.Node, cand: fx.Node) -> bool:
+    def stands_in(self, ref: fx.Node, cand: fx.Node) -> bool:
         """Whether a user may read ``cand`` in place of ``ref``: a node only the candidate
         has, or the counterpart of what ``ref`` (removed) read."""
-        other = owner.get(cand)
-        return other is None or (ref not in counterpart and other in read_through_removed(ref))
+        other = self.owner.get(cand)
+        return other is None or (ref not in self.counterpart
+                                 and other in self.read_through_removed(ref))
 
-    rewired: dict[fx.Node, list[Rewire]] = {}
-    for user in ref_nodes:
-        match = counterpart.get(user)
-        if match is None or not _same_op(user, reference, match.candidate, candidate):
-            continue
-        cand_slots = arg_slots(match.candidate)
-        for label, ref_arg in arg_slots(user).items():
-            cand_arg = cand_slots.get(label)
-            if cand_arg is None or ref_arg not in ref_set or cand_arg not in cand_set:
+    def rewired(self) -> dict[fx.Node, list[Rewire]]:
+        """The slots of users, the same operation in both graphs, whose candidate reads another
+        reference node's counterpart there."""
+        rewired: dict[fx.Node, list[Rewire]] = {}
+        for user in self.ref_nodes:
+            match = self.counterpart.get(user)
+            if match is None or not _same_op(user, self.reference, match.candidate, self.candidate):
                 continue
-            mate = counterpart.get(ref_arg)
-            if (mate is not None and mate.candidate is cand_arg) or stands_in(ref_arg, cand_arg):
-                continue
-            rewired.setdefault(user, []).append(Rewire(label, ref_arg, cand_arg, owner[cand_arg]))
-    return NodeMatching(
-        counterpart={ref: counterpart[ref] for ref in ref_nodes if ref in counterpart},
-        seen_as={ref: kept for ref in ref_nodes if ref in seen_as
-                 for kept in [[(cand, user) for cand, user in seen_as[ref]
-                               if stands_in(ref, cand)]] if kept},
-        unmatched_reference=[ref for ref in ref_nodes if ref not in counterpart],
-        unmatched_candidate=[cand for cand in cand_nodes if cand not in owner],
-        changed_modules=changed, rewired=rewired)
+            cand_slots = arg_slots(match.candidate)
+            for label, ref_arg in arg_slots(user).items():
+                cand_arg = cand_slots.get(label)
+                if cand_arg is None or ref_arg not in self.ref_set or cand_arg not in self.cand_set:
+                    continue
+                mate = self.counterpart.get(ref_arg)
+                if mate is not None and mate.candidate is cand_arg:
+                    continue
+                if self.stands_in(ref_arg, cand_arg):
+                    continue
+                rewired.setdefault(user, []).append(
+                    Rewire(label, ref_arg, cand_arg, self.owner[cand_arg]))
+        return rewired
+
+    def result(self) -> NodeMatching:
+        counterpart, seen_as = self.counterpart, self.seen_as
+        return NodeMatching(
+            counterpart={ref: counterpart[ref] for ref in self.ref_nodes if ref in counterpart},
+            seen_as={ref: kept for ref in self.ref_nodes if ref in seen_as
+                     for kept in [[(cand, user) for cand, user in seen_as[ref]
+                                   if self.stands_in(ref, cand)]] if kept},
+            unmatched_reference=[ref for ref in self.ref_nodes if ref not in counterpart],
+            unmatched_candidate=[cand for cand in self.cand_nodes if cand not in self.owner],
+            changed_modules=self.changed, rewired=self.rewired())
 
 
 def refuted_matches(matching: NodeMatching, agrees: Callable[[fx.Node, fx.Node], bool | None]

@@ -43,7 +43,7 @@ from ..distributed.rank_group import RankGroup, distributed_ready, unwrap
 from ..distributed.summaries import NO_GROUP, empty_summaries, reduce_summaries
 from ..errors import FidelityWarning, FxdebugError
 from ..instrument import instrument, records
-from ..runtime.stats_moments import combine_moments, summarize_moments
+from ..runtime.stats_moments import combine_moments, pool_moments, summarize_moments
 from ..runtime.torch_compat import run_eagerly_from_compiled_code, skip_frame
 from .compiled_copy import CompiledCopy, compiled_model, runs_compiled, summary_of
 from .folder import SeriesFolder
@@ -314,13 +314,13 @@ class Monitor:
             folded, self._folded = self._folded, {}
             for name, (summary, share) in folded.items():
                 entries.append(_activation_row(step, name, summary, share))
-            for key, own in self._parameters:
-                entries.append(self._parameter_row(step, slot(key, "param"),
-                                                   [p.detach() for p in own]))
-                grads = [p.grad.detach() for p in own if p.grad is not None]
-                if grads:
-                    entries.append(self._parameter_row(step, slot(key, "param_grad"), grads))
-                copies.append((key, [p.detach().clone() for p in own]))
+            parameters = self._parameters
+            entries += self._parameter_rows(step, "param", [
+                (key, [p.detach() for p in own]) for key, own in parameters])
+            entries += self._parameter_rows(step, "param_grad", [
+                (key, [p.grad.detach() for p in own if p.grad is not None])
+                for key, own in parameters])
+            copies = [(key, [p.detach().clone() for p in own]) for key, own in parameters]
             if isinstance(loss, torch.Tensor) and "loss" not in self._modules:
                 loss = loss.detach()
                 entries.append(_activation_row(step, slot("loss", "out"), summarize_moments(loss),
@@ -342,27 +342,39 @@ class Monitor:
         step, copies, params = pending
         by_key = dict(self._parameters)
         try:
-            self._measured = self._measured + tuple(
-                self._parameter_row(step, slot(key, "update"),
-                                    [p.detach() - before for p, before in zip(by_key[key], kept)],
-                                    params.get(key))
-                for key, kept in copies)
+            self._measured = self._measured + tuple(self._parameter_rows(step, "update", [
+                (key, [_update(p, before) for p, before in zip(by_key[key], kept)])
+                for key, kept in copies], params))
         except Exception as exc:  # the others would wait for this rank at the next reduce
             if self._ranks is None:
                 raise
             self._update_error = exc
 
-    def _parameter_row(self, step: int, name: str, tensors: list[torch.Tensor],
-                       params=None) -> "_Row":
-        """A module's parameters (their gradients, their updates) pooled: this rank's own
-        summary, and its share of the global one (the pieces no other rank holds too)."""
-        pieces = [(summarize_moments(t), self._layout.parameter(t)) for t in tensors]
-        own = _pooled([summary for summary, _ in pieces])
-        counting = [summary for summary, share in pieces if share.counts]
-        left_out = next((share.left_out for _, share in pieces if share.left_out), "")
-        sent = own if len(counting) == len(pieces) else \
-            _pooled(counting) if counting else empty_summaries(1, own.device)[0]
-        return _Row(step, name, own, sent, NO_GROUP, left_out, params)
+    def _parameter_rows(self, step: int, kind: str, tensors: list[tuple[str, list[torch.Tensor]]],
+                        params: dict | None = None) -> list["_Row"]:
+        """Each module's parameters (their gradients, their updates) pooled, every module in one
+        go: this rank's own summary, and its share of the global one (the pieces no other rank
+        holds too). A module without such tensors (no gradient yet) has no row."""
+        tensors = [(key, pieces) for key, pieces in tensors if pieces]
+        flat = [t for _, pieces in tensors for t in pieces]
+        if not flat:
+            return []
+        lengths = [len(pieces) for _, pieces in tensors]
+        summaries = _stack([summarize_moments(t) for t in flat])
+        own = pool_moments(summaries, lengths)
+        shares = [self._layout.parameter(t) for t in flat]
+        sent = own
+        if not all(share.counts for share in shares):
+            counts = torch.tensor([share.counts for share in shares], device=summaries.device)
+            empty = empty_summaries(1, summaries.device)
+            sent = pool_moments(torch.where(counts[:, None], summaries, empty), lengths)
+        rows, begin = [], 0
+        for (key, _), length, mine, shared in zip(tensors, lengths, own, sent):
+            left_out = next((s.left_out for s in shares[begin:begin + length] if s.left_out), "")
+            begin += length
+            rows.append(_Row(step, slot(key, kind), mine, shared, NO_GROUP, left_out,
+                             None if params is None else params.get(key)))
+        return rows
 
     def _publish(self, entries: list["_Row"], error: BaseException | None = None) -> dict:
         """Reduce, read (once) and write the rows of one or more steps (a logged step's, and
@@ -535,11 +547,13 @@ def _value(rec, key: str, notes: list[str]) -> tuple:
         return None, None
 
 
-def _pooled(summaries: list[torch.Tensor]) -> torch.Tensor:
-    summary = summaries[0]
-    for other in summaries[1:]:
-        summary = combine_moments(summary, other)
-    return summary
+def _update(param: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    """``param - before``, into ``before`` (the monitor's own copy: no new memory to fault in)."""
+    param = param.detach()
+    if type(param) is torch.Tensor and type(before) is torch.Tensor and param.dtype == before.dtype \
+            and param.device == before.device and param.shape == before.shape:
+        return torch.sub(param, before, out=before)
+    return param - before
 
 
 def _stack(rows: list[torch.Tensor]) -> torch.Tensor:

@@ -10,8 +10,6 @@ of any step (or of several ranks merged) can be computed again from them.
 >>> s = derived(row)
 >>> s["mean"], round(s["std"], 4), s["absmax"], round(s["rms"], 4), round(s["kurtosis"], 4)
 (4.0, 4.0825, 10.0, 5.3385, 2.2304)
->>> split_name("transformer.h.0.attn.out.rms")
-('transformer.h.0.attn', 'out', 'rms')
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from typing import Sequence
 
 from ..runtime.stats import sample_std
 
-__all__ = ["KINDS", "STATS", "UPDATE_STATS", "derived", "slot", "split_slot", "split_name"]
+__all__ = ["KINDS", "STATS", "UPDATE_STATS", "derived", "slot", "split_slot"]
 
 KINDS = ("out", "grad", "param", "param_grad", "update")
 """What a key's statistics are of: its forward output, the gradient of that output, the
@@ -80,10 +78,3 @@ def split_slot(name: str) -> tuple[str, str]:
     """
     key, _, kind = name.rpartition(".")
     return key, kind
-
-
-def split_name(name: str) -> tuple[str, str, str]:
-    """``(key, kind, stat)`` of a series name ``<key>.<kind>.<stat>``."""
-    rest, _, stat = name.rpartition(".")
-    key, kind = split_slot(rest)
-    return key, kind, stat

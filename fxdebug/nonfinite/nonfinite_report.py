@@ -220,8 +220,8 @@ def _came_in_lines(hit: ForwardHit) -> list[str]:
     return [f"forward: {hit.kind} {hit.key} of the model already holds non-finite values: "
             f"{counts}",
             "  no node created them: it was non-finite before this forward (an optimizer step, "
-            f"a checkpoint load, a write into it); fxdebug.watch_nonfinite(model) names the "
-            f"step that made it so"]
+            "a checkpoint load, a write into it); fxdebug.watch_nonfinite(model) names the "
+            "step that made it so"]
 
 
 def _later(title: str, keys: list[str]) -> str:

@@ -11,7 +11,8 @@ The inserted nodes call :mod:`fxdebug.runtime`; passes never read Records::
            ├─ GradTransform   grad_transform.py   edit_grads: grad -> fn(grad)
            ├─ Functionalize   functionalize.py    in-place ops -> out-of-place ops
            ├─ Checkpoint      checkpoint.py       module calls recomputed in backward
-           └─ Breakpoint      breakpoint.py       stop in pdb before a node
+           ├─ Breakpoint      breakpoint.py       stop in pdb before a node
+           └─ FakePrecision   fake_precision.py   nodes rounded to bfloat16 / float16 / float8
     Capture and GradHooks place their nodes with _placement.py.
 
 ``BUILTIN_PASSES`` maps the names the command line accepts (``--pass NAME``)
@@ -30,12 +31,14 @@ from .breakpoint import Breakpoint
 from .capture import Capture
 from .checkpoint import Checkpoint
 from .eager_regions import EagerRegions
+from .fake_precision import FakePrecision
 from .functionalize import Functionalize
 from .grad_hooks import GradHooks
 from .grad_transform import GradTransform
 
-__all__ = ["Pass", "PassResult", "as_pass", "inherit_key", "Capture", "GradHooks", "GradTransform",
-           "Breakpoint", "Functionalize", "Checkpoint", "EagerRegions", "BUILTIN_PASSES"]
+__all__ = ["Pass", "PassResult", "as_pass", "inherit_key", "Capture", "GradHooks",
+           "GradTransform", "Breakpoint", "Functionalize", "Checkpoint", "EagerRegions",
+           "FakePrecision", "BUILTIN_PASSES"]
 
 BUILTIN_PASSES = {
     "capture": Capture,

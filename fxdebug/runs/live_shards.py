@@ -37,9 +37,6 @@ from .sharded_stats import local_shape
 
 __all__ = ["gathered", "is_sharded"]
 
-SECTIONS = ("records", "grads")
-
-
 def _sections(records: Records) -> list[tuple[str, Records]]:
     found = [("records", records)]
     if records._grads is not None and len(records._grads):

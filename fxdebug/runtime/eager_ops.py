@@ -5,8 +5,8 @@ could not trace, an auto-leaf, a user's leaf module, a ``torch.nn`` module
 with children (``TransformerEncoder``). fxdebug still captures what happens
 in there, under the keys a traced graph would give it::
 
-    region(module, path)                        an eager region starts
-      ├─ EagerScope.enter(path)                  the op recorder (a TorchFunctionMode)
+    EagerScope.region(path)                     an eager region starts
+      ├─ entering it                             the op recorder (a TorchFunctionMode)
       │                                          is pushed once, for the outermost region
       │    model code: torch.matmul(q, k) ...    OpRecorder.__torch_function__: run the op,
       │                                          then capture its tensor output under
@@ -16,7 +16,7 @@ in there, under the keys a traced graph would give it::
       │                                          "path.child_1"...)
       │    child traced part                     EagerScope.paused(): the part's graph
       │                                          captures its own nodes
-      └─ EagerScope.exit()                       the mode is popped (also on an exception)
+      └─ leaving it                              the mode is popped (also on an exception)
 
 Keys come from an :class:`EagerKeys` made per Records, so a run numbers from
 zero again: the n-th call of module ``path`` is ``path_n`` (as forward hooks

@@ -145,11 +145,6 @@ class GradEdit(torch.nn.Module):
     def extra_repr(self) -> str:
         return self.description
 
-    def __setstate__(self, state) -> None:
-        state = dict(state)
-        state.pop("_leaf_handles", None)  # pickled by an fxdebug that hooked parameters
-        super().__setstate__(state)
-
 
 @has_side_effect
 def edit_grads(edit: GradEdit, value, key: str):

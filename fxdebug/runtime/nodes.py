@@ -98,12 +98,6 @@ class Recorder(torch.nn.Module):
         return state
 
     def __setstate__(self, state) -> None:
-        state = dict(state)
-        state.setdefault("records_grads", False)
-        state.setdefault("layouts", None)
-        if "_started_last" not in state:  # pickled by an fxdebug that kept one Records
-            state["_started_last"] = Records()
-        state.pop("latest", None)
         super().__setstate__(state)
         self._per_thread = threading.local()
         register_recorder(self)

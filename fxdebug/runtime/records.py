@@ -145,12 +145,6 @@ class Records(Report):
         return state
 
     def __setstate__(self, state) -> None:
-        state = dict(state)
-        if "_records" in state:  # pickled by an fxdebug that kept no pending captures
-            state["_settled"] = state.pop("_records")
-        state.setdefault("pending", [])
-        for older in ("_pending", "_pending_numel", "_batch"):  # an fxdebug before PendingBatch
-            state.pop(older, None)
         self.__dict__.update({"_graphed": False, **state, "_small": PendingBatch()})
 
     def start_run(self) -> None:

@@ -49,7 +49,7 @@ import threading
 
 import torch
 
-__all__ = ["row_sums", "summary", "fills_memory", "kernels_turned_off", "unavailable_reason",
+__all__ = ["row_sums", "summary", "moments", "WIDE_MOMENTS_NUMEL", "fills_memory", "kernels_turned_off", "unavailable_reason",
            "openmp_runtimes", "shares_openmp_runtime"]
 
 _SOURCE = r"""
@@ -57,6 +57,7 @@ _SOURCE = r"""
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <float.h>
 #ifdef __F16C__
 #include <immintrin.h>
 #endif
@@ -176,6 +177,113 @@ int fxdebug_summary(const void* data, int64_t numel, int64_t row, int kind, int 
     out[6] = 0.0; out[7] = (double)numel;
     return 0;
 }
+
+/* The moment summary (count, mean, M2, min, max, zeros, non-finite, numel, M3, M4), each row of
+   `row` values read twice while it sits in the cache: the float32 sums of fxdebug_row_sums (its
+   mean, min and max), then the sums of the powers of its deviations from that mean, scaled by
+   the row's largest so that no power overflows, in float32 lanes (8 values each, then into
+   float64 lanes) folded in a fixed order; the
+   rows merged in float64, in order (Pebay's formulas). Returns 2 where a value is not finite
+   or a float32 sum overflows (the caller takes the exact path). */
+typedef struct { double count, mean, m2, m3, m4, low, high, zeros; int bad; } mrow_t;
+
+#define MSTEP(j, v, ACC) do { ACC d_ = ((ACC)(v) - center) * inverse; ACC e_ = d_ * d_;      \
+    s1[j] += d_; s2[j] += e_; s3[j] += e_ * d_; s4[j] += e_ * e_; } while (0)
+
+#define MROW_FN(NAME, TYPE, LOAD, BLOCK, ROWFN, ACC)                                      \
+static void NAME(const TYPE* x, int64_t width, mrow_t* out) {                           \
+    row_t first; ROWFN(x, width, &first);                                              \
+    float center = (float)(first.shift + first.sum / first.width);                    \
+    float spread = fmaxf(first.high - center, center - first.low);                     \
+    out->bad = !(isfinite(first.sum) && isfinite(first.squares) && isfinite(center)    \
+                 && isfinite(spread));                                                 \
+    if (out->bad) return;                                                              \
+    ACC inverse = spread > 0.0f ? (ACC)1 / (ACC)spread : (ACC)1;                       \
+    if (!isfinite(inverse)) { inverse = 1; spread = 1.0f; }                            \
+    if (spread <= 0.0f) spread = 1.0f;                                                 \
+    double w1[LANES], w2[LANES], w3[LANES], w4[LANES]; float buf[LANES];              \
+    for (int j = 0; j < LANES; j++) { w1[j] = 0; w2[j] = 0; w3[j] = 0; w4[j] = 0; }     \
+    int64_t i = 0;                                                                     \
+    while (i < width) {  /* 8 values a lane in ACC, then into the lane's float64 sums */  \
+        ACC s1[LANES], s2[LANES], s3[LANES], s4[LANES];                                \
+        for (int j = 0; j < LANES; j++) { s1[j] = 0; s2[j] = 0; s3[j] = 0; s4[j] = 0; } \
+        int64_t stop = i + 8 * LANES < width ? i + 8 * LANES : width;                  \
+        for (; i + LANES <= stop; i += LANES) {                                        \
+            const float* v = BLOCK(x + i, buf);                                        \
+            for (int j = 0; j < LANES; j++) MSTEP(j, v[j], ACC);                       \
+        }                                                                              \
+        for (int j = 0; i + j < stop; j++) { float v = LOAD(x[i + j]); MSTEP(j, v, ACC); } \
+        i = stop;                                                                      \
+        for (int j = 0; j < LANES; j++) {                                              \
+            w1[j] += s1[j]; w2[j] += s2[j]; w3[j] += s3[j]; w4[j] += s4[j];            \
+        }                                                                              \
+    }                                                                                  \
+    for (int step = LANES / 2; step > 0; step /= 2)                                    \
+        for (int j = 0; j < step; j++) {                                               \
+            w1[j] += w1[j + step]; w2[j] += w2[j + step];                              \
+            w3[j] += w3[j + step]; w4[j] += w4[j + step];                              \
+        }                                                                              \
+    double n = (double)width, h = (double)spread;                                      \
+    double t2 = w2[0] * h * h, t3 = w3[0] * h * h * h;                                 \
+    double t4 = w4[0] * h * h * h * h, e = w1[0] * h / n;                              \
+    out->count = n; out->mean = (double)center + e; out->zeros = first.zeros;          \
+    out->low = first.low; out->high = first.high;                                      \
+    out->m2 = t2 - n * e * e;                                                          \
+    out->m3 = t3 - 3.0 * e * t2 + 2.0 * n * e * e * e;                                 \
+    out->m4 = t4 - 4.0 * e * t3 + 6.0 * e * e * t2 - 3.0 * n * e * e * e * e;         \
+}
+
+MROW_FN(mrow_f32, float, from_f32, block_f32, row_f32, float)
+MROW_FN(mrow_bf16, uint16_t, from_bf16, block_bf16, row_bf16, float)
+MROW_FN(mrow_f16, uint16_t, from_f16, block_f16, row_f16, float)
+MROW_FN(wide_f32, float, from_f32, block_f32, row_f32, double)
+MROW_FN(wide_bf16, uint16_t, from_bf16, block_bf16, row_bf16, double)
+MROW_FN(wide_f16, uint16_t, from_f16, block_f16, row_f16, double)
+
+/* wide: the deviations' powers summed in float64 (as exact as float64's own sums; some ten
+   times the time: for small tensors, where the call costs more than the sums). */
+int fxdebug_moments(const void* data, int64_t numel, int64_t row, int kind, int threads,
+                    int64_t parallel_rows, int wide, double* out) {
+    int64_t rows = (numel + row - 1) / row;
+    mrow_t* parts = (mrow_t*)malloc(sizeof(mrow_t) * (size_t)rows);
+    if (parts == NULL) return 1;
+    #pragma omp parallel for schedule(dynamic, 16) num_threads(threads) if(threads > 1 && rows >= parallel_rows)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t width = numel - r * row < row ? numel - r * row : row;
+        if (wide) {
+            if (kind == 0) wide_f32((const float*)data + r * row, width, parts + r);
+            else if (kind == 1) wide_bf16((const uint16_t*)data + r * row, width, parts + r);
+            else wide_f16((const uint16_t*)data + r * row, width, parts + r);
+        } else if (kind == 0) mrow_f32((const float*)data + r * row, width, parts + r);
+        else if (kind == 1) mrow_bf16((const uint16_t*)data + r * row, width, parts + r);
+        else mrow_f16((const uint16_t*)data + r * row, width, parts + r);
+    }
+    double n = 0, mean = 0, m2 = 0, m3 = 0, m4 = 0, low = INFINITY, high = -INFINITY, zeros = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const mrow_t* p = parts + r;
+        if (p->bad) { free(parts); return 2; }
+        zeros += p->zeros;
+        low = p->low < low ? p->low : low;
+        high = p->high > high ? p->high : high;
+        double b = p->count;
+        if (b == 0) continue;
+        double a = n, total = a + b, d = p->mean - mean, d2 = d * d;
+        m4 += p->m4 + d2 * d2 * a * b * (a * a - a * b + b * b) / (total * total * total)
+              + 6.0 * d2 * (a * a * p->m2 + b * b * m2) / (total * total)
+              + 4.0 * d * (a * p->m3 - b * m3) / total;
+        m3 += p->m3 + d2 * d * a * b * (a - b) / (total * total)
+              + 3.0 * d * (a * p->m2 - b * m2) / total;
+        m2 += p->m2 + d2 * a * b / total;
+        mean += d * b / total;
+        n = total;
+    }
+    free(parts);
+    if (!(isfinite(m2) && isfinite(m3) && isfinite(m4))) return 2;
+    out[0] = n; out[1] = mean; out[2] = m2 > 0 ? m2 : 0.0; out[3] = low; out[4] = high;
+    out[5] = zeros; out[6] = 0.0; out[7] = (double)numel; out[8] = m3;
+    out[9] = m4 > 0 ? m4 : 0.0;
+    return 0;
+}
 """
 
 _KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -274,6 +382,10 @@ def _build() -> ctypes.CDLL | None:
             function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                                  ctypes.c_int, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p]
             function.restype = ctypes.c_int
+            function = library.fxdebug_moments
+            function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
+                                 ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+            function.restype = ctypes.c_int
             # a runtime loaded with the library would start a thread pool of its own: never ask it
             library.fxdebug_threaded = ("-fopenmp" in flags  # type: ignore[attr-defined]
                                         and openmp_runtimes() == runtimes)
@@ -323,6 +435,31 @@ def summary(tensor: torch.Tensor, bound_ratio: float, row: int = 2048
     """
     out, status = _call("fxdebug_summary", tensor, row, 8, ctypes.c_double(bound_ratio))
     return (out if status == 0 else None), status == 2
+
+
+WIDE_MOMENTS_NUMEL = 1 << 16
+"""Up to this many values the deviations' powers are summed in float64 (as exact as float64's
+own sums); larger tensors sum them in float32 within each row (M3 and M4 within 1e-7 of float64:
+reading the memory then costs more than the arithmetic, where float64's takes ten times it)."""
+
+
+def moments(tensor: torch.Tensor, row: int = 2048) -> torch.Tensor | None:
+    """The moment summary (:mod:`.stats_moments`) of a dense CPU float32, bfloat16 or float16
+    tensor, float64, from one call that reads its memory once: per row, the float32 sums of
+    :func:`row_sums`, then the powers of the deviations from the row's mean (the row still in
+    the cache; float64 up to ``WIDE_MOMENTS_NUMEL`` values); the rows merged in float64, in order (the same bits on any number of threads).
+    None where the C kernel does not apply, or a value is not finite or a float32 sum overflows
+    (the caller takes the exact path then).
+
+    >>> s = moments(torch.tensor([1.0, 2.0, 3.0, 10.0]))
+    >>> s is None or [round(v, 4) for v in s.tolist()] == [4.0, 4.0, 50.0, 1.0, 10.0, 0.0, 0.0, 4.0, 180.0, 1394.0]
+    True
+    >>> moments(torch.tensor([1.0, float("nan")])) is None
+    True
+    """
+    wide = ctypes.c_int(int(tensor.numel() <= WIDE_MOMENTS_NUMEL))
+    out, status = _call("fxdebug_moments", tensor, row, 10, wide)
+    return out if status == 0 else None
 
 
 def _call(name: str, tensor: torch.Tensor, row: int, size: int, *extra) -> tuple[

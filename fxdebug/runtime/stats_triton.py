@@ -3,8 +3,8 @@
 On a GPU most of what a summary costs is the host's time to launch it, not the
 GPU's to read the values: torch's reductions take about 25 launches a tensor,
 the ``torch.compile``'d kernel of :mod:`.stats_kernel` about 19 plus its
-guards (300 to 600 µs of host time a tensor, 20x an eager resnet50 forward on
-an H200). Here a summary is two launches, and nothing is read back::
+guards (docs/benchmarks.md, "On a GPU", has the host time of each, measured).
+Here a summary is two launches, and nothing is read back::
 
     gpu_summary(tensor)                  float16/bfloat16/float32/float64, on a CUDA device
       ├─ _block_kernel   one program per BLOCK values, held in registers:

@@ -20,9 +20,8 @@ positions, dict keys, namedtuple and dataclass field names.
 The dumped folder's run.py carries :func:`named_leaves` and the functions it
 calls (see ``fxdebug.dumping.folder_runtime``), so they use nothing from
 fxdebug but ``tree_flatten_with_path`` and ``tree_is_leaf``. :func:`outputs_loss`,
-the one default loss, calls nothing but named_leaves, so run.py can carry it too
-(:func:`outputs_loss_source`) and a dump's expected gradients be those every check
-compares.
+the one default loss, calls nothing but named_leaves, so run.py carries it too and a
+dump's expected gradients are those every check compares.
 
 Also here, built on the same walk: :func:`json_safe` (what every report's
 ``to_dict()`` returns; the report shape sits below the runtime, so
@@ -34,7 +33,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
-import inspect
 import math
 from typing import Any, Callable
 
@@ -44,7 +42,7 @@ from ..tables.report import Report, use_json_converter
 from .torch_compat import tree_flatten_with_path, tree_is_leaf, tree_unflatten
 
 __all__ = ["children", "named_leaves", "leaves", "flatten_tensors", "map_leaves", "map_tensors",
-           "clone_inputs", "outputs_loss", "outputs_loss_source", "json_safe", "WALKER_FUNCTIONS"]
+           "clone_inputs", "outputs_loss", "json_safe", "WALKER_FUNCTIONS"]
 
 
 def _key_name(entry) -> str:
@@ -227,8 +225,8 @@ def outputs_loss(value):
     None where there is none.
 
     check_equivalence, check_compiled, find_nonfinite and watch_nonfinite start backward
-    from it; for the dumped folder's run.py, which cannot import fxdebug,
-    :func:`outputs_loss_source` gives its source.
+    from it; the dumped folder's run.py, which cannot import fxdebug, carries its source
+    (``fxdebug.dumping.folder_runtime.RUN_PY_FUNCTIONS``).
 
     >>> out = {"a": torch.ones(2, requires_grad=True), "b": torch.ones(3), "n": 4}
     >>> outputs_loss(out)
@@ -241,17 +239,6 @@ def outputs_loss(value):
     terms = [t.real.sum() if t.is_complex() else t.sum() for _, t in named_leaves(value)
              if isinstance(t, torch.Tensor) and t.requires_grad and (t.is_floating_point() or t.is_complex())]
     return sum(terms[1:], terms[0]) if terms else None
-
-
-def outputs_loss_source() -> str:
-    """The source of :func:`outputs_loss`, for the dumped folder's run.py (which cannot import
-    fxdebug: it defines ``outputs_loss`` from this text, next to the walker it calls,
-    :data:`WALKER_FUNCTIONS`).
-
-    >>> print(outputs_loss_source().splitlines()[0])
-    def outputs_loss(value):
-    """
-    return inspect.getsource(outputs_loss)
 
 
 JSON_DEPTH = 12

@@ -261,10 +261,9 @@ class _Child:
             raise AttributeError(self.name) from None
 
 
-# dynamo before torch 2.14 refuses a class attribute it does not know while it traces a
-# module (torch.export's strict mode on 2.9.1: "Unsupported nn.Module attribute type"):
-# there children are found by nn.Module.__getattr__, as in any module
-_CHILD_DESCRIPTORS = torch_compat.torch_version() >= (2, 14)
+# where dynamo refuses a class attribute it does not know (before torch 2.14), children are
+# found by nn.Module.__getattr__, as in any module
+_CHILD_DESCRIPTORS = torch_compat.dynamo_traces_class_descriptors()
 
 
 def _look_up_children_fast(cls: type, gm: fx.GraphModule) -> None:

@@ -40,7 +40,7 @@ from .autograd import (add_tensor_hook, at_backward_end, read_version,  # noqa: 
 from .dtensor import (ParallelLayout, distribute_module_applied,  # noqa: E402
                       parallel_output_layout)
 from .dynamo import (compile_like, compiled_backend, compiled_in_place, compiled_inner,  # noqa: E402
-                     dynamo_frame_id, graph_break_reason, inductor_backend,
+                     dynamo_frame_id, dynamo_traces_class_descriptors, graph_break_reason, inductor_backend,
                      inside_compiled_module, load_inductor, lookup_backend,
                      run_eagerly_from_compiled_code, skip_frame)
 from .export_nodes import (AUTOCAST_NODE_FUNCTIONS, ENTER_AUTOCAST, EXIT_AUTOCAST,  # noqa: E402
@@ -74,6 +74,7 @@ __all__ = [
     "ParallelLayout", "distribute_module_applied", "parallel_output_layout",
     # dynamo
     "compile_like", "compiled_backend", "compiled_in_place", "compiled_inner", "dynamo_frame_id",
+    "dynamo_traces_class_descriptors",
     "graph_break_reason", "inductor_backend", "inside_compiled_module", "load_inductor",
     "lookup_backend", "run_eagerly_from_compiled_code", "skip_frame",
     # export_nodes

@@ -15,11 +15,27 @@ from typing import Any
 
 import torch
 
+from ..torch_version import torch_version
+
 __all__ = ["compiled_backend", "compiled_inner", "compiled_in_place", "dynamo_frame_id",
-           "compile_like", "graph_break_reason", "inductor_backend", "inside_compiled_module",
+           "dynamo_traces_class_descriptors", "compile_like", "graph_break_reason", "inductor_backend", "inside_compiled_module",
            "load_inductor", "lookup_backend", "run_eagerly_from_compiled_code", "skip_frame"]
 
 _inductor_lock = threading.Lock()
+
+
+def dynamo_traces_class_descriptors() -> bool:
+    """Whether dynamo traces a module whose class carries an attribute it does not know (a
+    descriptor that finds a child module, say).
+
+    torch 2.14 does; before it dynamo refuses one (torch.export's strict mode on 2.9.1:
+    "Unsupported nn.Module attribute type"), and such a class must leave its children to
+    ``nn.Module.__getattr__``. Decided by the torch version: no private name is read.
+
+    >>> dynamo_traces_class_descriptors() == (torch_version() >= (2, 14))
+    True
+    """
+    return torch_version() >= (2, 14)
 
 
 def compiled_inner(module) -> torch.nn.Module | None:
