@@ -11,7 +11,7 @@ round-robin; the table reports medians):
    node, every output and every activation gradient checked, the whole call
    (tracing included); and the same on a GraphModule traced once beforehand
    (what a training loop would pass);
-4. ``fxdebug.find_nonfinite(model, x, backward=False)`` against a plain
+4. ``fxdebug.find_nonfinite(model, x, grads=False)`` against a plain
    forward (``torch.no_grad``);
 5. ``fxdebug.trace(model)`` alone: the fixed cost both find_nonfinite rows
    include (it does not grow with the input size);
@@ -96,13 +96,13 @@ def bench_model(name, shape, repeats, warmup, device="cpu"):
         "find_nonfinite on a traced GraphModule": lambda x: fxdebug.find_nonfinite(traced, x),
         "fxdebug.trace alone (part of both find_nonfinite rows)": lambda x: fxdebug.trace(model),
         "forward (no_grad)": forward_only(model),
-        "find_nonfinite(backward=False)": lambda x: fxdebug.find_nonfinite(model, x,
-                                                                           backward=False),
+        "find_nonfinite(grads=False)": lambda x: fxdebug.find_nonfinite(model, x,
+                                                                        grads=False),
         "training step (loss.backward())": training_step(model),
         "watch_nonfinite step (+ check())": watched_step(model),
     }
     baseline = {"forward (no_grad)": "forward (no_grad)",
-                "find_nonfinite(backward=False)": "forward (no_grad)",
+                "find_nonfinite(grads=False)": "forward (no_grad)",
                 "training step (loss.backward())": "training step (loss.backward())",
                 "watch_nonfinite step (+ check())": "training step (loss.backward())"}
     times = interleaved({v: partial(fn, x) for v, fn in variants.items()},

@@ -6,7 +6,7 @@ Model: torchvision resnet50 (random weights, eval, CPU), one forward under
 1. ``eager``: the model itself;
 2. ``memory``: ``fxdebug.instrument(model, capture="all")``: every node's output kept
    in memory (views, copies where an in-place op follows) until the next forward;
-3. ``save_to``: ``fxdebug.instrument(model, capture="all", save_to=folder)``: each
+3. ``save_to``: ``fxdebug.instrument(model, capture="all", folder=folder)``: each
    capture handed to the writer thread and released once written (64 MiB queue).
 
 Memory: each variant runs in a fresh interpreter, so its peak resident memory
@@ -14,7 +14,7 @@ Memory: each variant runs in a fresh interpreter, so its peak resident memory
 that peak minus the resident memory right before the first forward (model built,
 weights loaded). Time: one more interpreter runs the three variants interleaved
 (each repeat runs every variant once, starting one later each time), median of
-the repeats after one warm-up; for ``save_to`` the forward plus ``fxdebug.flush``
+the repeats after one warm-up; for ``save_to`` the forward plus ``fxdebug.records`` (which finishes writing)
 (every byte written and the manifest on disk). Earlier runs are deleted between
 repeats, outside the timing. The saved run is checked equal to the in-memory
 capture.
@@ -51,7 +51,7 @@ if variant == "eager":
 elif variant == "memory":
     run = fxdebug.instrument(model, capture="all")
 else:
-    run = fxdebug.instrument(model, capture="all", save_to=os.path.join(folder, "runs"))
+    run = fxdebug.instrument(model, capture="all", folder=os.path.join(folder, "runs"))
 
 def rss():
     with open("/proc/self/statm") as handle:
@@ -65,7 +65,7 @@ for repeat in range(repeats + 1):
         out = run(x)
     middle = time.perf_counter()
     if variant == "save_to":
-        fxdebug.flush(run)
+        fxdebug.records(run)
     end = time.perf_counter()
     if repeat:
         forward.append(middle - start)
@@ -103,7 +103,7 @@ torch.manual_seed(0)
 model = torchvision.models.resnet50().eval()
 x = torch.randn(*shape)
 runs = os.path.join(folder, "runs")
-saving = fxdebug.instrument(model, capture="all", save_to=runs)
+saving = fxdebug.instrument(model, capture="all", folder=runs)
 variants = {"eager": model, "memory": fxdebug.instrument(model, capture="all"), "save_to": saving}
 times = {name: [] for name in variants}
 names = list(variants)
@@ -113,7 +113,7 @@ for repeat in range(repeats + 1):
         with torch.no_grad():
             out = variants[name](x)
         if name == "save_to":
-            fxdebug.flush(saving)
+            fxdebug.records(saving)
         if repeat:
             times[name].append(time.perf_counter() - start)
         del out
@@ -173,7 +173,7 @@ def main() -> None:
                                   "process peak MiB", "median ms", "time vs eager"],
                    tablefmt="github", disable_numparse=True,
                    colalign=("left",) + ("right",) * 5))
-    print("(save_to: the forward and fxdebug.flush, every byte written; times interleaved in "
+    print("(save_to: the forward and fxdebug.records, every byte written; times interleaved in "
           "one process, medians)")
     saved = results["save_to"]
     print(f"save_to wrote {saved['captures']} captures, {saved['run_bytes'] / mib:.0f} MiB per "

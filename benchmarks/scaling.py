@@ -4,7 +4,7 @@ Two measurements, each in one process with interleaved repeats (medians):
 
 1. A chain of ``--pairs`` ``Linear(8, 8)`` + ``ReLU`` modules (5000 pairs: 10k
    nodes). ``fxdebug.trace`` + ``fxdebug.instrument`` + ``fxdebug.diff`` (traced
-   against instrumented) + ``fxdebug.tabular`` of the result, against
+   against instrumented) + ``fxdebug.print_tabular`` of the result, against
    ``torch.fx.symbolic_trace`` of the same model; then each stage alone. Both
    run with Python's garbage collector as the user left it (fxdebug never
    pauses it: the user's code runs during a trace).
@@ -30,6 +30,7 @@ Run (from the repository root)::
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import tempfile
@@ -54,7 +55,7 @@ def front_end(model):
         gm = fxdebug.trace(model)
         instrumented = fxdebug.instrument(gm)
         fxdebug.diff(gm, instrumented)
-        fxdebug.tabular(instrumented)
+        fxdebug.print_tabular(instrumented, file=io.StringIO())
     return run
 
 
@@ -65,7 +66,7 @@ def stages(model):
         "  fxdebug.trace": lambda: fxdebug.trace(model),
         "  fxdebug.instrument (traced input)": lambda: fxdebug.instrument(gm),
         "  fxdebug.diff": lambda: fxdebug.diff(gm, instrumented),
-        "  fxdebug.tabular": lambda: fxdebug.tabular(instrumented),
+        "  fxdebug.print_tabular": lambda: fxdebug.print_tabular(instrumented, file=io.StringIO()),
     }
 
 
@@ -79,7 +80,7 @@ def dumps(label, model, x, root):
         plain.to_folder(fresh("tofolder"), "Model")
 
     def dump():
-        fxdebug.dump(gm, fresh("dump"), x)
+        fxdebug.dump(gm, x, folder=fresh("dump"))
     return {f"torch to_folder, {label}": to_folder, f"fxdebug.dump, {label}": dump}
 
 

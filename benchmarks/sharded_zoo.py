@@ -7,9 +7,9 @@ The matrix of issue 42: Hugging Face ``llama``, ``gpt2``, ``qwen2``, timm ``mixe
 2x2 mesh) and ``hsdp`` (replicate x shard) on 4. Every rank runs the same input. For each
 pair that applies:
 
-1. **instrumented**: ``fxdebug.instrument(model, save_to=...)`` and one forward;
+1. **instrumented**: ``fxdebug.instrument(model, folder=...)`` and one forward;
 2. **captures match**: ground truth computed another way: forward hooks on the unsharded
-   model give every key's value; each rank's capture (read back from ``save_to``) must be
+   model give every key's value; each rank's capture (read back from its folder) must be
    that value, this rank's piece of it (chunked along the dim that differs, by tensor-parallel
    rank), or an addend of it (summed over the tensor-parallel group: a RowwiseParallel output
    before its all-reduce);
@@ -273,9 +273,9 @@ def correct_row(fam: Family, config: str, world: int, folder: str) -> dict:
     truth_key, truth_ranks, output_error = fam.truth(model, config, world, tolerance)
     row: dict = dict(output_error=output_error, truth_first_bad=truth_key)
     try:
-        gm = fxdebug.instrument(model, save_to=folder)  # each rank writes folder/rank-R
+        gm = fxdebug.instrument(model, folder=folder)  # each rank writes folder/rank-R
         gm(*fam.inputs)
-        fxdebug.flush(gm)
+        fxdebug.records(gm)
         saved = fxdebug.records(gm)  # read back from the folder
     except Exception as exc:  # noqa: BLE001 - the row says what failed
         row.update(instrumented=f"NO: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
@@ -374,7 +374,7 @@ def family_rows(rank: int, world: int, family: str, jobs: list, folder: str) -> 
         row["bugs"] = {bug: bug_row(fam, config, world, bug) for bug in bugs}
         rows[config] = row
     del fam
-    gc.collect()  # the instrumented models and their save_to writers go (nothing left to flush)
+    gc.collect()  # the instrumented models and their folder writers go (nothing left to flush)
     return rows
 
 
@@ -398,7 +398,7 @@ def verdict_problems(row: dict, config: str) -> list[str]:
 # -- the table -----------------------------------------------------------------------------
 def run_matrix(family_names, configs, bugs, on_ranks, folder: str) -> list[dict]:
     """Rows ``{family, config, world, why, row, per_rank}`` for every pair, run with ``on_ranks``
-    (``save_to`` folders under ``folder``)."""
+    (``instrument(folder=)`` folders under ``folder``)."""
     out = []
     for family in family_names:
         for world in sorted({WORLD[c] for c in configs}):

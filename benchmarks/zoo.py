@@ -202,7 +202,7 @@ def _captured(keys: list[str], rec) -> tuple[int, list[str]]:
 # -- dumping -------------------------------------------------------------------------------
 def _round_trip(gm: torch.nn.Module, inputs: tuple, expected, workdir: str, name: str) -> str:
     folder = os.path.join(workdir, name)
-    fxdebug.dump(gm, folder, *inputs)
+    fxdebug.dump(gm, *inputs, folder=folder)
     sys.path.insert(0, workdir)
     try:
         loaded = importlib.import_module(name).load()

@@ -1,7 +1,7 @@
 """Two runs of the same model, one with a perturbed layer: which key differs first?
 
 Run a saves its captures with fxdebug.save_records; run b streams them to disk while
-it runs (instrument(..., save_to=)). fxdebug.compare_runs reads both folders, compares
+it runs (instrument(..., folder=)). fxdebug.compare_runs reads both folders, compares
 key by key in execution order and names the first divergent key with its op and source
 line; `fxdebug compare A B` does the same from a shell (exit 1 when they differ).
 Run: python examples/compare_runs.py
@@ -29,9 +29,9 @@ run_a = fxdebug.save_records(fxdebug.records(gm), os.path.join(folder, "a"))
 perturbed = copy.deepcopy(model)
 with torch.no_grad():
     perturbed.layer3[0].conv1.weight.mul_(1.001)
-gm_b = fxdebug.instrument(perturbed, save_to=os.path.join(folder, "b"))
+gm_b = fxdebug.instrument(perturbed, folder=os.path.join(folder, "b"))
 gm_b(x)
-fxdebug.flush(gm_b)  # everything written (it also happens at exit)
+fxdebug.records(gm_b)  # everything written (it also happens at exit)
 
 report = fxdebug.compare_runs(run_a, os.path.join(folder, "b"))
 print("\n".join(report.table().splitlines()[:6]))

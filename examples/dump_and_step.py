@@ -29,7 +29,7 @@ x = torch.randn(1, 3, 64, 64)
 gm = fxdebug.instrument(model, capture=["layer1.*", "fc"])
 
 work = tempfile.mkdtemp()
-folder = fxdebug.dump(gm, os.path.join(work, "resnet18_dump"), x)
+folder = fxdebug.dump(gm, x, folder=os.path.join(work, "resnet18_dump"))
 code = open(os.path.join(folder, "module.py")).read().splitlines()
 print("module.py, around layer1.0.conv2:")
 start = next(i for i, line in enumerate(code) if "# [layer1.0.conv2]" in line)

@@ -31,7 +31,7 @@ torch.set_float32_matmul_precision("medium")
 torch.use_deterministic_algorithms(True)
 torch.set_default_dtype(torch.float64)
 try:
-    folder = fxdebug.dump(fxdebug.trace(model), os.path.join(tempfile.mkdtemp(), "scores"), x)
+    folder = fxdebug.dump(fxdebug.trace(model), x, folder=os.path.join(tempfile.mkdtemp(), "scores"))
 finally:  # this process as it was
     torch.set_float32_matmul_precision(before[0])
     torch.use_deterministic_algorithms(False)

@@ -53,7 +53,7 @@ for block in model.blocks:  # the fix; then a NaN weight is *received* by its la
 assert fxdebug.find_nonfinite(model, x).ok
 with torch.no_grad():
     model.blocks[2].fc.weight[3, 5] = float("nan")
-report = fxdebug.find_nonfinite(model, x, backward=False)
+report = fxdebug.find_nonfinite(model, x, grads=False)
 print(report.table())
 assert report.forward.key == "blocks.2.fc" and not report.forward.created
 assert [v.name for v in report.forward.parameters if not v.finite] == ["blocks.2.fc.weight"]

@@ -23,7 +23,7 @@ def transform(model):
                 new = gm.graph.call_function(operator.sub, (identity, out))  # the bug
             node.replace_all_uses_with(new)
             gm.graph.erase_node(node)
-            fxdebug.keys.inherit_key(new, node)  # the new node computes what `iadd` did
+            fxdebug.passes.inherit_key(new, node)  # the new node computes what `iadd` did
     gm.recompile()
     return gm
 

@@ -30,7 +30,7 @@ def fuse_conv_bn(model, sqrt=True):
         bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
         conv.weight = torch.nn.Parameter(conv.weight * scale[:, None, None, None])
         conv.bias = torch.nn.Parameter((bias - bn.running_mean) * scale + bn.bias)
-        node.replace_all_uses_with(conv_node)  # fxdebug.keys.inherit_key(conv_node, node) would
+        node.replace_all_uses_with(conv_node)  # fxdebug.passes.inherit_key(conv_node, node) would
         gm.graph.erase_node(node)              # say outright that the conv now computes the bn
     gm.recompile()
     return gm

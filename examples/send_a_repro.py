@@ -46,7 +46,7 @@ print(report.table())
 assert report.forward.key == "log" and report.forward.created
 
 gm = fxdebug.instrument(model, grads=True)  # what you debug with; the folder leaves fxdebug out
-folder = fxdebug.dump(gm, os.path.join(tempfile.mkdtemp(), "nan_repro"), x, standalone=True)
+folder = fxdebug.dump(gm, x, folder=os.path.join(tempfile.mkdtemp(), "nan_repro"), standalone=True)
 shadow = tempfile.mkdtemp()  # the colleague's machine: torch, and no fxdebug
 os.makedirs(os.path.join(shadow, "fxdebug"))
 with open(os.path.join(shadow, "fxdebug", "__init__.py"), "w") as handle:

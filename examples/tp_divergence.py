@@ -3,7 +3,7 @@
 "The loss differs between TP=1 and TP=2": the usual answer is to dump activations per
 rank and match them by hand, shard by shard. fxdebug's keys are module paths, and
 ``parallelize_module`` keeps them: every rank saves its run with
-``instrument(model, save_to=...)`` (``runs/tp/rank-R``, each capture with its placement),
+``instrument(model, folder=...)`` (``runs/tp/rank-R``, each capture with its placement),
 and ``compare_runs`` assembles the shards and compares key by key with the unsharded run.
 
 Here rank 1's shard of ``blocks.1.fc1.weight`` is off by 0.5 in one element (a checkpoint
@@ -67,13 +67,11 @@ def tensor_parallel(model, mesh):
     return parallelize_module(copy.deepcopy(model), mesh, plan)
 
 
-def run(model, x, save_to=None):
-    gm = fxdebug.instrument(model, save_to=save_to)
+def run(model, x, folder=None):
+    gm = fxdebug.instrument(model, folder=folder)
     with torch.no_grad():
         gm(x)
-    if save_to is not None:
-        fxdebug.flush(gm)  # every capture on disk before another process reads it
-    return fxdebug.records(gm)
+    return fxdebug.records(gm)  # with folder=: every capture on disk, read back
 
 
 def main(rank: int) -> None:
@@ -83,12 +81,12 @@ def main(rank: int) -> None:
     x = torch.randn(4, 8, D, generator=torch.Generator().manual_seed(1))  # same on every rank
 
     # every rank runs and saves both: runs/unsharded/rank-R and runs/tp/rank-R
-    unsharded = run(model, x, save_to="runs/unsharded")
+    unsharded = run(model, x, folder="runs/unsharded")
     buggy = tensor_parallel(model, mesh)
     if rank == 1:  # the bug: one element of rank 1's shard of one weight
         with torch.no_grad():
             buggy.blocks[1].fc1.weight.to_local()[0, 0] += 0.5
-    tp = run(buggy, x, save_to="runs/tp")
+    tp = run(buggy, x, folder="runs/tp")
 
     # live records: a collective every rank calls; each rank's pieces assembled on the mesh
     live = fxdebug.compare_runs(unsharded, tp)

@@ -58,12 +58,12 @@ for hook in hooks:
 ones, v = torch.ones_like(live[of]), torch.randn_like(live[of])
 for name, vector in [("ones", ones), ("random v", v)]:
     (by_hand,) = torch.autograd.grad(live[of], live[wrt], grad_outputs=vector, retain_graph=True)
-    got = fxdebug.vjp(model, ids, of=of, wrt=wrt, grad_outputs=vector)  # no hooks, no live tensors
+    got = fxdebug.vjp(model, ids, output=of, wrt=wrt, grad_outputs=vector)  # no hooks, no live tensors
     torch.testing.assert_close(got, by_hand, rtol=1e-5, atol=1e-6)
     print(f"vjp({of} <- {wrt}, {name}): shape {tuple(got.shape)}, norm {got.norm():.3g} "
           f"(autograd.grad: {by_hand.norm():.3g})")
 # ones gives ~0 here: a LayerNorm output sums to a constant, so ones^T J = 0; try a random v
-assert got.norm() > 1 > 1e3 * fxdebug.vjp(model, ids, of=of, wrt=wrt).norm()
+assert got.norm() > 1 > 1e3 * fxdebug.vjp(model, ids, output=of, wrt=wrt).norm()
 
 # Jacobian norms: ||d(out)/d(h_i)||_F for the output h_i of every layer of a small MLP
 mlp = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))

@@ -8,7 +8,9 @@ alone::
     FxdebugWarning (UserWarning)
       ├─ EagerFallbackWarning   part of the model runs eagerly, or another front end ran it
       ├─ FidelityWarning        a value or a pass may not be what you asked for
-      └─ PerformanceWarning     the same result, computed a slower way
+      ├─ PerformanceWarning     the same result, computed a slower way
+      └─ FxdebugDeprecationWarning (also a DeprecationWarning) an old spelling that still
+                                works for one release; the message names the new one
 
 >>> import warnings
 >>> warnings.filterwarnings("error", category=FxdebugWarning)   # fxdebug's only
@@ -17,9 +19,15 @@ alone::
 
 from __future__ import annotations
 
+import functools
+import inspect
+import warnings
+from typing import Any, Callable, TypeVar
+
 __all__ = ["FxdebugError", "TraceFailure", "SelectionError", "PassEquivalenceError",
-           "StaleCaptureError", "SavedRunError", "FxdebugWarning", "EagerFallbackWarning", "FidelityWarning",
-           "PerformanceWarning"]
+           "StaleCaptureError", "SavedRunError", "GraphChangedError", "ReferenceMismatchError",
+           "FxdebugWarning", "EagerFallbackWarning", "FidelityWarning", "PerformanceWarning",
+           "FxdebugDeprecationWarning"]
 
 
 class FxdebugWarning(UserWarning):
@@ -44,6 +52,11 @@ class FidelityWarning(FxdebugWarning):
 
 class PerformanceWarning(FxdebugWarning):
     """The same result, computed a slower way (e.g. a compiled kernel was unavailable)."""
+
+
+class FxdebugDeprecationWarning(FxdebugWarning, DeprecationWarning):
+    """An old spelling (a name, an argument, a return shape) that still works for one release;
+    the message names the new spelling."""
 
 
 class FxdebugError(Exception):
@@ -129,8 +142,87 @@ class StaleCaptureError(FxdebugError):
 
 
 class SavedRunError(FxdebugError):
-    """A saved run (``fxdebug.save_records``, ``instrument(..., save_to=)``) that cannot be read
+    """A saved run (``fxdebug.save_records``, ``instrument(..., folder=)``) that cannot be read
     or written: a missing folder, a truncated or corrupt file, a newer format, a failed write.
 
     The message names the file and what to do.
     """
+
+
+class GraphChangedError(FxdebugError, RuntimeError):
+    """A diff's code was asked for after its GraphModule changed."""
+
+
+class ReferenceMismatchError(FxdebugError, ValueError):
+    """The reference run is not a run of the same model and input: keys or shapes differ."""
+
+
+def deprecated(old: str, new: str, stacklevel: int = 3) -> None:
+    """Warn that ``old`` (a name, an argument) is deprecated in favour of ``new``; the old
+    spelling keeps working for one release.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     deprecated("f(of=)", "f(output=)")
+    >>> print(caught[0].message)
+    f(of=) is deprecated and will be removed in the next release; use f(output=).
+    """
+    warnings.warn(f"{old} is deprecated and will be removed in the next release; use {new}.",
+                  FxdebugDeprecationWarning, stacklevel=stacklevel)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def renamed_arguments(renamed: dict[str, str] | None = None,
+                      keyword_only: tuple[str, ...] = ()) -> Callable[[_F], _F]:
+    """Decorate a function whose arguments were renamed (``renamed={old: new}``) or made
+    keyword-only (``keyword_only``: their names, in their old positional order, after the
+    function's positional parameters): the old call still works, with a
+    :class:`FxdebugDeprecationWarning` naming the new spelling.
+
+    >>> import warnings
+    >>> @renamed_arguments({"of": "output"}, keyword_only=("rtol",))
+    ... def f(x, *, output=None, rtol=None):
+    ...     return x, output, rtol
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     f(1, 1e-3, of="y")
+    (1, 'y', 0.001)
+    >>> [str(w.message).split(";")[0] for w in caught]  # each names the new spelling after ";"
+    ['rtol by position in f() is deprecated and will be removed in the next release', \
+'f(of=) is deprecated and will be removed in the next release']
+    """
+    renamed = dict(renamed or {})
+
+    def decorate(function: _F) -> _F:
+        name = function.__name__
+        positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                         for p in inspect.signature(function).parameters.values())
+
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            if keyword_only and len(args) > positional:
+                extra = args[positional:]
+                if len(extra) > len(keyword_only):
+                    raise TypeError(f"{name}() takes {positional} positional argument(s) "
+                                    f"but {len(args)} were given.")
+                names = keyword_only[:len(extra)]
+                deprecated(f"{', '.join(names)} by position in {name}()",
+                           f"{name}({', '.join(f'{n}=' for n in names)}) by keyword")
+                for key, value in zip(names, extra):
+                    if key in kwargs:
+                        raise TypeError(f"{name}() got multiple values for argument {key!r}.")
+                    kwargs[key] = value
+                args = args[:positional]
+            for old, new in renamed.items():
+                if old in kwargs:
+                    deprecated(f"{name}({old}=)", f"{name}({new}=)")
+                    if new in kwargs:
+                        raise TypeError(f"{name}() got both {old}= and {new}=; give {new}= "
+                                        f"only.")
+                    kwargs[new] = kwargs.pop(old)
+            return function(*args, **kwargs)
+        return wrapper  # type: ignore[return-value]
+    return decorate

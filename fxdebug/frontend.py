@@ -2,10 +2,10 @@
 
 Call tree::
 
-    trace(model, *example_inputs, frontend="fx")    a transaction: a failure puts the model back
+    trace(model, *inputs, frontend="fx")    a transaction: a failure puts the model back
       ├─ unwrap_compiled(model)                       torch.compile(m) given: m, one warning
       ├─ "fx":     fx_tracer.trace_fx(model)          symbolic tracing, auto-leaf
-      ├─ "export": export.export_trace(model, *example_inputs)
+      ├─ "export": export.export_trace(model, *inputs)
       └─ "auto":   fx, else export, else partial.build_partial_model(model)
 """
 
@@ -36,18 +36,18 @@ _FRONTENDS = ("fx", "export", "auto")
 
 
 @overload
-def trace(model: torch.nn.Module, *example_inputs: object, leaf_modules: Iterable = (),
+def trace(model: torch.nn.Module, *inputs: object, leaf_modules: Iterable = (),
           concrete_args: dict | None = None, auto_leaf: bool = True,
           frontend: Literal["fx", "export"] = "fx") -> fx.GraphModule: ...
 
 
 @overload
-def trace(model: torch.nn.Module, *example_inputs: object, leaf_modules: Iterable = (),
+def trace(model: torch.nn.Module, *inputs: object, leaf_modules: Iterable = (),
           concrete_args: dict | None = None, auto_leaf: bool = True,
           frontend: str = "auto") -> torch.nn.Module: ...
 
 
-def trace(model: torch.nn.Module, *example_inputs: object, leaf_modules: Iterable = (),
+def trace(model: torch.nn.Module, *inputs: object, leaf_modules: Iterable = (),
           concrete_args: dict | None = None, auto_leaf: bool = True,
           frontend: str = "fx") -> torch.nn.Module:
     """Trace ``model`` into a GraphModule with stable keys and source lines.
@@ -55,7 +55,7 @@ def trace(model: torch.nn.Module, *example_inputs: object, leaf_modules: Iterabl
     Args:
         model: the module to trace; it is not modified and shares its
             parameters with the result.
-        example_inputs: positional inputs; needed by ``frontend="export"``
+        inputs: positional inputs; needed by ``frontend="export"``
             (and by ``"auto"`` to try export).
         leaf_modules: module paths (``"layer1.0"``) or classes to keep as
             single ``call_module`` nodes instead of tracing through them.
@@ -100,26 +100,26 @@ def trace(model: torch.nn.Module, *example_inputs: object, leaf_modules: Iterabl
     """
     refuse_pipelining(model, "fxdebug.trace")
     with model_transaction(model, "fxdebug.trace") as snapshot:  # a failure: the model put back
-        return trace_in_transaction(model, snapshot, example_inputs, leaf_modules, concrete_args,
+        return trace_in_transaction(model, snapshot, inputs, leaf_modules, concrete_args,
                                     auto_leaf, frontend)
 
 
 @overload
 def trace_in_transaction(model: torch.nn.Module, snapshot: ModelSnapshot | None,
-                         example_inputs: tuple = (), leaf_modules: Iterable = (),
+                         inputs: tuple = (), leaf_modules: Iterable = (),
                          concrete_args: dict | None = None, auto_leaf: bool = True,
                          frontend: Literal["fx", "export"] = "fx") -> fx.GraphModule: ...
 
 
 @overload
 def trace_in_transaction(model: torch.nn.Module, snapshot: ModelSnapshot | None,
-                         example_inputs: tuple = (), leaf_modules: Iterable = (),
+                         inputs: tuple = (), leaf_modules: Iterable = (),
                          concrete_args: dict | None = None, auto_leaf: bool = True,
                          frontend: str = "auto") -> torch.nn.Module: ...
 
 
 def trace_in_transaction(model: torch.nn.Module, snapshot: ModelSnapshot | None,
-                         example_inputs: tuple = (), leaf_modules: Iterable = (),
+                         inputs: tuple = (), leaf_modules: Iterable = (),
                          concrete_args: dict | None = None, auto_leaf: bool = True,
                          frontend: str = "fx") -> torch.nn.Module:
     """:func:`trace` inside an open :func:`~fxdebug.tracing.transaction.model_transaction`.
@@ -153,9 +153,9 @@ def trace_in_transaction(model: torch.nn.Module, snapshot: ModelSnapshot | None,
                          f"(torch.export on example inputs) or 'auto' (fx, then export, then "
                          f"the traceable parts).")
     if frontend == "export":
-        return export_trace(model, *example_inputs)
+        return export_trace(model, *inputs)
     if frontend == "auto":
-        return _trace_auto(model, example_inputs, leaf_modules, concrete_args, auto_leaf, snapshot)
+        return _trace_auto(model, inputs, leaf_modules, concrete_args, auto_leaf, snapshot)
     return trace_fx(model, leaf_modules, concrete_args, auto_leaf, snapshot=snapshot)
 
 
@@ -187,7 +187,7 @@ def unwrap_compiled(model: torch.nn.Module, caller: str) -> torch.nn.Module:
     return inner
 
 
-def _trace_auto(model, example_inputs, leaf_modules, concrete_args, auto_leaf, snapshot):
+def _trace_auto(model, inputs, leaf_modules, concrete_args, auto_leaf, snapshot):
     """fx, else export, else partial; the result says which and why."""
     notes: list[str] = []
     try:
@@ -201,9 +201,9 @@ def _trace_auto(model, example_inputs, leaf_modules, concrete_args, auto_leaf, s
     sharded = why_not_export(model)
     if sharded:
         notes.append(f"export: {sharded}")
-    elif example_inputs:
+    elif inputs:
         try:
-            gm = export_trace(model, *example_inputs)
+            gm = export_trace(model, *inputs)
         except TraceFailure as failure:
             notes.append(f"export: {' '.join(str(failure).split())}")
         else:
@@ -215,7 +215,7 @@ def _trace_auto(model, example_inputs, leaf_modules, concrete_args, auto_leaf, s
             return gm
     else:
         notes.append("export: not tried, no example inputs (pass them: "
-                     "fxdebug.trace(model, *example_inputs, frontend='auto'))")
+                     "fxdebug.trace(model, *inputs, frontend='auto'))")
     if next(model.children(), None) is None:
         raise fx_failure  # no submodules, no parts
     return build_partial_model(model, fx_failure, leaf_modules, notes[1:])  # it notes fx_failure itself

@@ -22,7 +22,7 @@ Call tree::
       │    └─ DebugGraphModule.defer_recompile()   once, after every pass: the code is
       │                                    generated on first use
       ├─ tracing.modes.follow_modes(gm, model, ...)   its graph follows model.train()/eval()
-      └─ runs.run_writer.RunWriter         with save_to=: each run streamed to the folder
+      └─ runs.run_writer.RunWriter         with folder=: each run streamed to the folder
     gm(x)                                  begin_run, then every capture node
     torch.compile(gm)(x)                   the same nodes as custom ops in the compiled
                                            graphs: the compiled code's values (see
@@ -39,7 +39,7 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
-from .errors import FxdebugError, TraceFailure
+from .errors import FxdebugError, TraceFailure, deprecated, renamed_arguments
 from .passes import Capture, EagerRegions, GradHooks, Pass, as_pass
 from .passes.base import run_passes
 from .runtime import RECORDER_ATTR, Recorder, Records, capture, capture_stats
@@ -63,9 +63,10 @@ __all__ = ["instrument", "records", "accumulate_stats", "build_pipeline", "run_p
            "set_step", "flush"]
 
 
+@renamed_arguments({"save_to": "folder"})
 def instrument(model: torch.nn.Module, capture="modules", depth: int | None = None,
                include=None, exclude=None, grads: bool = False, mode: str = "tensor",
-               passes: Sequence = (), save_to: str | os.PathLike | None = None) -> torch.nn.Module:
+               passes: Sequence = (), folder: str | os.PathLike | None = None) -> torch.nn.Module:
     """Trace ``model`` (unless it is a GraphModule) and insert capture nodes.
 
     Args:
@@ -83,11 +84,11 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
             mean/std/min/max/zeros %/non-finite count.
         passes: more passes (``fxdebug.passes.Pass`` or functions
             ``gm -> gm``) run after the capture pass.
-        save_to: a folder: every forward is written there as a numbered run
-            (``run-000001``, ...) while it runs, and its captures leave memory
-            once written (see :mod:`fxdebug.runs.run_writer`);
-            ``records(gm)`` reads the latest run back, :func:`load_records`
-            any run, :func:`set_step` tags runs, :func:`flush` finishes writing.
+        folder: a folder (``save_to=`` before): every forward is written there as a
+            numbered run (``run-000001``, ...) while it runs, and its captures leave
+            memory once written (see :mod:`fxdebug.runs.run_writer`);
+            ``records(gm)`` finishes writing and reads the latest run back,
+            :func:`load_records` any run, :func:`set_step` tags runs.
 
     Returns:
         ``torch.nn.Module``: usually a ``torch.fx.GraphModule`` whose graph and
@@ -123,12 +124,12 @@ def instrument(model: torch.nn.Module, capture="modules", depth: int | None = No
         raise TypeError(f"fxdebug.instrument expects an nn.Module or a GraphModule, "
                         f"got {type(model).__name__}.")
     with model_transaction(model, "fxdebug.instrument") as snapshot:  # a failure: put back
-        return _instrument(model, capture, depth, include, exclude, grads, mode, passes, save_to,
+        return _instrument(model, capture, depth, include, exclude, grads, mode, passes, folder,
                            snapshot)
 
 
 def _instrument(model, capture, depth, include, exclude, grads, mode, passes,
-                save_to, snapshot) -> torch.nn.Module:
+                folder, snapshot) -> torch.nn.Module:
     inner = unwrap_compiled(model, "fxdebug.instrument")
     if inner is not model:
         model, snapshot = inner, None  # the snapshot is the wrapper's
@@ -137,7 +138,7 @@ def _instrument(model, capture, depth, include, exclude, grads, mode, passes,
     user_passes = [as_pass(p) for p in passes]
     instrument_part = functools.partial(_instrument_part, user_passes=user_passes)
     if is_partial(model):
-        return _saving(instrument_parts(model, instrument_part, **arguments), save_to)
+        return _saving(instrument_parts(model, instrument_part, **arguments), folder)
     gm: fx.GraphModule
     if isinstance(model, fx.GraphModule):
         gm = keyed_copy(model, recompile=False)  # run_pipeline recompiles once
@@ -148,7 +149,7 @@ def _instrument(model, capture, depth, include, exclude, grads, mode, passes,
             if next(model.children(), None) is None:
                 raise  # no submodules: there are no parts, the TraceFailure says what to do
             return _saving(instrument_parts(model, instrument_part, **arguments,
-                                            failure=failure), save_to)
+                                            failure=failure), folder)
     gm = run_pipeline(gm, build_pipeline(**arguments) + user_passes)
     if not isinstance(model, fx.GraphModule):  # its graph follows model.train() / eval()
         follow_modes(gm, model, functools.partial(_instrument_mode, arguments=arguments,
@@ -162,8 +163,8 @@ def _instrument(model, capture, depth, include, exclude, grads, mode, passes,
         return gm
     locations = capture_locations(gm)
     recorder.locations = locations  # type: ignore[assignment]  # (a module takes any value)
-    if save_to is not None:
-        writer = RunWriter(save_to)
+    if folder is not None:
+        writer = RunWriter(folder)
         writer.locations = locations
         recorder.run_writer = writer  # type: ignore[assignment]
     return gm
@@ -203,12 +204,12 @@ def _after_mode_switch(gm: fx.GraphModule) -> None:
             writer.locations = recorder.locations
 
 
-def _saving(partial: torch.nn.Module, save_to) -> torch.nn.Module:
-    """A part-by-part model that writes each run to ``save_to`` (if given): its one shared
+def _saving(partial: torch.nn.Module, folder) -> torch.nn.Module:
+    """A part-by-part model that writes each run to ``folder`` (if given): its one shared
     recorder, which every part and eager capture writes into, streams as a traced one does."""
     recorder = getattr(partial, RECORDER_ATTR, None)
-    if save_to is not None and isinstance(recorder, Recorder):
-        writer = RunWriter(save_to)
+    if folder is not None and isinstance(recorder, Recorder):
+        writer = RunWriter(folder)
         writer.locations = {}
         recorder.run_writer = writer  # type: ignore[assignment]
     return partial
@@ -267,7 +268,10 @@ def run_pipeline(gm: fx.GraphModule, pipeline, recompile: bool = True) -> fx.Gra
 
 
 def records(gm: torch.nn.Module) -> Records:
-    """The Records of the latest forward of an instrumented module.
+    """The Records of the latest forward of an instrumented module (``instrument(model)``,
+    ``torch.compile`` of one) or of a model compiled with ``backend=fxdebug.backend()`` (pass
+    the backend). For a module instrumented with ``folder=``, the run is finished writing
+    and read back from disk.
 
     Example::
 
@@ -292,10 +296,11 @@ def records(gm: torch.nn.Module) -> Records:
         return shared.latest
     latest = recorder.latest
     writer = getattr(recorder, "run_writer", None)
-    if writer is not None and writer.folder is not None:  # save_to: the latest run, from disk
+    if writer is not None and writer.folder is not None:  # folder=: the latest run, from disk
         _flush_writer(gm, writer)
         return load_records(writer.folder)
-    latest.bind_parameters(gm.named_parameters())
+    if isinstance(gm, torch.nn.Module):  # (fxdebug.backend(): the compiled model owns them)
+        latest.bind_parameters(gm.named_parameters())
     latest.locations = getattr(recorder, "locations", {})
     return latest
 
@@ -327,23 +332,21 @@ def set_step(gm: torch.nn.Module, step) -> None:
 
 
 def flush(gm: torch.nn.Module) -> None:
-    """Finish writing what ``instrument(..., save_to=path)`` queued: every capture and the
-    latest run's manifest; stop the writer thread (it starts again with the next forward).
-
-    Raises :class:`~fxdebug.errors.SavedRunError` if writing failed (a full disk), naming
-    the run. Nothing to do for a module instrumented without ``save_to``. The same
-    happens at exit, so a script needs it only before reading the runs itself.
+    """Deprecated: :func:`records` finishes writing what ``instrument(..., folder=)`` queued
+    (every capture and the latest run's manifest) and reads the run back;
+    :func:`~fxdebug.load_records` of that folder and the process's exit finish it too.
 
     Example::
 
-        >>> import os, tempfile, torch, fxdebug
+        >>> import os, tempfile, warnings, torch, fxdebug
         >>> folder = os.path.join(tempfile.mkdtemp(), "runs")
-        >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), save_to=folder)
+        >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), folder=folder)
         >>> _ = gm(torch.ones(2))
-        >>> fxdebug.flush(gm)
-        >>> fxdebug.load_records(folder).keys()
+        >>> fxdebug.records(gm).keys()   # instead of fxdebug.flush(gm)
         ['0']
     """
+    deprecated("fxdebug.flush(gm)", "fxdebug.records(gm), which finishes writing the run and "
+               "reads it back (load_records(folder) and the process's exit finish it too)")
     writer = getattr(_recorder_of(gm, "flush"), "run_writer", None)
     if writer is not None:
         _flush_writer(compiled_inner(gm) or gm, writer)

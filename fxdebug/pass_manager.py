@@ -12,7 +12,8 @@ Call tree::
                 ├─ snapshot, diff(previous, now)      the code as the graph generates it
                 └─ with check_inputs: recompile, check_equivalence(previous stage, now)
       └─ recompile()                       once, unless the checks did already
-    -> (gm, PassReport): one Stage per snapshot (the input, then one per pass)
+    -> PassManagerResult(graph_module, modified, report): as torch's PassManager returns a
+       PassResult; the PassReport holds one Stage per snapshot (the input, then one per pass)
 
 A pass that changes nothing gives a warning (a pass written for plain torch.fx
 may look for ``operator.add`` where fxdebug keeps a ``+=`` whose write can matter
@@ -38,7 +39,7 @@ import torch
 import torch.fx as fx
 
 from .equivalence.equivalence import EquivalenceReport, check_equivalence
-from .errors import FidelityWarning, PassEquivalenceError
+from .errors import FidelityWarning, PassEquivalenceError, deprecated
 from .passes.base import Pass, PassResult, as_pass, run_passes, unchanged_message
 from .reporting.graph_diff import GraphDiff, GraphSnapshot, diff, snapshot
 from .base.fit_to_width import fit_table, table_width
@@ -47,7 +48,7 @@ from .tracing import keyed_copy
 from .frontend import trace
 from .tracing.locations import caller_stacklevel
 
-__all__ = ["PassManager", "PassReport", "Stage"]
+__all__ = ["PassManager", "PassManagerResult", "PassReport", "Stage"]
 
 log = logging.getLogger("fxdebug")
 
@@ -125,6 +126,24 @@ class PassReport(Report):
                          width=table_width(wide), truncate=("pass",))
 
 
+@dataclasses.dataclass(frozen=True)
+class PassManagerResult:
+    """What :meth:`PassManager.run` returns, as torch's ``PassManager`` returns a
+    ``PassResult``: ``graph_module``, ``modified`` (some pass changed the graph) and
+    ``report`` (the :class:`PassReport`). Unpacking it as ``gm, report`` is deprecated.
+    """
+
+    graph_module: fx.GraphModule
+    modified: bool
+    report: PassReport
+
+    def __iter__(self):
+        deprecated("gm, report = PassManager(...).run(model)",
+                   "result = PassManager(...).run(model) with result.graph_module and "
+                   "result.report")
+        return iter((self.graph_module, self.report))
+
+
 class PassManager:
     """Run ``passes`` in order with a snapshot, a diff and (optionally) a check after each.
 
@@ -140,8 +159,10 @@ class PassManager:
         >>> import torch, fxdebug
         >>> pm = fxdebug.PassManager([fxdebug.passes.Capture(), fxdebug.passes.GradHooks()],
         ...                          check_inputs=(torch.randn(2, 3),))
-        >>> gm, report = pm.run(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU()))
-        >>> print(report.table())
+        >>> result = pm.run(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU()))
+        >>> result.modified, isinstance(result.graph_module, torch.fx.GraphModule)
+        (True, True)
+        >>> print(result.report.table())
         pass     modified    nodes +/-/~    equivalent
         -------  ----------  -------------  ------------
         capture  yes         +4 -0 ~0       ok
@@ -161,7 +182,7 @@ class PassManager:
         checked = "checked" if self.check_inputs is not None else "unchecked"
         return f"<PassManager {len(self.passes)} pass(es), {checked}: {names}>"
 
-    def run(self, model: torch.nn.Module) -> tuple[fx.GraphModule, PassReport]:
+    def run(self, model: torch.nn.Module) -> PassManagerResult:
         """Trace ``model`` (or copy a GraphModule) and run every pass on it."""
         gm = keyed_copy(model) if isinstance(model, fx.GraphModule) else trace(model)
         inputs = self.check_inputs or ()
@@ -206,4 +227,4 @@ class PassManager:
             raise
         if not checking and self.passes:
             gm.recompile()
-        return gm, report
+        return PassManagerResult(gm, any(stage.modified for stage in report.stages[1:]), report)

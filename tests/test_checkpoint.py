@@ -220,7 +220,8 @@ def test_functionalize_then_checkpoint_is_equivalent_with_gradients():
     model, x = torchvision.models.resnet18(), torch.randn(2, 3, 32, 32)
     manager = fxdebug.PassManager([fxdebug.passes.Functionalize(), Checkpoint(include=["layer*"])],
                                   check_inputs=(x,))
-    gm, report = manager.run(model)
+    result = manager.run(model)
+    gm, report = result.graph_module, result.report
     assert [stage.name for stage in report.stages[1:]] == ["functionalize", "checkpoint"]
     assert gm.code.count("checkpointed(") == 4
     result = fxdebug.check_equivalence(model, gm, x, grads=True, train=True)

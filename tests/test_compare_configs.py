@@ -67,9 +67,9 @@ def _all_configs(rank, world, folder):
     x = full_input()  # every rank the same batch: every configuration computes the same values
     torch.manual_seed(0)
     original = Net()
-    gm = fxdebug.instrument(copy.deepcopy(original), save_to=f"{folder}/unsharded")
+    gm = fxdebug.instrument(copy.deepcopy(original), folder=f"{folder}/unsharded")
     gm(x)
-    fxdebug.flush(gm)
+    fxdebug.records(gm)
     unsharded = fxdebug.records(gm)
     live, truth = {}, None
     for kind in CONFIGS:
@@ -90,9 +90,9 @@ def _all_configs(rank, world, folder):
             gm(x)
             fxdebug.save_records(fxdebug.records(gm), f"{folder}/{kind}")
         else:
-            gm = fxdebug.instrument(model, save_to=f"{folder}/{kind}")
+            gm = fxdebug.instrument(model, folder=f"{folder}/{kind}")
             gm(x)
-            fxdebug.flush(gm)
+            fxdebug.records(gm)
         live[kind] = _summary(fxdebug.compare_runs(unsharded, fxdebug.records(gm)))  # collective
     dist.barrier()
     return live, truth

@@ -250,9 +250,9 @@ def test_a_saved_gpu_run_compares_with_a_cpu_run_and_finds_a_changed_weight(tmp_
     x = torch.randn(2, 3, 64, 64, device=DEVICE)
     cpu_model = resnet().eval().cpu()
     with torch.no_grad():
-        gm = fxdebug.instrument(model, save_to=str(tmp_path / "gpu"))
+        gm = fxdebug.instrument(model, folder=str(tmp_path / "gpu"))
         gm(x)
-        fxdebug.flush(gm)
+        fxdebug.records(gm)
         cpu_gm = fxdebug.instrument(cpu_model)
         cpu_gm(x.cpu())
     saved = fxdebug.load_records(str(tmp_path / "gpu"))
@@ -290,7 +290,7 @@ def test_a_dumped_gpu_model_runs_and_round_trips(tmp_path):
     # torch's defaults: run.py sets them again (with TF32 on, conv1's gradient moved by 0.1)
     model = resnet().eval()
     x = torch.randn(2, 3, 64, 64, device=DEVICE)
-    folder = fxdebug.dump(fxdebug.instrument(model), str(tmp_path / "repro"), x)
+    folder = fxdebug.dump(fxdebug.instrument(model), x, folder=str(tmp_path / "repro"))
     proc = _run_py(folder, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok: same results as when dumped" in proc.stdout, proc.stdout
@@ -315,7 +315,7 @@ def test_a_gpu_dump_with_tf32_on_round_trips_and_a_changed_weight_fails(tmp_path
     try:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         torch.backends.cudnn.deterministic = False
-        folder = fxdebug.dump(fxdebug.instrument(model), str(tmp_path / "tf32"), x)
+        folder = fxdebug.dump(fxdebug.instrument(model), x, folder=str(tmp_path / "tf32"))
     finally:
         (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
          torch.backends.cudnn.deterministic) = before[:3]
@@ -342,7 +342,7 @@ def test_a_gpu_dump_with_deterministic_algorithms_reproduces_without_widened_tol
     try:
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
         torch.use_deterministic_algorithms(True)
-        folder = fxdebug.dump(fxdebug.trace(model), str(tmp_path / "deterministic"), x)
+        folder = fxdebug.dump(fxdebug.trace(model), x, folder=str(tmp_path / "deterministic"))
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
         if before[2] is None:

@@ -201,7 +201,7 @@ def test_breakpoint_node_survives_dump_and_stops_in_module_py(tmp_path):
     torch.manual_seed(0)
     gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh()).eval(),
                             passes=[fxdebug.passes.Breakpoint("1")])
-    folder = fxdebug.dump(gm, tmp_path / "seq", torch.randn(2, 3))  # dump itself does not stop
+    folder = fxdebug.dump(gm, torch.randn(2, 3), folder=tmp_path / "seq")  # dump itself does not stop
     code = open(os.path.join(folder, "module.py")).read()
     assert "from fxdebug.runtime import stop as fxdebug_runtime_stop" in code
     result = python([os.path.join(folder, "run.py")], input="p _0.shape\nc\n", cwd=str(tmp_path),

@@ -127,7 +127,7 @@ def _dump_every_model(made, originals):
                 gm(x.clone())
             rec = fxdebug.records(gm)  # the graph's captures: inside leaf modules is not dumped
             records = {k: rec[k].clone() for k in rec.keys() if rec.record(k).via == "graph"}
-        fxdebug.dump(gm, made / name, x, allow_pickled_modules=name == "gadgets")  # Opaque
+        fxdebug.dump(gm, x, folder=made / name, allow_pickled_modules=name == "gadgets")  # Opaque
         originals[name] = {"eager": eager, "records": records, "model": model}
 
 
@@ -286,7 +286,7 @@ def test_dict_inputs_flattened_by_fx_round_trip(tmp_path):
     gm = fxdebug.instrument(fxdebug.trace(model, concrete_args={"d": {"a": torch.fx.PH,
                                                                       "b": torch.fx.PH}}))
     d = {"a": torch.randn(2, 3), "b": torch.randn(2, 3)}
-    folder = fxdebug.dump(gm, tmp_path / "dict_input", d)
+    folder = fxdebug.dump(gm, d, folder=tmp_path / "dict_input")
     code = open(os.path.join(folder, "module.py")).read()
     assert "        d_1 = d['a']  " in code and "        return {'y': add}  " in code  # no pytree
     loaded = _import_path("dict_input_module", os.path.join(folder, "module.py")).load()
@@ -302,11 +302,11 @@ def test_dumped_files_identical_across_hash_seeds(tmp_path):
         out = sys.argv[1]
         torch.manual_seed(0)
         fxdebug.dump(fxdebug.instrument(torchvision.models.mobilenet_v3_small().eval()),
-                     out + "/mobilenet", torch.randn(1, 3, 32, 32))
-        fxdebug.dump(fxdebug.instrument(NestedOutputs().eval(), capture="all"), out + "/nested",
-                     torch.randn(2, 8))
+                     torch.randn(1, 3, 32, 32), folder=out + "/mobilenet")
+        fxdebug.dump(fxdebug.instrument(NestedOutputs().eval(), capture="all"),
+                     torch.randn(2, 8), folder=out + "/nested")
         gm = fxdebug.instrument(fxdebug.trace(Gadgets().eval(), leaf_modules=[Opaque]))
-        fxdebug.dump(gm, out + "/gadgets", torch.randn(2, 6), allow_pickled_modules=True)
+        fxdebug.dump(gm, torch.randn(2, 6), folder=out + "/gadgets", allow_pickled_modules=True)
     """)
     for seed in HASH_SEEDS:
         (tmp_path / f"seed{seed}").mkdir()
@@ -369,13 +369,13 @@ def test_existing_folder_is_not_clobbered(tmp_path):
     target.mkdir()
     (target / "mine.txt").write_text("keep me")
     with pytest.raises(fxdebug.FxdebugError, match="already exists.*overwrite=True"):
-        fxdebug.dump(gm, target, x)
+        fxdebug.dump(gm, x, folder=target)
     with pytest.raises(fxdebug.FxdebugError, match="not an fxdebug dump"):
-        fxdebug.dump(gm, target, x, overwrite=True)
+        fxdebug.dump(gm, x, folder=target, overwrite=True)
     assert _entries(tmp_path) == ["out"] and _entries(target) == ["mine.txt"]
     earlier = tmp_path / "earlier"
-    fxdebug.dump(gm, earlier, x)
-    fxdebug.dump(fxdebug.instrument(SeedOneNet().eval(), capture="all"), earlier, x, overwrite=True)
+    fxdebug.dump(gm, x, folder=earlier)
+    fxdebug.dump(fxdebug.instrument(SeedOneNet().eval(), capture="all"), x, folder=earlier, overwrite=True)
     assert "capture_view" in (earlier / "module.py").read_text()  # replaced by the new dump
     assert _entries(tmp_path) == ["earlier", "out"]
 
@@ -392,7 +392,7 @@ def test_locally_defined_leaf_module_is_a_clear_error(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), LocalBlock()).eval()
     gm = fxdebug.instrument(fxdebug.trace(model, leaf_modules=[LocalBlock]))
     with pytest.raises(fxdebug.FxdebugError) as caught:
-        fxdebug.dump(gm, tmp_path / "out", torch.randn(2, 4))
+        fxdebug.dump(gm, torch.randn(2, 4), folder=tmp_path / "out")
     message = str(caught.value)
     assert "submodule '1'" in message and "defined inside a function" in message
     assert "top level of an importable module" in message
@@ -411,7 +411,7 @@ def test_locally_defined_function_call_names_the_node(tmp_path):
     last.replace_all_uses_with(node, delete_user_cb=lambda user: user is not node)
     gm.recompile()
     with pytest.raises(fxdebug.FxdebugError, match=r"node 'halve' .* defined inside a function"):
-        fxdebug.dump(gm, tmp_path / "out", torch.randn(2, 4))
+        fxdebug.dump(gm, torch.randn(2, 4), folder=tmp_path / "out")
     assert _entries(tmp_path) == []
 
 
@@ -419,10 +419,10 @@ _DUMP_AS_NOBODY = """
 import sys, tempfile, torch, fxdebug
 from models import SeedOneNet
 gm = fxdebug.instrument(SeedOneNet().eval())
-fxdebug.dump(gm, tempfile.mkdtemp() + "/warm", torch.randn(1, 3, 8, 8))  # imports done as root
+fxdebug.dump(gm, torch.randn(1, 3, 8, 8), folder=tempfile.mkdtemp() + "/warm")  # imports done as root
 become_unprivileged()
 try:
-    fxdebug.dump(gm, sys.argv[1], torch.randn(1, 3, 8, 8), overwrite=sys.argv[2] == "overwrite")
+    fxdebug.dump(gm, torch.randn(1, 3, 8, 8), folder=sys.argv[1], overwrite=sys.argv[2] == "overwrite")
 except fxdebug.FxdebugError as error:
     print(error)
     sys.exit(3)
@@ -455,7 +455,7 @@ def test_disk_write_failure_leaves_nothing(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
         gm = fxdebug.instrument(SeedOneNet().eval())
         try:
-            fxdebug.dump(gm, sys.argv[1], torch.randn(1, 3, 8, 8))
+            fxdebug.dump(gm, torch.randn(1, 3, 8, 8), folder=sys.argv[1])
         except fxdebug.FxdebugError as error:
             print(error)
             sys.exit(3)
@@ -476,7 +476,7 @@ def test_inputs_that_weights_only_load_refuses(tmp_path):
 
     gm = fxdebug.trace(TakesAnything())
     with pytest.raises(fxdebug.FxdebugError, match="weights_only=True"):
-        fxdebug.dump(gm, tmp_path / "out", torch.ones(2), Box())
+        fxdebug.dump(gm, torch.ones(2), Box(), folder=tmp_path / "out")
     assert _entries(tmp_path) == []
 
 

@@ -88,7 +88,7 @@ def test_dump_leaves_the_model_unchanged_and_records_a_deep_copys_results(tmp_pa
     before = _bits(model)
     want, want_grads = _reference(model, x)
     assert _same_bits(before, _bits(model))
-    folder = fxdebug.dump(gm, tmp_path / "dumped", x)
+    folder = fxdebug.dump(gm, x, folder=tmp_path / "dumped")
     assert _same_bits(before, _bits(model)), "dump changed the user's model"
     expected = torch.load(os.path.join(folder, "expected.pt"), weights_only=True)
     assert torch.equal(expected["outputs"]["output"], want)
@@ -110,7 +110,7 @@ def test_dump_leaves_an_instrumented_models_records_alone(tmp_path):
         gm(x)
     records = fxdebug.records(gm)
     kept = {key: records[key].clone() for key in records.keys()}
-    fxdebug.dump(gm, tmp_path / "dumped", x)
+    fxdebug.dump(gm, x, folder=tmp_path / "dumped")
     assert fxdebug.records(gm) is records
     assert list(records.keys()) == list(kept)
     assert all(torch.equal(records[key], kept[key]) for key in kept)
@@ -119,7 +119,7 @@ def test_dump_leaves_an_instrumented_models_records_alone(tmp_path):
 def test_identical_modules_are_each_checked_against_their_constructor(tmp_path):
     model = nn.Sequential(*[nn.Linear(3, 3) for _ in range(4)])
     model[2].note = "extra attribute"  # Linear(3, 3) no longer rebuilds this one
-    folder = fxdebug.dump(fxdebug.trace(model), tmp_path / "dumped", torch.randn(2, 3),
+    folder = fxdebug.dump(fxdebug.trace(model), torch.randn(2, 3), folder=tmp_path / "dumped",
                           allow_pickled_modules=True)
     readme = open(os.path.join(folder, "README.md")).read()
     assert "* `2` (Linear)" in readme and "`0`" not in readme and "`3`" not in readme

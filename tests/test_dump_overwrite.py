@@ -40,14 +40,14 @@ X = torch.randn(1, 3, 8, 8)
 
 def test_user_files_in_an_earlier_dump_are_never_deleted(tmp_path):
     earlier = tmp_path / "earlier"
-    fxdebug.dump(_gm(), earlier, X)
+    fxdebug.dump(_gm(), X, folder=earlier)
     (earlier / "notes.txt").write_text("what I found")
     before = _tree(tmp_path)
     with pytest.raises(fxdebug.FxdebugError, match=r"files the dump did not write: notes\.txt"):
-        fxdebug.dump(_gm("all"), earlier, X, overwrite=True)
+        fxdebug.dump(_gm("all"), X, folder=earlier, overwrite=True)
     assert _tree(tmp_path) == before
     os.unlink(earlier / "notes.txt")
-    fxdebug.dump(_gm("all"), earlier, X, overwrite=True)
+    fxdebug.dump(_gm("all"), X, folder=earlier, overwrite=True)
     assert "capture_view" in (earlier / "module.py").read_text()  # replaced
     assert sorted(os.listdir(tmp_path)) == ["earlier"]
 
@@ -60,7 +60,7 @@ def test_a_project_folder_with_the_same_file_names_is_not_a_dump(tmp_path):
         (project / name).write_text(text)
     before = _tree(tmp_path)
     with pytest.raises(fxdebug.FxdebugError) as caught:
-        fxdebug.dump(_gm(), project, X, overwrite=True)
+        fxdebug.dump(_gm(), X, folder=project, overwrite=True)
     assert "not an fxdebug dump" in str(caught.value)
     assert all(name in str(caught.value) for name in ("data.csv", "train.py"))
     assert _tree(tmp_path) == before
@@ -68,7 +68,7 @@ def test_a_project_folder_with_the_same_file_names_is_not_a_dump(tmp_path):
 
 def test_an_edited_dump_is_not_replaced_but_one_that_ran_is(tmp_path):
     earlier = tmp_path / "earlier"
-    fxdebug.dump(_gm(), earlier, X)
+    fxdebug.dump(_gm(), X, folder=earlier)
     manifest = (earlier / "manifest.json").read_text()
     assert sorted(fxdebug.dumping.FILES) == sorted(os.listdir(earlier))
     for name in fxdebug.dumping.FILES[:-1]:
@@ -80,10 +80,10 @@ def test_an_edited_dump_is_not_replaced_but_one_that_ran_is(tmp_path):
     (earlier / "module.py").write_text(code + "\n# my edit\n")
     before = _tree(tmp_path)
     with pytest.raises(fxdebug.FxdebugError, match=r"module\.py changed since it was dumped"):
-        fxdebug.dump(_gm("all"), earlier, X, overwrite=True)
+        fxdebug.dump(_gm("all"), X, folder=earlier, overwrite=True)
     assert _tree(tmp_path) == before
     (earlier / "module.py").write_text(code)
-    fxdebug.dump(_gm("all"), earlier, X, overwrite=True)  # its own bytecode does not block it
+    fxdebug.dump(_gm("all"), X, folder=earlier, overwrite=True)  # its own bytecode does not block it
     assert "__pycache__" not in os.listdir(earlier)
     assert sorted(os.listdir(tmp_path)) == ["earlier"]
 
@@ -144,7 +144,7 @@ def killed_dump(gm, folder, when, inputs=None, writes=False) -> int:
             builtins.open = hooked(builtins.open, "open")
             for event in EVENTS[1:]:
                 setattr(os, event, hooked(getattr(os, event), event))
-            fxdebug.dump(gm, folder, X if inputs is None else inputs, overwrite=True)
+            fxdebug.dump(gm, X if inputs is None else inputs, folder=folder, overwrite=True)
         finally:
             os._exit(min(seen[0], 255))
     return os.waitpid(pid, 0)[1]
@@ -159,7 +159,7 @@ POINTS = {
 @pytest.mark.parametrize("point", list(POINTS))
 def test_the_next_dump_finishes_what_a_killed_one_left(tmp_path, point):
     earlier = tmp_path / "earlier"
-    fxdebug.dump(_gm(), earlier, X)
+    fxdebug.dump(_gm(), X, folder=earlier)
     dumped = _tree(earlier)
     status = killed_dump(_gm("all"), str(earlier), POINTS[point])
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
@@ -168,24 +168,24 @@ def test_the_next_dump_finishes_what_a_killed_one_left(tmp_path, point):
     if point == "between_renames":
         assert not earlier.exists() and any(name.endswith(".old") for name in hidden)
     with pytest.raises(fxdebug.FxdebugError, match="already exists"):
-        fxdebug.dump(_gm(), earlier, X)  # the earlier dump is back (and kept: no overwrite)
+        fxdebug.dump(_gm(), X, folder=earlier)  # the earlier dump is back (and kept: no overwrite)
     assert sorted(os.listdir(tmp_path)) == ["earlier"]
     assert _tree(earlier) == dumped
-    fxdebug.dump(_gm("all"), earlier, X, overwrite=True)
+    fxdebug.dump(_gm("all"), X, folder=earlier, overwrite=True)
     assert sorted(os.listdir(tmp_path)) == ["earlier"]
 
 
 def test_leftovers_of_an_older_fxdebug_are_restored_too(tmp_path):
     """Before manifests a killed overwrite left the earlier dump in ``.NAME.T.old/NAME``."""
     made = tmp_path / "made"
-    fxdebug.dump(_gm(), made, X)
+    fxdebug.dump(_gm(), X, folder=made)
     dumped = _tree(made)
     (tmp_path / ".out.k3j9x0a1.old").mkdir()
     os.rename(made, tmp_path / ".out.k3j9x0a1.old" / "out")
     (tmp_path / ".out.p0q8r7s6.tmp").mkdir()
     (tmp_path / ".out.p0q8r7s6.tmp" / "run.py").write_text("half written")
     with pytest.raises(fxdebug.FxdebugError, match=r"already exists \(restored the earlier dump"):
-        fxdebug.dump(_gm(), tmp_path / "out", X)
+        fxdebug.dump(_gm(), X, folder=tmp_path / "out")
     assert sorted(os.listdir(tmp_path)) == ["out"] and _tree(tmp_path / "out") == dumped
 
 
@@ -195,7 +195,7 @@ def test_leftovers_holding_foreign_files_are_kept(tmp_path):
     (stale / "module.py").write_text("x = 1")
     (stale / "mine.txt").write_text("not a dump file")
     with pytest.warns(UserWarning, match=r"mine\.txt"):
-        fxdebug.dump(_gm(), tmp_path / "out", X)
+        fxdebug.dump(_gm(), X, folder=tmp_path / "out")
     assert sorted(os.listdir(stale)) == ["mine.txt"]  # the dump's file went, the user's stayed
 
 
@@ -206,7 +206,7 @@ def test_overwriting_a_read_only_dump_is_an_fxdebug_error():
     uid = NOBODY if os.geteuid() == 0 else -1
     parent = tempfile.mkdtemp(prefix="fxdebug-ro-")
     folder = os.path.join(parent, "earlier")
-    fxdebug.dump(_gm(), folder, X)
+    fxdebug.dump(_gm(), X, folder=folder)
     for path in [parent, folder] + [os.path.join(folder, name) for name in os.listdir(folder)]:
         if uid >= 0:
             os.chown(path, uid, uid)
@@ -227,7 +227,7 @@ def test_overwriting_a_read_only_dump_is_an_fxdebug_error():
 def test_manifest_sizes_and_hashes_equal_the_files_written(tmp_path):
     # Blocks of 1 MiB and more are hashed on a second thread while they are written.
     model = torch.nn.Sequential(torch.nn.Linear(1024, 768), torch.nn.ReLU(), torch.nn.Linear(768, 4))
-    fxdebug.dump(fxdebug.instrument(model), tmp_path / "d", torch.randn(2, 1024))
+    fxdebug.dump(fxdebug.instrument(model), torch.randn(2, 1024), folder=tmp_path / "d")
     manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())["files"]
     tree = _tree(tmp_path / "d")
     assert os.path.getsize(tmp_path / "d" / "weights.pt") > 3 << 20

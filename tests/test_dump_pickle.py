@@ -23,12 +23,12 @@ def test_modules_that_need_pickling_are_refused_unless_allowed(tmp_path):
     gm = fxdebug.trace(model, leaf_modules=[Opaque])
     x = torch.randn(2, 6)
     with pytest.raises(fxdebug.FxdebugError) as caught:
-        fxdebug.dump(gm, tmp_path / "refused", x)
+        fxdebug.dump(gm, x, folder=tmp_path / "refused")
     message = str(caught.value)
     assert "'opaque' (Opaque)" in message and "allow_pickled_modules=True" in message
     assert "--allow-pickle" in message and "weights_only=False" in message
     assert os.listdir(tmp_path) == []
-    folder = fxdebug.dump(gm, tmp_path / "allowed", x, allow_pickled_modules=True)
+    folder = fxdebug.dump(gm, x, folder=tmp_path / "allowed", allow_pickled_modules=True)
     readme = open(os.path.join(folder, "README.md")).read()
     assert "## Opening this folder runs its code" in readme and "weights_only=False" in readme
     with torch.no_grad():
@@ -40,7 +40,7 @@ def test_modules_that_need_pickling_are_refused_unless_allowed(tmp_path):
 
 
 def test_a_folder_without_pickles_says_its_code_runs(tmp_path):
-    folder = fxdebug.dump(torch.nn.Linear(3, 2), tmp_path / "lin", torch.ones(1, 3))
+    folder = fxdebug.dump(torch.nn.Linear(3, 2), torch.ones(1, 3), folder=tmp_path / "lin")
     readme = open(os.path.join(folder, "README.md")).read()
     assert "Open only folders you trust" in readme and "nothing is unpickled" in readme
     assert "weights_only=False" not in open(os.path.join(folder, "module.py")).read()

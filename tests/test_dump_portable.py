@@ -62,7 +62,7 @@ def test_a_standalone_dump_runs_where_fxdebug_is_not_installed(tmp_path, no_fxde
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        folder = fxdebug.dump(gm, tmp_path / "standalone", x, standalone=True)
+        folder = fxdebug.dump(gm, x, folder=tmp_path / "standalone", standalone=True)
         with torch.no_grad():
             eager = model(x)  # without fxdebug, at the dump's thread count
     finally:
@@ -79,7 +79,7 @@ def test_a_standalone_dump_runs_where_fxdebug_is_not_installed(tmp_path, no_fxde
 def test_a_dump_keeping_captures_says_it_needs_fxdebug_and_how_to_do_without(tmp_path,
                                                                              no_fxdebug):
     model, x = torchvision.models.resnet18().eval(), torch.randn(1, 3, 32, 32)
-    folder = fxdebug.dump(fxdebug.instrument(model), tmp_path / "captures", x)
+    folder = fxdebug.dump(fxdebug.instrument(model), x, folder=tmp_path / "captures")
     assert _imports_fxdebug(os.path.join(folder, "module.py"))
     readme = open(os.path.join(folder, "README.md")).read()
     assert "install fxdebug where it runs" in readme and "--standalone" in readme
@@ -106,7 +106,7 @@ def test_a_standalone_assertion_message_still_shows_the_runs_values(tmp_path, no
     x, wrong = torch.randn(1, 3, 32, 32), torch.randn(1, 3, 64, 32)
     with pytest.raises(Exception) as eager:  # ground truth: the message eager gives
         model(wrong)
-    folder = fxdebug.dump(fxdebug.instrument(model), tmp_path / "vit", x, standalone=True)
+    folder = fxdebug.dump(fxdebug.instrument(model), x, folder=tmp_path / "vit", standalone=True)
     assert not _imports_fxdebug(os.path.join(folder, "module.py"))
     torch.save([wrong], os.path.join(folder, "inputs.pt"))
     run = _run_folder(folder, no_fxdebug)
@@ -119,7 +119,7 @@ def test_standalone_refuses_a_node_that_changes_values_and_names_it(tmp_path):
     message = (r"node '0\.bias:edit' \(inserted by pass grad-transform\) calls "
                r"fxdebug.runtime.edited_parameter.*without standalone=True")
     with pytest.raises(fxdebug.FxdebugError, match=message):
-        fxdebug.dump(gm, tmp_path / "edit", torch.randn(2, 4), standalone=True)
+        fxdebug.dump(gm, torch.randn(2, 4), folder=tmp_path / "edit", standalone=True)
     assert not os.path.exists(tmp_path / "edit")
 
 
@@ -140,7 +140,7 @@ def test_a_nan_repro_runs_backward_and_compares_nan_by_place(tmp_path, no_fxdebu
     nan_grads = {name: int(torch.isnan(p.grad).sum()) for name, p in model.named_parameters()}
     assert torch.isnan(out).any() and sum(nan_grads.values())
     model.zero_grad(set_to_none=True)
-    folder = fxdebug.dump(model, tmp_path / "nan_repro", x)  # traced, no fxdebug nodes
+    folder = fxdebug.dump(model, x, folder=tmp_path / "nan_repro")  # traced, no fxdebug nodes
     expected = _expected(folder)
     assert {name: int(torch.isnan(g).sum()) for name, g in expected["grads"].items()} == {
         name: count for name, count in nan_grads.items()}

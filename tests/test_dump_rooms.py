@@ -61,7 +61,7 @@ def _handed_in(caller, code) -> bool:
 
 
 def measure(gm, folder, *inputs) -> dict:
-    """The pipeline, the rooms, and the climbs of ``fxdebug.dump(gm, folder, *inputs)``."""
+    """The pipeline, the rooms, and the climbs of ``fxdebug.dump(gm, *inputs, folder=)``."""
     dump = fxdebug.dump  # resolved before: fxdebug's lazy attribute is not part of the dump
     pipeline: list[str] = []
     rooms: list[str] = []
@@ -90,7 +90,7 @@ def measure(gm, folder, *inputs) -> dict:
 
     sys.setprofile(profile)
     try:
-        dump(gm, folder, *inputs)
+        dump(gm, *inputs, folder=folder)
     finally:
         sys.setprofile(None)
     return {"pipeline": pipeline, "pipeline_reentries": _reentries(pipeline), "rooms": rooms,

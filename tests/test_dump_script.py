@@ -49,7 +49,7 @@ SCRIPT = textwrap.dedent('''
     torch.manual_seed(0)
     model = ScriptNet().eval()
     x = torch.randn(2, 4)
-    fxdebug.dump(fxdebug.trace(model), sys.argv[1], x)
+    fxdebug.dump(fxdebug.trace(model), x, folder=sys.argv[1])
     torch.save({"x": x, "eager": model(x)}, sys.argv[2])
 ''')
 
@@ -100,7 +100,7 @@ def test_a_function_without_source_is_refused_by_name(tmp_path):
     last.replace_all_uses_with(node, delete_user_cb=lambda user: user is not node)
     gm.recompile()
     with pytest.raises(fxdebug.FxdebugError) as caught:
-        fxdebug.dump(gm, tmp_path / "out", torch.ones(1, 2))
+        fxdebug.dump(gm, torch.ones(1, 2), folder=tmp_path / "out")
     message = str(caught.value)
     assert "node 'doubled'" in message and "typed_at_prompt" in message
     assert "interactive prompt" in message and "Define it in a file" in message

@@ -76,7 +76,7 @@ def _dump_under_other_settings(folder) -> str:
         torch.backends.mkldnn.enabled = False
         torch.set_default_dtype(torch.float64)
         torch.set_num_threads(1)
-        return fxdebug.dump(fxdebug.instrument(model), folder, x)
+        return fxdebug.dump(fxdebug.instrument(model), x, folder=folder)
     finally:
         torch.set_num_threads(threads)
         torch.set_float32_matmul_precision(before[0])

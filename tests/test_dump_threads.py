@@ -36,7 +36,7 @@ def test_gradients_pass_with_another_thread_count_and_real_changes_fail(tmp_path
     try:
         torch.manual_seed(0)
         model = torchvision.models.resnet18()  # train mode: batch norm sums over the batch too
-        folder = fxdebug.dump(fxdebug.trace(model), tmp_path / "same", torch.randn(2, 3, 64, 64))
+        folder = fxdebug.dump(fxdebug.trace(model), torch.randn(2, 3, 64, 64), folder=tmp_path / "same")
     finally:
         torch.set_num_threads(threads)
     # The same dump with expected gradients nudged by 4e-7 (relative): within float32's
@@ -82,7 +82,7 @@ DUMP_TWO_THREADS = textwrap.dedent("""
     torch.set_num_threads(2)
     torch.manual_seed(0)
     model, x = torchvision.models.resnet18().eval(), torch.randn(1, 3, 32, 32)
-    fxdebug.dump(fxdebug.trace(model), sys.argv[1], x)
+    fxdebug.dump(fxdebug.trace(model), x, folder=sys.argv[1])
 """)
 
 # run.py --backward in a process that starts with one thread and no MKL_CBWR: run.py sets both.

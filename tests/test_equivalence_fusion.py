@@ -36,7 +36,7 @@ def fold_conv_bn(model, sqrt=True, inherit=False):
         conv.bias = torch.nn.Parameter((bias - bn.running_mean) * scale + bn.bias)
         node.replace_all_uses_with(conv_node)
         if inherit:
-            fxdebug.keys.inherit_key(conv_node, node)
+            fxdebug.passes.inherit_key(conv_node, node)
         gm.graph.erase_node(node)
     gm.recompile()
     return gm
@@ -77,7 +77,7 @@ def test_a_correct_fusion_is_equivalent_and_names_no_divergence(resnet):
     assert (bn1.candidate_key, bn1.match) == ("conv1", "position")
     truth = (hook_captures(candidate, x)["conv1"] - hook_captures(model, x)["bn1"]).abs().max()
     assert bn1.max_abs == pytest.approx(truth.item(), rel=1e-6, abs=1e-12)
-    assert "conv1 (compared as bn1)" in table and "fxdebug.keys.inherit_key" in table
+    assert "conv1 (compared as bn1)" in table and "fxdebug.passes.inherit_key" in table
     assert "no counterpart in the candidate: conv1" not in table
 
 

@@ -13,6 +13,7 @@ import torchvision
 from torch import nn
 
 import fxdebug
+from fxdebug.reporting.node_table import tabular_text
 from folder_import import import_folder
 from hooks import hook_captures
 from subprocesses import outputs_under_hash_seeds
@@ -113,11 +114,11 @@ def test_export_equivalence_table_and_dump(resnet, tmp_path):
     model, x, exported, _ = resnet
     report = fxdebug.check_equivalence(model, exported, x, localize=True)
     assert report.ok
-    table = fxdebug.tabular(exported, x)
+    table = tabular_text(exported, x)
     assert "layer1.0.conv1.conv2d" in table and "aten.conv2d.default" in table
     assert not re.search(r"0x[0-9a-f]{6}", table)
     instrumented = fxdebug.instrument(exported, capture=["layer2"])
-    fxdebug.dump(instrumented, tmp_path / "resnet_export", x)
+    fxdebug.dump(instrumented, x, folder=tmp_path / "resnet_export")
     loaded = import_folder(tmp_path / "resnet_export").load()
     with torch.no_grad():
         assert torch.equal(loaded(x), model(x))
@@ -172,7 +173,7 @@ SCRIPT = textwrap.dedent("""
     gm = fxdebug.instrument(fxdebug.trace(DimBranch().eval(), torch.randn(3, 9, 9), frontend="export"))
     gm(torch.randn(3, 9, 9))
     print(gm.code)
-    print(fxdebug.tabular(gm, torch.randn(3, 9, 9)))
+    fxdebug.print_tabular(gm, torch.randn(3, 9, 9))
     print(fxdebug.records(gm).table())
 """)
 

@@ -76,7 +76,7 @@ def test_find_nonfinite_lists_every_creator():
             second = torch.sqrt(self.b(x) - 10)     # bug 2: sqrt of negatives
             return first.nan_to_num() + second
 
-    report = fxdebug.find_nonfinite(TwoBugs(), torch.randn(3, 4), backward=False)
+    report = fxdebug.find_nonfinite(TwoBugs(), torch.randn(3, 4), grads=False)
     assert report.forward.key == "log"
     assert report.creators == ["log", "sqrt"]  # `add` received its NaN; nan_to_num fixed one
     assert "sqrt" in report.table()
@@ -142,6 +142,6 @@ def test_importing_a_submodule_never_hides_a_public_function():
                           (fxdebug, "dump"), (fxdebug.monitoring, "monitor"),
                           (fxdebug.equivalence, "vjp"), (fxdebug.runs, "compare_runs"),
                           (fxdebug.dumping, "dump"), (fxdebug.reporting, "diff"),
-                          (fxdebug.reporting, "tabular")):
+                          (fxdebug.reporting, "print_tabular")):
         assert type(getattr(package, name)).__name__ == "function", (package.__name__, name)
     assert sorted(set(fxdebug.__all__) - set(dir(fxdebug))) == []

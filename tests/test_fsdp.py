@@ -209,9 +209,9 @@ def _hsdp_2x2(rank, world, folder):
         assert torch.equal(local(grads[name].grad), local(p.grad)), name
     for key in rec.keys():
         assert torch.equal(rec.grads[key], twin_seen[key].grad), key
-    stats = fxdebug.instrument(hsdp(stats_model), mode="stats", grads=True, save_to=folder)
+    stats = fxdebug.instrument(hsdp(stats_model), mode="stats", grads=True, folder=folder)
     stats(x).square().sum().backward()
-    fxdebug.flush(stats)
+    fxdebug.records(stats)
     # truth: HSDP averages the 4 ranks' gradients: the plain model's on the mean loss
     torch.manual_seed(0)
     again = MLP()

@@ -10,6 +10,7 @@ torch's own functions and the temporary folder exactly as they were.
 from __future__ import annotations
 
 import gc
+import io
 import os
 import sys
 import tempfile
@@ -180,8 +181,8 @@ def test_user_code_runs_with_the_collector_as_the_user_left_it(enabled, tmp_path
         fxdebug.PassManager([user_pass], check_inputs=(x,)).run(gm)
         gm(x).sum().backward()
         fxdebug.diff(fxdebug.trace(model, leaf_modules=[_Probe]), gm)
-        fxdebug.tabular(gm)
-        fxdebug.dump(gm, tmp_path / "dump", x)  # runs forward and backward of the model
+        fxdebug.print_tabular(gm, file=io.StringIO())
+        fxdebug.dump(gm, x, folder=tmp_path / "dump")  # runs forward and backward of the model
         assert gc.isenabled() == enabled
     finally:
         (gc.enable if was else gc.disable)()
@@ -321,7 +322,7 @@ def _entry_points(tmp_path):
         "instrument + run + backward": lambda: fxdebug.instrument(model, grads=True)(x).sum().backward(),
         "instrument(mode='stats') run": lambda: stats(x),
         "records().table()": lambda: fxdebug.records(instrumented).table(),
-        "tabular": lambda: fxdebug.tabular(instrumented),
+        "print_tabular": lambda: fxdebug.print_tabular(instrumented, file=io.StringIO()),
         "diff": lambda: fxdebug.diff(fxdebug.trace(model), instrumented).table(),
         "PassManager": lambda: fxdebug.PassManager([fxdebug.passes.Capture()],
                                                    check_inputs=(x,)).run(model),
@@ -330,8 +331,8 @@ def _entry_points(tmp_path):
         "find_nonfinite": lambda: fxdebug.find_nonfinite(model, x),
         "jacobian_norms": lambda: fxdebug.jacobian_norms(model, x, samples=2),
         "lint_inplace": lambda: fxdebug.lint_inplace(model, x),
-        "vjp": lambda: fxdebug.vjp(model, x, of="head", wrt="conv"),
-        "dump": lambda: fxdebug.dump(instrumented, tmp_path / "dump", x, overwrite=True),
+        "vjp": lambda: fxdebug.vjp(model, x, output="head", wrt="conv"),
+        "dump": lambda: fxdebug.dump(instrumented, x, folder=tmp_path / "dump", overwrite=True),
         "report": lambda: fxdebug.report(instrumented, tmp_path / "report.html"),
         "watch_nonfinite": watch,
         "compare_ranks, watch_nonfinite under torch.distributed": ranks,

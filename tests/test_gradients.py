@@ -221,9 +221,9 @@ def test_vjp_equals_autograd_grad_on_live_tensors():
         hook.remove()
     v = torch.randn_like(live["of"])
     (expected,) = torch.autograd.grad(live["of"], live["wrt"], grad_outputs=v)
-    got = fxdebug.vjp(model, x, of="layer2", wrt="layer1.0.conv1", grad_outputs=v)
+    got = fxdebug.vjp(model, x, output="layer2", wrt="layer1.0.conv1", grad_outputs=v)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
-    ones = fxdebug.vjp(model, x, of="layer2", wrt="layer1.0.conv1")
+    ones = fxdebug.vjp(model, x, output="layer2", wrt="layer1.0.conv1")
     assert not torch.allclose(ones, got)
 
 
@@ -235,7 +235,7 @@ def test_vjp_wrt_a_value_later_overwritten_in_place():
     reference.bn1.register_forward_hook(lambda m, i, o: live.setdefault("bn1", o))
     out = reference(x)
     (expected,) = torch.autograd.grad(out.sum(), live["bn1"])
-    torch.testing.assert_close(fxdebug.vjp(model, x, of="fc", wrt="bn1",
+    torch.testing.assert_close(fxdebug.vjp(model, x, output="fc", wrt="bn1",
                                            grad_outputs=torch.ones(1, 1000)), expected)
 
 
@@ -243,15 +243,15 @@ def test_vjp_errors():
     model = torchvision.models.resnet18().eval()
     x = torch.randn(1, 3, 64, 64)
     with pytest.raises(fxdebug.FxdebugError, match="runs before"):
-        fxdebug.vjp(model, x, of="layer1", wrt="layer2")
+        fxdebug.vjp(model, x, output="layer1", wrt="layer2")
     with pytest.raises(fxdebug.SelectionError, match="Close keys: .*'layer1.0.conv1'"):
-        fxdebug.vjp(model, x, of="layer2", wrt="layer1.0.conv")
+        fxdebug.vjp(model, x, output="layer2", wrt="layer1.0.conv")
     # the call shape of older releases, the inputs as one tuple: say what to pass
     with pytest.raises(fxdebug.FxdebugError) as caught:
-        fxdebug.vjp(model, (x,), of="layer2", wrt="layer1.0.conv1")
+        fxdebug.vjp(model, (x,), output="layer2", wrt="layer1.0.conv1")
     message = str(caught.value)
     assert "tuple of 1 tensor(s)" in message and "the model failed on it (TypeError: " in message
-    assert "fxdebug.vjp(model, *inputs, of='layer2', wrt='layer1.0.conv1')" in message
+    assert "fxdebug.vjp(model, *inputs, output='layer2', wrt='layer1.0.conv1')" in message
 
 
 def test_vjp_of_a_model_that_takes_a_tuple():
@@ -267,7 +267,7 @@ def test_vjp_of_a_model_that_takes_a_tuple():
     model, pair = Pair(), (torch.randn(2, 3), torch.randn(2, 3))
     h = model.a(pair[0]).detach().requires_grad_(True)
     (want,) = torch.autograd.grad(model.b(h + pair[1]).sum(), h)
-    torch.testing.assert_close(fxdebug.vjp(model, pair, of="b", wrt="a"), want)
+    torch.testing.assert_close(fxdebug.vjp(model, pair, output="b", wrt="a"), want)
 
 
 def _exact_norms(layers, x):

@@ -59,7 +59,7 @@ def test_plain_fx_pass_rewrites_resnet18_residual_adds_as_eager_by_hand():
     assert "layer1.0.iadd" in residuals  # keys (and node names) stay as they were
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the pass changes something: no "changed nothing"
-        gm, report = fxdebug.PassManager([add_to_sub]).run(gm)
+        gm = fxdebug.PassManager([add_to_sub]).run(gm).graph_module
     assert [n.meta["fxdebug_key"] for n in gm.graph.nodes if n.target is torch.sub] == list(residuals)
     by_hand = copy.deepcopy(model)
     for block in by_hand.modules():

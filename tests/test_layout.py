@@ -32,7 +32,6 @@ STAGES = {
     "fxdebug.instrumenting": 15,
     "fxdebug.pass_manager": 15,
     "fxdebug.testing": 15,
-    "fxdebug.analysis": 15,
     "fxdebug.precision": 15,
     "fxdebug.monitoring": 16,
     "fxdebug.cli": 17,

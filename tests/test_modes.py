@@ -153,7 +153,7 @@ def test_dump_is_made_and_runs_in_the_mode_it_was_made_in(tmp_path):
     gm = fxdebug.instrument(model)
     model.eval()  # no call in between: dump takes the eval graph
     x = torch.randn(4, 8)
-    fxdebug.dump(gm, tmp_path / "dumped", x)
+    fxdebug.dump(gm, x, folder=tmp_path / "dumped")
     source = (tmp_path / "dumped" / "module.py").read_text()
     assert "TRAINING = False" in source and "training = False" in source
 

@@ -43,7 +43,7 @@ def test_nan_from_log_of_a_negative_is_found_where_it_is_made(resnet, image):
     assert torch.isfinite(seen["bn1"]).all() and (seen["bn1"] < 0).any()
     assert torch.isnan(out).any()
 
-    report = fxdebug.find_nonfinite(gm, image, backward=False)
+    report = fxdebug.find_nonfinite(gm, image, grads=False)
     hit = report.forward
     assert hit.key == log and hit.op == "torch.log" and hit.created
     assert hit.nan == int((seen["bn1"] < 0).sum()) and hit.inf == int((seen["bn1"] == 0).sum())
@@ -128,7 +128,7 @@ def test_nan_made_by_an_in_place_op_is_created_there():
     x = torch.randn(5, 6)
     with torch.no_grad():
         received = model.fc(x)
-    report = fxdebug.find_nonfinite(model, x, backward=False)
+    report = fxdebug.find_nonfinite(model, x, grads=False)
     hit = report.forward
     assert hit.key == "log_" and hit.created
     assert hit.nan == int((received < 0).sum())
@@ -237,9 +237,9 @@ def test_values_of_several_dtypes_are_checked_each_in_their_own_dtype():
     eager = {"mul": x.double() * 3.0}
     eager["add"] = eager["mul"].to(torch.bfloat16) + 1
     assert [bool(torch.isfinite(v).all()) for v in eager.values()] == [True, True]
-    report = fxdebug.find_nonfinite(Mixed(), x, backward=False)
+    report = fxdebug.find_nonfinite(Mixed(), x, grads=False)
     assert report.forward.key == "log" and report.forward.nan == 1, report.table()
-    assert fxdebug.find_nonfinite(Mixed(), torch.tensor([2.0, 3.0]), backward=False).ok
+    assert fxdebug.find_nonfinite(Mixed(), torch.tensor([2.0, 3.0]), grads=False).ok
 
 
 def test_state_is_left_as_it_was():

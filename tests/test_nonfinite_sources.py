@@ -46,7 +46,7 @@ def test_the_input_holding_the_nan_is_named_among_several_and_a_creator_is_kept(
     bias[1, 2] = float("nan")
     with torch.no_grad():
         assert torch.isnan(model.fc(x).log()).any()  # the log of a negative value: a creator
-    report = fxdebug.find_nonfinite(model, x, bias, backward=False)
+    report = fxdebug.find_nonfinite(model, x, bias, grads=False)
     assert (report.forward.key, report.forward.kind) == ("bias", "input")
     assert report.forward.nan == int(torch.isnan(bias).sum())
     assert report.sources == ["bias"] and report.creators == ["log"]
@@ -76,5 +76,5 @@ def test_a_parameter_that_is_already_nan_is_named_as_the_parameter():
 
     model = FunctionalWeight()
     model.shift[1] = float("nan")
-    report = fxdebug.find_nonfinite(model, torch.randn(3, 4), backward=False)
+    report = fxdebug.find_nonfinite(model, torch.randn(3, 4), grads=False)
     assert (report.forward.key, report.forward.kind) == ("shift", "buffer")

@@ -167,7 +167,7 @@ def _readme_now(tmp_path, monkeypatch, threads: int, gm, x, **kwargs) -> str:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        folder = fxdebug.dump(gm, tmp_path / "now", x, **kwargs)
+        folder = fxdebug.dump(gm, x, folder=tmp_path / "now", **kwargs)
     finally:
         torch.set_num_threads(before)
     with open(os.path.join(folder, "README.md")) as f:

@@ -304,7 +304,8 @@ def test_the_renderer_draws_tabulates_bytes():
 
 def test_print_tabular_diff_and_pass_report_are_the_renderers_tables(capsys):
     model, x = torchvision.models.resnet18().eval(), torch.randn(1, 3, 32, 32)
-    gm, report = fxdebug.PassManager([fxdebug.passes.Capture()]).run(model)
+    result = fxdebug.PassManager([fxdebug.passes.Capture()]).run(model)
+    gm, report = result.graph_module, result.report
     views = fxdebug.reporting.node_views(gm, x)
     columns = ["key", "opcode", "name", "target", "args", "kwargs", "shape", "dtype", "module",
                "source", "pass"]

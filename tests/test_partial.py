@@ -19,6 +19,7 @@ import torchvision
 
 import fxdebug
 from fxdebug.partial.trace_parts import is_partial, part_inputs, traced_parts
+from fxdebug.reporting.node_table import tabular_text
 from folder_import import import_folder
 from hooks import hook_captures
 from partial_models import Flow, Wrapper, flow_inputs
@@ -264,10 +265,10 @@ def test_parts_work_alone(tmp_path):
     with torch.no_grad():
         alone = part(*args)
     assert fxdebug.records(part).keys() == ["block.fc", "block.act", "block"]
-    assert not ADDRESS.search(fxdebug.tabular(part, *args))
+    assert not ADDRESS.search(tabular_text(part, *args))
     before = traced_parts(instrumented)["block"]
     assert any(row.mark == "+" and row.key == "block.mul" for row in fxdebug.diff(before, part).rows)
-    folder = fxdebug.dump(part, tmp_path / "block_part", *args)
+    folder = fxdebug.dump(part, *args, folder=tmp_path / "block_part")
     loaded = import_folder(folder).load()
     with torch.no_grad():
         assert torch.equal(loaded(*args), alone)
@@ -332,4 +333,4 @@ def test_whole_model_tools_say_to_use_the_parts(tmp_path):
     assert report.ok
     assert any("cannot be traced as a whole" in note for note in report.notes)
     with pytest.raises(fxdebug.TraceFailure, match=r"fxdebug.traced_parts\(model\)"):
-        fxdebug.dump(instrumented, tmp_path / "whole", *flow_inputs())
+        fxdebug.dump(instrumented, *flow_inputs(), folder=tmp_path / "whole")

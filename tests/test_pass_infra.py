@@ -49,7 +49,8 @@ def test_an_fxdebug_pass_runs_in_torch_pass_manager(hooks):
 
 def test_fxdebug_pass_manager_runs_a_torch_pass_base():
     model, x = _resnet(), torch.randn(1, 3, 64, 64)
-    gm, report = fxdebug.PassManager([DoubleOutput(), Capture()]).run(model)
+    result = fxdebug.PassManager([DoubleOutput(), Capture()]).run(model)
+    gm, report = result.graph_module, result.report
     with torch.no_grad():
         assert torch.equal(gm(x), model(x) * 2)
     assert [(s.name, s.modified) for s in report.stages[1:]] == [("DoubleOutput", True),
@@ -72,7 +73,8 @@ def test_fxdebug_pass_manager_accepts_functions_returning(returns):
         return {"PassResult": PassResult(gm, False), "gm": gm, "None": None}[returns]
 
     with pytest.warns(UserWarning, match="pass 'unchanged' changed nothing in the graph"):
-        gm, report = fxdebug.PassManager([negate, unchanged]).run(model)
+        result = fxdebug.PassManager([negate, unchanged]).run(model)
+        gm, report = result.graph_module, result.report
     assert torch.equal(gm(x), -model(x))
     assert [(s.name, s.modified) for s in report.stages[1:]] == [("negate", True),
                                                                   ("unchanged", False)]
@@ -91,7 +93,8 @@ def test_pass_manager_recompiles_once_per_run_not_once_per_pass(monkeypatch):
     traced = fxdebug.trace(model)  # tracing recompiles too: count from here
     monkeypatch.setattr(fx.GraphModule, "recompile", counting)
     with pytest.warns(UserWarning, match="pass '<lambda>' changed nothing in the graph"):
-        gm, report = fxdebug.PassManager(passes).run(traced)
+        result = fxdebug.PassManager(passes).run(traced)
+        gm, report = result.graph_module, result.report
     assert sum(stage.modified for stage in report.stages) == 3
     # one for the copy of the input GraphModule, one after all the passes
     assert len(calls) == 2, calls

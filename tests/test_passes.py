@@ -12,6 +12,7 @@ import torchvision
 
 import fxdebug
 from fxdebug.passes import Capture, GradHooks, Pass
+from fxdebug.reporting.node_table import tabular_text
 from subprocesses import fxdebug_cli, outputs_under_hash_seeds
 
 
@@ -70,7 +71,7 @@ def test_replacement_recorded_with_inherit_key_is_a_change_not_remove_and_add():
         new = after.graph.call_function(torch.sigmoid, relu.args)
     relu.replace_all_uses_with(new)
     after.graph.erase_node(relu)
-    fxdebug.keys.inherit_key(new, relu)
+    fxdebug.passes.inherit_key(new, relu)
     after.recompile()
     d = fxdebug.diff(before, after)
     assert [(row.mark, row.key) for row in d.rows if row.mark != " "] == [("~", "1")]
@@ -82,7 +83,8 @@ def test_report_of_a_three_pass_run_holds_four_snapshots():
     model = TwoSubs()
     pm = fxdebug.PassManager([Capture(), GradHooks(), lambda gm: gm], check_inputs=(x,))
     with pytest.warns(UserWarning, match="pass '<lambda>' changed nothing in the graph"):
-        gm, report = pm.run(model)
+        result = pm.run(model)
+        gm, report = result.graph_module, result.report
     assert len(report.snapshots) == 4
     assert [stage.name for stage in report.stages] == ["input", "capture", "grads", "<lambda>"]
     assert [stage.modified for stage in report.stages[1:]] == [True, True, False]
@@ -141,7 +143,7 @@ def test_tabular_has_canonical_targets_shapes_and_sources(hooks):
     model = torchvision.models.resnet18().eval()
     x = torch.randn(1, 3, 64, 64)
     gm = fxdebug.trace(model)
-    text = fxdebug.tabular(gm, x)
+    text = tabular_text(gm, x)
     assert "0x" not in text and "built-in" not in text
     assert "torch.flatten" in text and "operator.add" in text  # `out += identity`, lowered
     shapes = {key: "x".join(map(str, t.shape)) for key, t in hooks(model, x).items()}
@@ -155,7 +157,7 @@ def test_tabular_has_canonical_targets_shapes_and_sources(hooks):
 def test_shapes_run_leaves_the_model_untouched():
     model = torchvision.models.resnet18()  # training mode: a forward would update BN statistics
     stats = model.bn1.running_mean.clone()
-    fxdebug.tabular(fxdebug.trace(model), torch.randn(2, 3, 64, 64))
+    tabular_text(fxdebug.trace(model), torch.randn(2, 3, 64, 64))
     assert torch.equal(model.bn1.running_mean, stats) and model.training and model.bn1.training
 
 

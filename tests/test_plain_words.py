@@ -27,7 +27,7 @@ def _to_torch_add(gm):
 def test_printing_a_pass_run_prints_lines_not_graphs():
     model, x = torchvision.models.resnet18().eval(), torch.randn(1, 3, 32, 32)
     pm = fxdebug.PassManager([fxdebug.passes.Capture(), _to_torch_add], check_inputs=(x,))
-    gm, report = pm.run(model)
+    report = pm.run(model).report
     assert len(str(report)) < 1000 and len(repr(report)) < 160
     assert repr(pm) == "<PassManager 2 pass(es), checked: capture, _to_torch_add>"
     for stage in report.stages:

@@ -162,7 +162,7 @@ def test_float8_linear_casts_input_and_weight_with_amax_scales_and_the_output_gr
 
 def test_backward_false_leaves_gradients_unrounded():
     net, x = _mlp()
-    gm = fxdebug.fake_precision(net, ["fc1"], "float8_e4m3fn", backward=False)
+    gm = fxdebug.fake_precision(net, ["fc1"], "float8_e4m3fn", grads=False)
     assert "float8_e5m2" not in gm.code
     x1 = x.clone().requires_grad_()
     gm(x1).sum().backward()

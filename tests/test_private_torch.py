@@ -327,14 +327,14 @@ def _dumps(folder: pathlib.Path) -> list[pathlib.Path]:
     pair = {"a": torch.randn(2, 3), "b": torch.randn(2, 3)}
     made = [
         fxdebug.dump(fxdebug.instrument(fxdebug.trace(Gadgets(), leaf_modules=[Opaque])),
-                     folder / "gadgets", torch.randn(2, 6), allow_pickled_modules=True),
-        fxdebug.dump(fxdebug.instrument(Opaque(6)), folder / "opaque", torch.randn(2, 6)),
+                     torch.randn(2, 6), folder=folder / "gadgets", allow_pickled_modules=True),
+        fxdebug.dump(fxdebug.instrument(Opaque(6)), torch.randn(2, 6), folder=folder / "opaque"),
         fxdebug.dump(fxdebug.instrument(fxdebug.trace(
-            DictInput(), concrete_args={"d": {"a": fx.PH, "b": fx.PH}})), folder / "dict_input", pair),
+            DictInput(), concrete_args={"d": {"a": fx.PH, "b": fx.PH}})), pair, folder=folder / "dict_input"),
         fxdebug.dump(fxdebug.instrument(fxdebug.trace(Opaque(6), torch.randn(2, 6), frontend="export")),
-                     folder / "opaque_export", torch.randn(2, 6)),
+                     torch.randn(2, 6), folder=folder / "opaque_export"),
         fxdebug.dump(fxdebug.instrument(fxdebug.trace(DictInput(), pair, frontend="export")),
-                     folder / "dict_input_export", pair),
+                     pair, folder=folder / "dict_input_export"),
     ]
     return [pathlib.Path(path) for path in made]
 

@@ -127,14 +127,21 @@ def _tolerance_and_stale(rank, world):
     if rank == 1:
         with torch.no_grad():
             out.mul_(2)  # written after its capture: that record is stale on rank 1
+    near_zero = torch.nn.Linear(2, 2, bias=False)
+    with torch.no_grad():  # zeros on rank 0, 1e-9 on rank 1: no rtol accepts it, an atol does
+        near_zero.weight.zero_()[0, 0] = 1e-9 * rank
+    relative = fxdebug.compare_ranks(near_zero, rtol=1e-6)
+    absolute = fxdebug.compare_ranks(near_zero, rtol=1e-6, atol=1e-8)
     return summary(exact), summary(close), [(e.key, e.status) for e in close.entries][:1], \
-        summary(fxdebug.compare_ranks(fxdebug.records(gm)))
+        summary(fxdebug.compare_ranks(fxdebug.records(gm))), summary(relative), summary(absolute)
 
 
-def test_rtol_accepts_bits_that_differ_and_a_stale_capture_is_not_compared():
+def test_rtol_and_atol_accept_bits_that_differ_and_a_stale_capture_is_not_compared():
     first, second = on_ranks(_tolerance_and_stale, 2)
     assert first == second
-    exact, close, statuses, records = first
+    exact, close, statuses, records, relative, absolute = first
+    assert relative["first"] == ("weight", "parameter", (1,)) and not relative["ok"]
+    assert absolute["ok"] and "within rtol=1e-06, atol=1e-08" in absolute["table"]
     assert exact["first"] == ("0.weight", "parameter", (1,))
     assert close["ok"] and statuses == [("0.weight", "close")]
     assert "within rtol=1e-06" in close["table"]

@@ -188,7 +188,7 @@ def test_partial_report_names_the_eager_root():
 def test_pass_report_verdict_follows_the_outputs():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
     x = torch.randn(2, 3)
-    _, report = fxdebug.PassManager([fxdebug.passes.Capture()], check_inputs=(x,)).run(model)
+    report = fxdebug.PassManager([fxdebug.passes.Capture()], check_inputs=(x,)).run(model).report
     check_shape(report, "PassReport")
     assert report.ok
 

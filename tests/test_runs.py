@@ -167,7 +167,7 @@ def test_streaming_equals_in_memory_capture(resnet, tmp_path, mode):
     model.zero_grad()
     memory(x).sum().backward()
     expected = fxdebug.records(memory)
-    streaming = fxdebug.instrument(model, grads=True, mode=mode, save_to=folder)
+    streaming = fxdebug.instrument(model, grads=True, mode=mode, folder=folder)
     model.zero_grad()
     fxdebug.set_step(streaming, 41)
     streaming(x).sum().backward()
@@ -179,7 +179,7 @@ def test_streaming_equals_in_memory_capture(resnet, tmp_path, mode):
     fxdebug.set_step(streaming, 42)
     with torch.no_grad():
         streaming(x + 1)
-    fxdebug.flush(streaming)
+    fxdebug.records(streaming)
     assert sorted(os.listdir(folder)) == ["run-000001", "run-000002"]
     assert fxdebug.load_records(folder).context["step"] == 42
     assert "layer4.1.conv2" in open(fxdebug.report(streaming, tmp_path / "s.html")).read()
@@ -198,7 +198,7 @@ def test_streaming_holds_a_bounded_queue(tmp_path):
     """Every node of a model with more activation bytes than the queue: all written, all equal."""
     model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(12)])
     x = torch.randn(256, 512)  # 512 KiB per activation, 6 MiB in all
-    gm = fxdebug.instrument(model, capture="all", save_to=tmp_path / "r")
+    gm = fxdebug.instrument(model, capture="all", folder=tmp_path / "r")
     recorder = gm.fxdebug_recorder
     recorder.run_writer.limit_bytes = 2**20
     gm(x)
@@ -216,13 +216,13 @@ import resource, signal, torch, fxdebug
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (100000, 100000))
 linear = torch.nn.Sequential(torch.nn.Linear(64, 256))
-gm = fxdebug.instrument(linear, save_to={str(tmp_path / 'full')!r})
+gm = fxdebug.instrument(linear, folder={str(tmp_path / 'full')!r})
 gm(torch.randn(512, 64))
 try:
-    fxdebug.flush(gm)
+    fxdebug.records(gm)
 except fxdebug.SavedRunError as exc:
     print("ERROR", exc)
-gm3 = fxdebug.instrument(linear, save_to={str(tmp_path / 'next')!r})
+gm3 = fxdebug.instrument(linear, folder={str(tmp_path / 'next')!r})
 gm3(torch.randn(512, 64))  # its capture fails to write in the background
 gm3.fxdebug_recorder.run_writer.wait_written()  # the failure is in, nothing raised yet
 try:
@@ -230,7 +230,7 @@ try:
     print("NEXT FORWARD ran")
 except fxdebug.SavedRunError as exc:
     print("NEXT FORWARD", exc)
-gm2 = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), save_to={str(tmp_path / 'exit')!r})
+gm2 = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), folder={str(tmp_path / 'exit')!r})
 gm2(torch.tensor([-1.0, 2.0]))
 """
     done = subprocess.run([sys.executable, "-c", script], env=child_env(), capture_output=True,
@@ -388,9 +388,9 @@ def test_context_records_rank_and_world_size(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0,
                             world_size=1)
     try:
-        gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), save_to=tmp_path / "runs")
+        gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), folder=tmp_path / "runs")
         gm(torch.ones(2))
-        fxdebug.flush(gm)
+        fxdebug.records(gm)
         context = fxdebug.load_records(tmp_path / "runs").context
     finally:
         dist.destroy_process_group()
@@ -415,14 +415,14 @@ import resource, sys, torch, fxdebug
 model = torch.nn.Sequential(*[torch.nn.Tanh() for _ in range(40)])  # 8 MiB per activation
 x = torch.randn(2 * 2**20)
 run = {"eager": lambda m: m, "memory": lambda m: fxdebug.instrument(m),
-       "save_to": lambda m: fxdebug.instrument(m, save_to=sys.argv[2])}[sys.argv[1]](model)
+       "save_to": lambda m: fxdebug.instrument(m, folder=sys.argv[2])}[sys.argv[1]](model)
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
 before = rss()
 with torch.no_grad():
     run(x)
 if sys.argv[1] == "save_to":
-    fxdebug.flush(run)
+    fxdebug.records(run)
 print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before) // 2**20)
 """
 
@@ -448,7 +448,7 @@ def test_load_records_finishes_this_process_run_of_a_deleted_module(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
     x = torch.randn(2, 4)
     for name, folder in (("save_to", lambda path: path), ("run", lambda path: path / "run-000001")):
-        gm = fxdebug.instrument(model, capture="all", save_to=tmp_path / name)
+        gm = fxdebug.instrument(model, capture="all", folder=tmp_path / name)
         gm(x)
         del gm
         rec = fxdebug.load_records(folder(tmp_path / name))

@@ -8,7 +8,7 @@ Ground truth, computed another way on every rank:
 - gradients: ``loss.backward()`` on a plain (uninstrumented) twin configured the same way,
   its local shards compared bitwise;
 - keys: those of the unsharded model instrumented the same way;
-- ``save_to``: the captures read back from the folder equal the hooks' values.
+- ``instrument(folder=)``: the captures read back from the folder equal the hooks' values.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def _check_config(rank, world, family, config):
     twin = families.configure(copy.deepcopy(model), family, config, world)
     families.configure(model, family, config, world)
     folder = os.path.join(tempfile.mkdtemp(prefix=f"fxdebug-{family}-{config}-"), f"rank{rank}")
-    gm = fxdebug.instrument(model, save_to=folder)
+    gm = fxdebug.instrument(model, folder=folder)
     families.loss_of(gm(*inputs)).backward()
     families.loss_of(twin(*inputs)).backward()
     saved = fxdebug.records(gm)  # read back from the folder

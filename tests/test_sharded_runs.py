@@ -56,9 +56,9 @@ def _run(rank, world, folder, kind, bug_rank):
         gm(full_input())
         fxdebug.save_records(fxdebug.records(gm), folder)
     else:
-        gm = fxdebug.instrument(model, save_to=folder)
+        gm = fxdebug.instrument(model, folder=folder)
         gm(full_input())  # every rank the same batch
-        fxdebug.flush(gm)
+        fxdebug.records(gm)
     torch.distributed.barrier()
     return sorted(os.listdir(folder))
 
@@ -128,9 +128,9 @@ def test_data_parallel_runs_equal_the_unsharded_run(tmp_path, kind):
 
 
 def _differing_batches(rank, world, folder):
-    gm = fxdebug.instrument(make_model(), save_to=folder)
+    gm = fxdebug.instrument(make_model(), folder=folder)
     gm(full_input() + rank)  # data parallel: each rank its own batch
-    fxdebug.flush(gm)
+    fxdebug.records(gm)
     torch.distributed.barrier()
 
 

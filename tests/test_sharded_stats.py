@@ -68,10 +68,10 @@ def _tensor_parallel_stats(rank, world, folder, partial):
         plan["head"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Partial(),
                                        use_local_output=False)
     parallelize_module(model, mesh, plan)
-    gm = fxdebug.instrument(model, mode="stats", grads=True, save_to=folder)
+    gm = fxdebug.instrument(model, mode="stats", grads=True, folder=folder)
     out = gm(full_input())
     (out.full_tensor() if partial else out).square().sum().backward()
-    fxdebug.flush(gm)
+    fxdebug.records(gm)
     live = fxdebug.records(gm)  # this rank's run, read back: its pieces' statistics
     pieces = {}
     for key in live.keys():
@@ -138,9 +138,9 @@ def test_statistics_of_a_pending_sum_are_not_assembled_and_say_why(tmp_path):
 
 
 def _differing_batches(rank, world, folder, mode):
-    gm = fxdebug.instrument(make_model(), mode=mode, save_to=folder)
+    gm = fxdebug.instrument(make_model(), mode=mode, folder=folder)
     gm(full_input(seed=1 + rank % 2))  # ranks 0, 2 one batch, ranks 1, 3 another
-    fxdebug.flush(gm)
+    fxdebug.records(gm)
     torch.distributed.barrier()
 
 
@@ -184,9 +184,9 @@ def _fsdp_grads(rank, world, folder):
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    gm = fxdebug.instrument(model, mode="stats", grads=True, save_to=folder)
+    gm = fxdebug.instrument(model, mode="stats", grads=True, folder=folder)
     gm(full_input()).square().sum().backward()  # every rank the same batch: the mean is the grad
-    fxdebug.flush(gm)
+    fxdebug.records(gm)
     placements = {n: p.grad.placements for n, p in model.named_parameters()}
     torch.distributed.barrier()
     return {n: str(p) for n, p in placements.items()}
@@ -246,9 +246,9 @@ def _tensor_parallel_grads(rank, world, folder):
                                      "blocks.0.fc2": RowwiseParallel(),
                                      "blocks.1.fc1": ColwiseParallel(use_local_output=False),
                                      "blocks.1.fc2": RowwiseParallel()})
-    gm = fxdebug.instrument(model, grads=True, save_to=folder)
+    gm = fxdebug.instrument(model, grads=True, folder=folder)
     gm(full_input()).square().sum().backward()
-    fxdebug.flush(gm)
+    fxdebug.records(gm)
 
 
 def test_tensor_parallel_activation_gradients_assemble_to_the_unsharded_models(tmp_path):

@@ -186,7 +186,7 @@ def test_a_failure_at_any_step_of_instrument_leaves_the_model_as_it_was(stage, m
     try:
         with pytest.raises(Exception) as failure:
             fxdebug.instrument(model, grads=True, passes=passes,
-                               save_to=tmp_path / "runs" if stage == "save_to writer setup"
+                               folder=tmp_path / "runs" if stage == "save_to writer setup"
                                else None)
         assert done, "the injected harm never ran: the test would prove nothing"
         if stage != "recompile/lint":

@@ -73,9 +73,9 @@ def _mixer_tp(rank, world, folder):
     for name, bug in (("correct", False), ("bug", True)):
         model = parallelize_module(copy.deepcopy(original), mesh, mixer_plan(bug))
         logits_error = float((model(x) - truth).abs().max())  # ground truth: is it wrong?
-        gm = fxdebug.instrument(model, save_to=f"{folder}/{name}")
+        gm = fxdebug.instrument(model, folder=f"{folder}/{name}")
         gm(x)
-        fxdebug.flush(gm)
+        fxdebug.records(gm)
         live = fxdebug.compare_runs(unsharded, fxdebug.records(gm))  # a collective
         found[name] = (logits_error, _summary(live))
     return found
@@ -150,9 +150,9 @@ def _dp_tp(rank, world, folder):
     for block in model.blocks:
         fully_shard(block, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
-    gm = fxdebug.instrument(model, save_to=folder)
+    gm = fxdebug.instrument(model, folder=folder)
     gm(mine)
-    fxdebug.flush(gm)
+    fxdebug.records(gm)
     rec = fxdebug.records(gm)  # read back from disk: no DeviceMesh kept
     fulls = {}
     for key in rec.keys():  # full(): a collective, every rank the same keys in order
@@ -259,9 +259,9 @@ def test_across_dtypes_the_first_divergence_is_the_first_beyond_rounding():
 
 # -- the command line: a verdict that did not compare every key exits 3 --------------------
 def _batches(rank, world, folder):
-    gm = fxdebug.instrument(Net(), save_to=folder)
+    gm = fxdebug.instrument(Net(), folder=folder)
     gm(torch.randn(2, 4, D) + rank)  # data parallel: each rank its own batch
-    fxdebug.flush(gm)
+    fxdebug.records(gm)
     torch.distributed.barrier()
 
 

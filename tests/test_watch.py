@@ -376,10 +376,10 @@ def test_parameter_registered_during_the_step_is_checked():
     assert torch.isnan(model.extra.grad).all()  # autograd's own: d sqrt(0) * 0 is NaN
     report = watch.check()
     assert report is not None and "extra" in report.flagged_detail
-    # the registration hooks the watch held are gone when it is closed
+    # the registration hooks the watch held are gone when it is removed
     from torch.nn.modules import module as torch_module
     hooks = vars(torch_module).get("_global_parameter_registration_hooks", {})
     assert any(hook is watch._registrations for hook in hooks.values())
-    watch.close()
+    watch.remove()
     assert watch._registrations.handles == []
     assert not any(hook is watch._registrations for hook in hooks.values())

@@ -132,7 +132,7 @@ def test_nan_in_a_parameter_changed_between_steps_is_caught_and_named(route, fut
     report = watch.check()
     assert report is not None and report.flagged == "gradients NaN"
     assert report.flagged_detail == f"gradients of 1 parameter(s): {target}"
-    watch.close()
+    watch.remove()
 
 
 def test_frozen_parameters_and_a_nan_beside_them():

@@ -4,7 +4,7 @@
                         [--reference R [--reference-factor F] [--reference-floor E]]
 
 A and B are folders written by ``fxdebug.save_records`` or
-``fxdebug.instrument(model, save_to=...)`` (the latest run there, or run N).
+``fxdebug.instrument(model, folder=...)`` (the latest run there, or run N).
 Prints the verdict, the first divergent key with its op and file:line, and every
 key with its error (:func:`fxdebug.compare_runs`). The ``first divergence:``
 line stays one line whatever the terminal's width (the table is fitted), so
@@ -28,7 +28,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "compare", help="compare two saved runs key by key; name the first that differs",
         description="Compare two saved runs (folders written by fxdebug.save_records or "
-                    "instrument(..., save_to=)) key by key in execution order; print the first "
+                    "instrument(..., folder=)) key by key in execution order; print the first "
                     "divergent key with its op and source line, and every key's error.")
     parser.add_argument("a", metavar="A", help="a saved run's folder (the reference)")
     parser.add_argument("b", metavar="B", help="the other run's folder")
@@ -37,15 +37,15 @@ def register(subparsers) -> None:
     parser.add_argument("--atol", type=float, default=None,
                         help="absolute tolerance (default: the dtype's, as torch.testing)")
     parser.add_argument("--run-a", type=int, default=None, metavar="N",
-                        help="run N of a save_to folder A (default: the latest)")
+                        help="run N of an instrument(folder=) folder A (default: the latest)")
     parser.add_argument("--run-b", type=int, default=None, metavar="N",
-                        help="run N of a save_to folder B (default: the latest)")
+                        help="run N of an instrument(folder=) folder B (default: the latest)")
     parser.add_argument("--reference", default=None, metavar="R",
                         help="a saved run of the same model and input in a more precise dtype "
                              "(float64): B differs only where its error against R exceeds "
                              "--reference-factor times A's plus --reference-floor")
     parser.add_argument("--run-reference", type=int, default=None, metavar="N",
-                        help="run N of a save_to folder R (default: the latest)")
+                        help="run N of an instrument(folder=) folder R (default: the latest)")
     parser.add_argument("--reference-factor", type=float, default=None, metavar="F",
                         help="with --reference: how many times A's error B's may reach (default 4)")
     parser.add_argument("--reference-floor", type=float, default=None, metavar="E",

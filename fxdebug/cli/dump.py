@@ -43,7 +43,7 @@ def run(args) -> int:
         gm = instrument(model, capture=capture)
     for warning in caught:
         print(f"note: {warning.message}")
-    dump(gm, args.folder, *inputs, overwrite=args.overwrite,
+    dump(gm, *inputs, folder=args.folder, overwrite=args.overwrite,
          allow_pickled_modules=args.allow_pickle, standalone=args.standalone)
     print(f"{args.model}: {type(model).__name__}, input {describe_inputs(inputs)}, "
           f"capture={'none (standalone)' if args.standalone else args.capture}")

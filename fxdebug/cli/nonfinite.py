@@ -37,7 +37,7 @@ def run(args) -> int:
         bar.update()
         bar.set_postfix_str("forward and backward, node by node")
         ignore = [part.strip() for part in (args.ignore or "").split(",") if part.strip()]
-        report = find_nonfinite(model, *inputs, backward=not args.forward_only, ignore=ignore)
+        report = find_nonfinite(model, *inputs, grads=not args.forward_only, ignore=ignore)
         bar.update()
     print(f"{args.model}:")
     print(report.table())

@@ -32,7 +32,7 @@ def run(args) -> int:
     manager = PassManager(passes, check_inputs=inputs if args.check else None)
     differs = None
     try:
-        _, report = manager.run(model)
+        report = manager.run(model).report
     except PassEquivalenceError as exc:  # what --check looks for: a difference (1), no trouble
         report, differs = exc.report, exc
     print(f"{args.model}: {type(model).__name__}, input {describe_inputs(inputs)}, "

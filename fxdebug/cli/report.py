@@ -45,7 +45,7 @@ def run(args) -> int:
             gm(*inputs)
     items: list[Any] = [records(gm)]  # Records, then a PassReport
     if passes:
-        _, pass_report = PassManager(passes, check_inputs=inputs).run(model)
+        pass_report = PassManager(passes, check_inputs=inputs).run(model).report
         items.append(pass_report)
     path = report(items, args.output, title=f"fxdebug report: {args.model}")
     print(f"report: {path}")

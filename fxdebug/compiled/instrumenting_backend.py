@@ -28,7 +28,7 @@ import dataclasses
 import torch
 import torch.fx as fx
 
-from ..errors import FxdebugError
+from ..errors import FxdebugError, deprecated
 from ..passes import Capture
 from ..runtime import RECORDER_ATTR, Recorder, Records
 from ..base.torch_compat import dynamo_frame_id, inductor_backend, lookup_backend
@@ -73,8 +73,7 @@ class _Capture:
 class InstrumentingBackend:
     """What :func:`backend` returns: pass it to ``torch.compile(..., backend=...)``.
 
-    ``fxdebug.records(be)`` (or ``be.records()``) gives the Records of the
-    latest forward; ``be.graphs`` the instrumented graphs handed to the inner
+    ``fxdebug.records(be)`` gives the Records of the latest forward; ``be.graphs`` the instrumented graphs handed to the inner
     backend, in the order dynamo compiled them.
     """
 
@@ -87,12 +86,9 @@ class InstrumentingBackend:
         self._first_frame: int | None = None
         self._seen: dict[str, int] = {}
 
-    def named_parameters(self):
-        """None: the compiled model owns them (lets ``fxdebug.records(be)`` work)."""
-        return iter(())
-
     def records(self) -> Records:
-        """The Records of the latest forward (keys: module paths, in execution order)."""
+        """Deprecated: ``fxdebug.records(be)``, as for an instrumented module."""
+        deprecated("backend.records()", "fxdebug.records(backend)")
         return getattr(self, RECORDER_ATTR).latest
 
     def __call__(self, gm: fx.GraphModule, example_inputs):

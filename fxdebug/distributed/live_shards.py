@@ -9,7 +9,7 @@ on its mesh, and a divergence names the ranks whose piece holds it::
 
     gathered(records)   Records with a placement, under a process group of several ranks:
                         ShardedRecords of every rank's pieces (values copied to the CPU);
-                        (``records(gm)`` of ``save_to=`` too: this rank's run read
+                        (``records(gm)`` of ``instrument(folder=)`` too: this rank's run read
                         back); any other Records (an unsharded run, FSDP2 or DDP captures,
                         one process, a folder another rank or job saved): as they are
 
@@ -65,7 +65,7 @@ def _portable(records: Records) -> tuple[Records, dict[tuple[str, str], tuple[in
     out.notes = list(records.notes)
     out.step = records.step
     mesh_ranks: dict[tuple[str, str], tuple[int, ...] | None] = {}
-    saved = getattr(records, "mesh_ranks", {})  # records(gm) of save_to=: read back, no mesh
+    saved = getattr(records, "mesh_ranks", {})  # records(gm) of instrument(folder=): read back, no mesh
     for section, source in _sections(records):
         target = out if section == "records" else out.grads
         for key in source.keys():

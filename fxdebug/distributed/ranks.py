@@ -37,7 +37,7 @@ from ..runtime.placement import UNKNOWN_PLACEMENT
 from ..base.formatting import dtype_text, format_location, shape_text
 from ..tracing.locations import user_location
 from .rank_group import RankGroup, local_view, on_ranks, unwrap
-from .ranks_report import RankEntry, RankReport
+from .ranks_report import RankEntry, RankReport, tolerance_text
 
 __all__ = ["compare_ranks", "Fingerprint", "fingerprints"]
 
@@ -196,7 +196,8 @@ def fingerprints(obj) -> tuple[str, tuple[Fingerprint, ...], tuple[str, ...]]:
     return what, builder.finish(), tuple(notes)
 
 
-def compare_ranks(obj, group=None, *, rtol: float | None = None) -> RankReport:
+def compare_ranks(obj, group=None, *, rtol: float | None = None,
+                  atol: float | None = None) -> RankReport:
     """Compare activations or weights across the ranks of a group: which rank differs, where.
 
     A collective: every rank of ``group`` calls it (with the same kind of object).
@@ -212,6 +213,8 @@ def compare_ranks(obj, group=None, *, rtol: float | None = None) -> RankReport:
         rtol: None compares bits. A float also accepts values whose bits differ but
             whose L2 norm and max|x| agree within ``rtol`` (status ``close``), for
             kernels that are not deterministic.
+        atol: with or without ``rtol``: ``|a - b| <= atol + rtol * |b|`` for the norm and
+            max|x| (as ``torch.isclose``), for values near zero.
 
     Returns:
         ``RankReport``: ``ok`` (every key compared and equal); ``verdict_text`` (``EQUAL``,
@@ -248,11 +251,14 @@ def compare_ranks(obj, group=None, *, rtol: float | None = None) -> RankReport:
     import torch.distributed as dist
     report_notes = list(dict.fromkeys(note for p in payloads for note in p.notes))
     indexed = _indexed(payloads)
-    entries = [_entry(key, kind_, [by.get((key, kind_)) for by in indexed], ranks.members, rtol)
+    tolerance = None if rtol is None and atol is None else (rtol or 0.0, atol or 0.0)
+    entries = [_entry(key, kind_, [by.get((key, kind_)) for by in indexed], ranks.members,
+                      tolerance)
                for key, kind_ in _merged_order([p.fingerprints for p in payloads])]
     report_notes.extend(_notes(entries, ranks.size))
     return RankReport(what=payloads[0].what, world=ranks.members, entries=entries,
-                      backend=str(dist.get_backend(ranks.group)), rtol=rtol, notes=report_notes)
+                      backend=str(dist.get_backend(ranks.group)), rtol=rtol, atol=atol,
+                      notes=report_notes)
 
 
 def _indexed(payloads: list[_Payload]) -> list[dict[tuple[str, str], Fingerprint]]:
@@ -310,7 +316,7 @@ def _number(value: float) -> str:
 
 
 def _entry(key: str, kind: str, fps: list[Fingerprint | None], world: tuple[int, ...],
-           rtol: float | None) -> RankEntry:
+           tolerance: tuple[float, float] | None) -> RankEntry:
     present = [fp for fp in fps if fp is not None]
     first = present[0]
     shape, dtype = shape_text(first.shape), first.dtype
@@ -353,7 +359,7 @@ def _entry(key: str, kind: str, fps: list[Fingerprint | None], world: tuple[int,
         majority += best
         for group in groups:
             if group is not best:
-                status, detail = _difference(every[best[0]], every[group[0]], rtol)
+                status, detail = _difference(every[best[0]], every[group[0]], tolerance)
                 found.append((status, group, best, detail, tie))
                 if status != "close":
                     differ += group
@@ -379,7 +385,8 @@ def _entry(key: str, kind: str, fps: list[Fingerprint | None], world: tuple[int,
     return make(status, sorted(differ), sorted(majority), "; ".join(details))
 
 
-def _difference(ref: Fingerprint, other: Fingerprint, rtol: float | None) -> tuple[str, str]:
+def _difference(ref: Fingerprint, other: Fingerprint,
+                tolerance: tuple[float, float] | None) -> tuple[str, str]:
     """``(status, detail)`` of ``other`` against the majority's ``ref`` (their bits differ)."""
     if (other.shape, other.dtype) != (ref.shape, ref.dtype):
         return "shape", (f"{shape_text(other.shape)} {other.dtype} vs {shape_text(ref.shape)} "
@@ -390,10 +397,10 @@ def _difference(ref: Fingerprint, other: Fingerprint, rtol: float | None) -> tup
         detail += f", max|x| {_number(other.max_abs)} vs {_number(ref.max_abs)}"
     if other.nonfinite != ref.nonfinite:
         detail += f", {other.nonfinite} vs {ref.nonfinite} non-finite"
-    if rtol is not None and other.nonfinite == ref.nonfinite and all(
-            abs(a - b) <= rtol * abs(b) for a, b in ((other.norm, ref.norm),
-                                                      (other.max_abs, ref.max_abs))):
-        return "close", detail + f" (within rtol={rtol:g})"
+    if tolerance is not None and other.nonfinite == ref.nonfinite and all(
+            abs(a - b) <= tolerance[1] + tolerance[0] * abs(b)
+            for a, b in ((other.norm, ref.norm), (other.max_abs, ref.max_abs))):
+        return "close", detail + f" (within {tolerance_text(*tolerance)})"
     return "differs", detail
 
 

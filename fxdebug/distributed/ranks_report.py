@@ -29,7 +29,18 @@ from ..base.fit_to_width import fit_table, table_width
 from ..base.report import Report
 from .rank_group import on_ranks, ranks_text
 
-__all__ = ["RankReport", "RankEntry", "DIVERGENT", "NOT_COMPARED", "STATUS_TEXT"]
+__all__ = ["RankReport", "RankEntry", "DIVERGENT", "NOT_COMPARED", "STATUS_TEXT",
+           "tolerance_text"]
+
+
+def tolerance_text(rtol: float, atol: float) -> str:
+    """``rtol=1e-05``, with ``, atol=...`` when an atol was given.
+
+    >>> tolerance_text(1e-5, 0.0), tolerance_text(0.0, 1e-8)
+    ('rtol=1e-05', 'rtol=0, atol=1e-08')
+    """
+    return f"rtol={rtol:g}" + (f", atol={atol:g}" if atol else "")
+
 
 #: Statuses that make a report not ok.
 DIVERGENT = ("differs", "shape", "missing")
@@ -102,6 +113,7 @@ class RankReport(Report):
     backend: str = ""
     rtol: float | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
+    atol: float | None = None
 
     verdict_words = ("EQUAL", "DIFFERENT")
 
@@ -160,7 +172,7 @@ class RankReport(Report):
 
     def _fields(self) -> dict:
         return {"what": self.what, "world": list(self.world), "backend": self.backend,
-                "rtol": self.rtol, "keys": len(self.entries), "verdict": self.verdict_text,
+                "rtol": self.rtol, "atol": self.atol, "keys": len(self.entries), "verdict": self.verdict_text,
                 "compared": self.compared,
                 "first_divergence": self.first_divergence, "ranks": list(self.ranks),
                 "divergences": self.divergences,
@@ -169,8 +181,9 @@ class RankReport(Report):
 
     def table(self, wide: bool | None = None) -> str:
         """Verdict, first divergence, and every key that is not equal on every rank."""
-        how = ("bitwise" if self.rtol is None
-               else f"bitwise, or norm and max|x| within rtol={self.rtol:g}")
+        how = ("bitwise" if self.rtol is None and self.atol is None
+               else f"bitwise, or norm and max|x| within "
+                    f"{tolerance_text(self.rtol or 0.0, self.atol or 0.0)}")
         lines = [f"compare_ranks: {self.what}; {on_ranks(self.world)}"
                  f"{f' ({self.backend})' if self.backend else ''}; compared {how}"]
         counts: dict[str, int] = {}

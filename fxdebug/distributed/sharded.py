@@ -1,6 +1,6 @@
 """Sharded runs on disk: every rank's captures in ``path/rank-R``, full values assembled on read.
 
-``instrument(model, save_to=path)`` and ``save_records(rec, path)`` on every rank of a
+``instrument(model, folder=path)`` and ``save_records(rec, path)`` on every rank of a
 process group write ``path/rank-R/...`` (R: the global rank), each capture with its
 placement (placements, mesh dims, global shape, this rank's coordinate and the global
 ranks of its mesh). :func:`~fxdebug.load_records` of ``path``, in any process (no process

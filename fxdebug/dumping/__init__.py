@@ -2,7 +2,7 @@
 
 ::
 
-    dump(gm, folder, *inputs)          pipeline.py: the pipeline below, each step once
+    dump(gm, *inputs, folder=)         pipeline.py: the pipeline below, each step once
       ├─ standalone.py                 standalone=True: fxdebug's observing nodes left out,
       │                                so the folder runs where fxdebug is not installed
       ├─ plan.py                       collect: everything the folder holds, as named values
@@ -17,8 +17,8 @@
       └─ writer.py                     all or nothing: a temporary folder, then a rename
 
 >>> import os, tempfile, torch, fxdebug
->>> folder = fxdebug.dump(torch.nn.Linear(2, 2), os.path.join(tempfile.mkdtemp(), "lin"),
-...                       torch.ones(1, 2))
+>>> folder = fxdebug.dump(torch.nn.Linear(2, 2), torch.ones(1, 2),
+...                       folder=os.path.join(tempfile.mkdtemp(), "lin"))
 >>> "run.py" in os.listdir(folder)
 True
 """

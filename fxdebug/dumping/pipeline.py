@@ -21,7 +21,7 @@ The folder::
 
 A pipeline, each step reading only what the one before it made::
 
-    dump(gm, folder, *inputs)
+    dump(gm, *inputs, folder=)
       ├─ prepare_destination()   writer.py: refuse an existing folder before any work
       ├─ trace, follow_mode, standalone_copy: the GraphModule to write, in the modes it is in
       ├─ plan_dump(gm, inputs)   plan.py: forward's statements, the submodules as code (or
@@ -40,7 +40,7 @@ import os
 import torch
 import torch.fx as fx
 
-from ..errors import FxdebugError
+from ..errors import FxdebugError, deprecated
 from ..frontend import trace
 from ..base import torch_compat
 from ..tracing.modes import follow_mode
@@ -66,19 +66,21 @@ def _check_inputs(gm: fx.GraphModule, inputs: tuple) -> None:
                               or (len(inputs) > len(placeholders) and not varargs)):
         raise FxdebugError(f"fxdebug.dump needs the example inputs of forward "
                            f"({', '.join(str(n.target) for n in placeholders)}): got {len(inputs)} "
-                           f"input(s). Call fxdebug.dump(gm, folder, *inputs).")
+                           f"input(s). Call fxdebug.dump(gm, *inputs, folder=folder).")
 
 
-def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
-         allow_pickled_modules: bool = False, standalone: bool = False) -> str:
+def dump(gm: torch.nn.Module, *inputs, folder: str | os.PathLike | None = None,
+         overwrite: bool = False, allow_pickled_modules: bool = False,
+         standalone: bool = False) -> str:
     """Write ``gm`` to ``folder`` as a package that runs on its own and round-trips.
 
     Args:
         gm: a GraphModule (``fxdebug.trace``/``instrument`` output, or any
             ``torch.fx.GraphModule``); another ``nn.Module`` is traced first.
-        folder: the folder to create. Its parent must exist.
         inputs: example inputs; the folder keeps them and the outputs (and
             parameter gradients) ``gm`` gives on them.
+        folder: the folder to create (keyword-only, as every option after the
+            inputs; ``dump(gm, folder, *inputs)`` before). Its parent must exist.
         overwrite: replace ``folder`` if it exists: only an empty folder, or an
             earlier dump holding exactly the files its manifest.json lists,
             unchanged (and the bytecode Python wrote for them), is ever replaced.
@@ -107,7 +109,7 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
 
         >>> import os, tempfile, torch, fxdebug
         >>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU()))
-        >>> folder = fxdebug.dump(gm, os.path.join(tempfile.mkdtemp(), "seq"), torch.randn(3, 4))
+        >>> folder = fxdebug.dump(gm, torch.randn(3, 4), folder=os.path.join(tempfile.mkdtemp(), "seq"))
         >>> sorted(os.listdir(folder))[:4]
         ['README.md', '__init__.py', 'breakpoints.json', 'expected.pt']
         >>> code = open(os.path.join(folder, "module.py")).read()
@@ -116,6 +118,12 @@ def dump(gm: torch.nn.Module, folder, *inputs, overwrite: bool = False,
     """
     if not isinstance(gm, torch.nn.Module):
         raise TypeError(f"fxdebug.dump expects a GraphModule or nn.Module, got {type(gm).__name__}.")
+    if folder is None:
+        if not inputs or not isinstance(inputs[0], (str, os.PathLike)):
+            raise FxdebugError("fxdebug.dump needs the folder to write: "
+                               "fxdebug.dump(gm, *inputs, folder=folder).")
+        deprecated("fxdebug.dump(gm, folder, *inputs)", "fxdebug.dump(gm, *inputs, folder=folder)")
+        folder, inputs = inputs[0], inputs[1:]
     folder = os.path.abspath(os.fspath(folder))
     parent = os.path.dirname(folder)
     if not os.path.isdir(parent):

@@ -9,7 +9,7 @@ names nodes by key and the user's ``file:line``::
       └─ localize: Capture("all") on both, match_nodes  node_matching.py
            (grads=True: activation_grads, in backward order)  activation_grads.py
          the report and its tables                      equivalence_report.py
-    vjp(model, *inputs, of=, wrt=)                 vector_jacobian.py } node_by_node.py: values
+    vjp(model, *inputs, output=, wrt=)             vector_jacobian.py } node_by_node.py: values
     jacobian_norms(model, *inputs)                 jacobian.py        } with their autograd graph
 
 >>> import torch, fxdebug

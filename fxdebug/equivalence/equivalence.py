@@ -109,7 +109,7 @@ def check_equivalence(reference: torch.nn.Module, candidate: torch.nn.Module, *i
 
     When the outputs differ (or ``localize=True``), both models run once more
     with every node captured; nodes are matched by key (a pass that replaces a
-    node keeps it with :func:`fxdebug.keys.inherit_key`), else by identical
+    node keeps it with :func:`fxdebug.passes.inherit_key`), else by identical
     inputs or by position, never by guessing, and the first node in the
     reference's execution order whose value differs is
     ``report.first_divergence``. A match by inputs or position that the
@@ -325,7 +325,7 @@ def _changed_modules_note(matching: NodeMatching, owners: dict) -> str:
             f"it computes another value under the same key: {listed}. Each is compared with "
             f"the reference node whose value its users read, never with the reference node of "
             f"its key. A pass can say what a new or changed node computes with "
-            f"fxdebug.keys.inherit_key(new_node, old_node) (a conv with a batch norm folded "
+            f"fxdebug.passes.inherit_key(new_node, old_node) (a conv with a batch norm folded "
             f"in: the batch norm's node).")
 
 
@@ -401,7 +401,7 @@ def _refuted_note(refuted: list[tuple[fx.Node, fx.Node]], matching: NodeMatching
     return (f"{'; '.join(described)} (a fusion): each is compared as the node whose value it "
             f"computes, and a reference node it only seemed to match is listed without a "
             f"counterpart. A pass can say what a new node computes with "
-            f"fxdebug.keys.inherit_key(new_node, old_node).")
+            f"fxdebug.passes.inherit_key(new_node, old_node).")
 
 
 def _localize(reference, candidate, runs: ControlledRuns, ref_out, cand_out, rtol, atol,
@@ -434,7 +434,7 @@ def _localize(reference, candidate, runs: ControlledRuns, ref_out, cand_out, rto
     elif (unmatched_ref and not refuted
           and not any(n.meta.get(META_PROVENANCE) for n in cand_gm.graph.nodes)):
         notes.append(f"a pass that replaces a node can pair the new node with the old one: "
-                     f"fxdebug.keys.inherit_key(new_node, old_node) gives it the old node's "
+                     f"fxdebug.passes.inherit_key(new_node, old_node) gives it the old node's "
                      f"key ({unmatched_ref[0]!r} and the others without a counterpart)")
     unmatched_cand = [node_key(n) for n in matching.unmatched_candidate
                       if n.op != "get_attr" and not any(

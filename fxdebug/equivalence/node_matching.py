@@ -4,7 +4,7 @@ Used by :func:`fxdebug.check_equivalence` to compare two graphs node by node.
 Three rules, tried in this order, never a guess by name similarity:
 
 1. **key**: both nodes carry the same ``fxdebug_key`` (a pass that keeps a
-   node, or replaces it and calls :func:`fxdebug.keys.inherit_key`);
+   node, or replaces it and calls :func:`fxdebug.passes.inherit_key`);
 2. **inputs**: both are unmatched and read exactly the same (matched) inputs in
    the same argument slots, and no other unmatched node does (a plain
    ``torch.fx`` candidate's ``layer1.0.add`` for fxdebug's ``layer1.0.iadd``);
@@ -16,7 +16,7 @@ than the reference's module at the same path: a conv with a batch norm folded
 into its weights) computes another value under the same key, so it is never
 paired by key or by inputs, only by position: the fused ``conv1`` is compared
 with the reference's ``bn1``, whose value its users now read. A key given with
-:func:`fxdebug.keys.inherit_key` is always trusted.
+:func:`fxdebug.passes.inherit_key` is always trusted.
 
 Besides its counterpart, a reference node can be *seen as* another candidate
 node by its users: a node a pass inserted in between (``conv1 -> mul -> bn1``),
@@ -129,7 +129,7 @@ def module_changed(ref: fx.Node, ref_root: torch.nn.Module, cand: fx.Node,
     """Whether ``cand`` calls a module whose parameters or buffers differ from ``ref``'s module.
 
     Only for module calls paired by an implicit key (the same module path, no
-    :func:`~fxdebug.keys.inherit_key`): a pass that folded a batch norm into a
+    :func:`~fxdebug.passes.inherit_key`): a pass that folded a batch norm into a
     conv kept the conv's path but changed what it computes.
 
     >>> import copy, torch, fxdebug

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from ..errors import FxdebugError
+from ..errors import FxdebugError, renamed_arguments
 from ..runtime import flatten_tensors, outputs_loss, tensor_stats
 from ..base import torch_compat
 from ..base.formatting import dtype_text, format_location, shape_text
@@ -184,12 +184,13 @@ def _module_stats(gm: fx.GraphModule, node: fx.Node) -> tuple[ValueStats, ...]:
                  for name, t in named if t.is_floating_point() or t.is_complex())
 
 
-def find_nonfinite(model: torch.nn.Module, *inputs, backward: bool = True,
+@renamed_arguments({"backward": "grads"})
+def find_nonfinite(model: torch.nn.Module, *inputs, grads: bool = True,
                    loss: Callable[[Any], torch.Tensor] | None = None,
                    ignore=None, lockstep: bool = False) -> NonfiniteReport:
     """Find the first node whose output holds a NaN or an Inf, and the first non-finite gradient.
 
-    One forward and (with ``backward=True``) one backward, run node by node:
+    One forward and (with ``grads=True``) one backward, run node by node:
     the first node whose output is non-finite is reported with statistics of
     everything it received (its inputs, and the parameters of the module it
     calls), so you see whether it created the bad values or was handed them;
@@ -206,7 +207,8 @@ def find_nonfinite(model: torch.nn.Module, *inputs, backward: bool = True,
             call) or a GraphModule (``fxdebug.trace(model)`` once, then pass
             it in a training loop: no tracing per call).
         inputs: its positional inputs.
-        backward: also run the backward of ``loss(output)``.
+        grads: also run the backward of ``loss(output)`` and look at the gradients
+            (``backward=`` before).
         loss: ``output -> scalar``; default: the sum of every floating output's sum.
         ignore: keys or globs whose outputs may be non-finite on purpose (an
             attention mask filled with ``-inf``).
@@ -246,9 +248,9 @@ def find_nonfinite(model: torch.nn.Module, *inputs, backward: bool = True,
     mode = "train" if model.training else "eval"
     parameter_grads: list[tuple[str, int, int]] = []
     with ControlledRuns([model, gm], inputs, train=None) as runs:
-        watch = _Watch(gm, hooks=backward, ignore=ignore, exact=lockstep)
-        backward_ran = runs.run(lambda *args: _run_once(gm, watch, args, backward, loss, notes,
-                                                        parameter_grads), grad=backward)
+        watch = _Watch(gm, hooks=grads, ignore=ignore, exact=lockstep)
+        backward_ran = runs.run(lambda *args: _run_once(gm, watch, args, grads, loss, notes,
+                                                        parameter_grads), grad=grads)
         forward_hit, later = _forward_search(gm, runs, watch, ignore, lockstep)
         creators, sources = _creators(gm, runs, ignore) if (
             forward_hit is not None or lockstep) else ([], [])

@@ -2,7 +2,7 @@
 
 Call tree::
 
-    watch = watch_nonfinite(model)
+    watch = NonfiniteWatch(model)     (what fxdebug.watch_nonfinite(model) returns)
     out = watch(*args, **kwargs)      model(...); keeps the step's inputs (copies), RNG state
       │                               and buffers (for DistributedDataParallel: as its module
       │                               receives them, after DDP's buffer broadcast), and the
@@ -49,7 +49,7 @@ import torch
 from torch.nn.modules.module import (register_module_module_registration_hook,
                                      register_module_parameter_registration_hook)
 
-from ..errors import FxdebugError, TraceFailure
+from ..errors import FxdebugError, TraceFailure, deprecated
 from ..runtime import clone_inputs, flatten_tensors
 from ..base.report import REPR_LIMIT
 from ..base.torch_compat import (compiled_backend, compiled_inner, foreach_copy_,
@@ -63,7 +63,7 @@ from ..distributed.sharded_replay import kept_parameters, sharded_parameter
 from .watch_ranks import RankFlags, RankNonfiniteReport
 from .watch_report import WatchReport
 
-__all__ = ["watch_nonfinite", "NonfiniteWatch"]
+__all__ = ["NonfiniteWatch"]
 
 
 def _is_float(tensor: torch.Tensor) -> bool:
@@ -71,7 +71,8 @@ def _is_float(tensor: torch.Tensor) -> bool:
 
 
 class NonfiniteWatch:
-    """What :func:`watch_nonfinite` returns: call it like the model, then :meth:`check` each step.
+    """What :func:`fxdebug.watch_nonfinite` returns: call it like the model, then :meth:`check`
+    each step; :meth:`remove` (or leaving a ``with`` block) takes its hooks off.
 
     ``report`` is the report of the first non-finite step (None until then): a
     :class:`~fxdebug.NonfiniteReport`, or under ``torch.distributed`` a
@@ -80,6 +81,8 @@ class NonfiniteWatch:
 
     def __init__(self, model: torch.nn.Module, ignore=None, group=None,
                  check_compiled: Callable | None = None) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"watch_nonfinite expects an nn.Module, got {type(model).__name__}.")
         self.model = model
         self.module, self.wrapper = unwrap(model)
         # torch.compile(model): the replay runs the module inside, eagerly
@@ -106,7 +109,7 @@ class NonfiniteWatch:
     def __repr__(self) -> str:
         """One line: the model, the steps watched, the first non-finite report's verdict.
 
-        >>> watch_nonfinite(torch.nn.Linear(2, 2))
+        >>> NonfiniteWatch(torch.nn.Linear(2, 2))
         <NonfiniteWatch Linear, 0 step(s), all finite so far>
         """
         report = self.report
@@ -233,25 +236,38 @@ class NonfiniteWatch:
     def inputs(self) -> tuple[tuple, dict[str, Any]]:
         """Copies of the latest step's ``(args, kwargs)``, as the model received them.
 
-        >>> watch = watch_nonfinite(torch.nn.Linear(2, 2))
+        >>> watch = NonfiniteWatch(torch.nn.Linear(2, 2))
         >>> _ = watch(torch.ones(1, 2))
         >>> watch.inputs()
         ((tensor([[1., 1.]]),), {})
         """
         return clone_inputs(self._args), clone_inputs(self._kwargs)
 
-    def close(self) -> None:
+    def remove(self) -> None:
         """Remove the two global registration hooks of torch (``torch.nn.modules.module``'s
-        parameter and module registration hooks) the watch holds from its first step; the
-        watch being garbage collected does the same. A later step registers them again.
+        parameter and module registration hooks) the watch holds from its first step, as
+        torch's hook handles' ``remove()``; leaving a ``with`` block and the watch being
+        garbage collected do the same. A later step registers them again.
 
-        >>> watch = watch_nonfinite(torch.nn.Linear(2, 2)); _ = watch(torch.ones(1, 2))
-        >>> len(watch._registrations.handles)
+        >>> with NonfiniteWatch(torch.nn.Linear(2, 2)) as watch:
+        ...     _ = watch(torch.ones(1, 2))
+        ...     len(watch._registrations.handles)
         2
-        >>> watch.close(); watch._registrations.handles
+        >>> watch._registrations.handles
         []
         """
         self._registrations.close()
+
+    def close(self) -> None:
+        """Deprecated: :meth:`remove`, as torch's hook handles."""
+        deprecated("NonfiniteWatch.close()", "NonfiniteWatch.remove()")
+        self.remove()
+
+    def __enter__(self) -> "NonfiniteWatch":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.remove()
 
     def check(self, loss: Callable[[Any], torch.Tensor] | None = None
               ) -> NonfiniteReport | RankNonfiniteReport | None:
@@ -476,63 +492,3 @@ def _signature(module: torch.nn.Module) -> str:
         return str(inspect.signature(module.forward))
     except (TypeError, ValueError):
         return "(...)"
-
-
-def watch_nonfinite(model: torch.nn.Module, ignore=None, group=None,
-                    check_compiled: Callable | None = None) -> NonfiniteWatch:
-    """Watch a training loop for NaN/Inf; name the node that made it on the first bad step.
-
-    Each step costs one finiteness flag (a sum of the outputs, sums or a fused
-    max|g| of the parameter gradients) and one read in :meth:`NonfiniteWatch.check`;
-    the model runs eagerly, untouched. The first step whose outputs or
-    parameter gradients hold a NaN or an Inf is replayed node by node with
-    :func:`fxdebug.find_nonfinite` (same inputs, random-number state and
-    buffers), which names the node that created it, forward or backward,
-    with the user's ``file:line``. ``watch(x, mask=m)``: keyword arguments
-    are passed on.
-
-    Under ``torch.distributed`` (initialised when ``check()`` first runs, or
-    ``group`` given) ``check()`` is a collective: one all-reduce of a vector of
-    two numbers per rank per step, so every rank stops on the same step;
-    the report names the ranks that went non-finite and, from their own
-    replays, the node, with ``file:line`` (a ``DistributedDataParallel``
-    model's module is replayed, without collectives).
-
-    A replay that is finite while the step was not says ``NOT REPRODUCED``
-    (``report.reproduced`` is False, ``ok`` too) and what to do. A
-    ``torch.compile``'d model is replayed eagerly, so its compiled code's NaN
-    does not come back there: ``fxdebug.watch_nonfinite`` then runs
-    :func:`fxdebug.check_compiled` on the step's inputs with the model's
-    backend, which names the node where the compiled code first differs.
-
-    Args:
-        model: the ``nn.Module`` the loop trains (``DistributedDataParallel``,
-            ``torch.compile(model)`` too).
-        ignore: keys or globs whose outputs may be non-finite on purpose.
-        group: the process group whose ranks watch together (default: every rank).
-        check_compiled: ``(module, *inputs, backend=, grads=) -> report``, run on a
-            compiled model's step that the eager replay does not reproduce
-            (``fxdebug.watch_nonfinite`` passes :func:`fxdebug.check_compiled`).
-
-    Example::
-
-        >>> import torch, fxdebug
-        >>> class Net(torch.nn.Module):
-        ...     def __init__(self):
-        ...         super().__init__()
-        ...         self.fc = torch.nn.Linear(2, 2)
-        ...     def forward(self, x, scale=1.0):
-        ...         return torch.log(self.fc(x) * scale)
-        >>> _ = torch.manual_seed(0); net = Net(); watch = fxdebug.watch_nonfinite(net)
-        >>> for step in range(20):
-        ...     out = watch(torch.randn(4, 2), scale=2.0)
-        ...     out.nan_to_num().sum().backward()
-        ...     report = watch.check()
-        ...     if report is not None:
-        ...         break
-        >>> report.forward.key, report.forward.created
-        ('log', True)
-    """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"watch_nonfinite expects an nn.Module, got {type(model).__name__}.")
-    return NonfiniteWatch(model, ignore=ignore, group=group, check_compiled=check_compiled)

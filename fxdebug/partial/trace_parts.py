@@ -510,7 +510,7 @@ def traced_parts(model: torch.nn.Module) -> dict[str, fx.GraphModule]:
     a second specialisation of the same module), in the order they were first called.
 
     Each is an ordinary fxdebug GraphModule (``print(part.code)``,
-    ``fxdebug.print_tabular(part)``, ``fxdebug.dump(part, folder, *args)``).
+    ``fxdebug.print_tabular(part)``, ``fxdebug.dump(part, *args, folder=folder)``).
 
     >>> import torch
     >>> traced_parts(torch.nn.Linear(2, 2))

@@ -16,13 +16,16 @@ The inserted nodes call :mod:`fxdebug.runtime`; passes never read Records::
     Capture and GradHooks place their nodes with _placement.py.
 
 ``BUILTIN_PASSES`` maps the names the command line accepts (``--pass NAME``)
-to pass factories that take no arguments.
+to pass factories that take no arguments. A pass that replaces a node gives the new
+one the old one's key with ``inherit_key`` (from :mod:`fxdebug.tracing.keys`), so that
+checks and diffs match them.
 
 >>> import fxdebug
 >>> fxdebug.passes.BUILTIN_PASSES["capture"]().name
 'capture'
 """
 
+from ..tracing.keys import inherit_key
 from .base import Pass, PassResult, as_pass
 from .breakpoint import Breakpoint
 from .capture import Capture
@@ -33,9 +36,9 @@ from .functionalize import Functionalize
 from .grad_hooks import GradHooks
 from .grad_transform import GradTransform
 
-__all__ = ["Pass", "PassResult", "as_pass", "Capture", "GradHooks", "GradTransform",
-           "Breakpoint", "Functionalize", "Checkpoint", "EagerRegions", "FakePrecision",
-           "BUILTIN_PASSES"]
+__all__ = ["Pass", "PassResult", "as_pass", "inherit_key", "Capture", "GradHooks",
+           "GradTransform", "Breakpoint", "Functionalize", "Checkpoint", "EagerRegions",
+           "FakePrecision", "BUILTIN_PASSES"]
 
 BUILTIN_PASSES = {
     "capture": Capture,

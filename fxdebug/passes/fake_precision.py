@@ -14,13 +14,13 @@ and :func:`fxdebug.diff` shows the change like any pass's::
 What is rounded, by dtype:
 
 * ``bfloat16`` / ``float16`` (autocast's way): every floating input of the node
-  (parameters included) and its output, forward, and with ``backward=True`` the
+  (parameters included) and its output, forward, and with ``grads=True`` the
   gradients flowing back into the node's output and out of its inputs.
 * ``float8_e4m3fn`` / ``float8_e5m2`` (torchao's float8 training): the two operands of a
   matrix product (a Linear's input and weight, never its bias; a convolution's input and
   weight; ``matmul``, ``mm``, ``bmm``, ``addmm``, ``baddbmm``), each with its own amax
   scale; the product runs in float32 on the rounded values and its output stays float32.
-  With ``backward=True`` the gradient flowing into the output is rounded too: to
+  With ``grads=True`` the gradient flowing into the output is rounded too: to
   ``float8_e5m2`` with tensor-wise scaling, to ``float8_e4m3fn`` with row-wise scaling
   (torchao's recipes). Another node selected by its key has every floating input rounded.
 
@@ -47,7 +47,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from ..errors import FxdebugError, SelectionError
+from ..errors import FxdebugError, SelectionError, renamed_arguments
 from ..runtime import call_with_parameters
 from ..runtime.fake_casts import FLOAT8, check_dtype, fake_cast
 from ..tracing.keys import META_KEY, META_PASS, META_SOURCE, module_path, node_key
@@ -208,13 +208,14 @@ class FakePrecision(Pass):
 
     name = _PASS
 
+    @renamed_arguments({"backward": "grads"})
     def __init__(self, select=None, dtype: str = "bfloat16", scaling: str = "tensorwise",
-                 backward: bool = True) -> None:
+                 grads: bool = True) -> None:
         self.dtype = check_dtype(dtype)
         if scaling not in _SCALINGS:
             raise FxdebugError(f"fxdebug.fake_precision: scaling={scaling!r}; use 'tensorwise' or "
                                f"'rowwise' (one amax scale per tensor or per row).")
-        self.select, self.scaling, self.backward = select, scaling, bool(backward)
+        self.select, self.scaling, self.backward = select, scaling, bool(grads)
 
     def grad_precision(self) -> tuple[str | None, tuple[int, ...] | None]:
         """The gradient's precision at the node's output (and its rowwise axis)."""
@@ -353,8 +354,9 @@ def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     return copied
 
 
+@renamed_arguments({"backward": "grads"})
 def fake_precision(model: torch.nn.Module, keys=None, dtype: str = "bfloat16",
-                   scaling: str = "tensorwise", backward: bool = True) -> fx.GraphModule:
+                   scaling: str = "tensorwise", grads: bool = True) -> fx.GraphModule:
     """A GraphModule of ``model`` in which the nodes ``keys`` selects run in ``dtype``.
 
     ``model``: a module (traced with :func:`fxdebug.trace`) or a GraphModule from it
@@ -362,7 +364,7 @@ def fake_precision(model: torch.nn.Module, keys=None, dtype: str = "bfloat16",
     is copied, not changed. ``keys``: keys, globs or module classes (``None``: every matrix
     product). ``dtype``: ``"bfloat16"``, ``"float16"``, ``"float8_e4m3fn"`` or
     ``"float8_e5m2"``. ``scaling``: ``"tensorwise"`` or ``"rowwise"`` (float8).
-    ``backward``: round the gradients through the node as well.
+    ``grads``: round the gradients through the node as well (``backward=`` before).
 
     >>> import torch, fxdebug
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
@@ -387,5 +389,5 @@ def fake_precision(model: torch.nn.Module, keys=None, dtype: str = "bfloat16",
         raise FxdebugError(f"fxdebug.fake_precision: {type(model).__name__} could not be traced "
                            f"into one graph; trace it first with fxdebug.trace(model, *inputs, "
                            f"frontend='export') and pass the GraphModule.")
-    FakePrecision(keys, dtype, scaling, backward)(gm)
+    FakePrecision(keys, dtype, scaling, grads)(gm)
     return gm

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from ..errors import FxdebugError
+from ..errors import FxdebugError, renamed_arguments
 from ..passes.fake_precision import (FakePrecision, copy_graph_module, fake_output_key,
                                      owning_module, precision_nodes, refuse_sharded)
 from ..runtime.fake_casts import FLOAT8, check_dtype, range_stats
@@ -134,9 +134,10 @@ def _range(gm, node, dtype, scaling, values, grad) -> dict[str, float]:
             "amax": max((s["amax"] for s in stats), default=0.0)}
 
 
+@renamed_arguments({"backward": "grads"})
 def precision_sensitivity(model: torch.nn.Module, *inputs: Any, loss: Callable | None = None,
                           dtypes=("bfloat16", "float8_e4m3fn"), select=None,
-                          scaling: str = "tensorwise", backward: bool = True
+                          scaling: str = "tensorwise", grads: bool = True
                           ) -> SensitivityReport:
     """Each candidate node alone in each of ``dtypes``, against a float64 run of the same step.
 
@@ -151,7 +152,7 @@ def precision_sensitivity(model: torch.nn.Module, *inputs: Any, loss: Callable |
             ``"float8_e5m2"``.
         select: keys, globs or module classes (see :mod:`fxdebug.passes.fake_precision`);
             ``None``: every matrix product (Linear, convolution, matmul).
-        scaling / backward: as :func:`fxdebug.fake_precision`.
+        scaling / grads: as :func:`fxdebug.fake_precision`.
 
     Returns a :class:`SensitivityReport` sorted by impact; ``report.choose(budget)`` finds
     the largest set within a budget.
@@ -189,7 +190,7 @@ def precision_sensitivity(model: torch.nn.Module, *inputs: Any, loss: Callable |
                            f"frontend='export') for why.")
     gm = copy.deepcopy(traced)  # a private copy: train-mode buffers of the user's model stay
     loss_fn = loss if loss is not None else default_loss
-    measurer = Measurer(gm, inputs, loss_fn, scaling, backward)
+    measurer = Measurer(gm, inputs, loss_fn, scaling, grads)
     candidates = precision_nodes(gm, select)
     keys = [node_key(n) for n in candidates]
     watch = [n.name for n in candidates] + sorted({a.name for n in candidates for a in n.args

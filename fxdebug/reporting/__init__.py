@@ -2,10 +2,10 @@
 
 Nothing here changes a graph or runs a pass::
 
-    tabular(gm, *inputs)                node_table.py: a row per node (key, opcode, target,
+    print_tabular(gm, *inputs)          node_table.py: one row per node (key, opcode, target,
       └─ node_views(gm)                 args, shape, dtype, module, source, pass)
     diff(before, after)                 graph_diff.py: + / - / ~ rows, matched by name and
-      ├─ snapshot(gm)                   provenance (fxdebug.keys.inherit_key), and a
+      ├─ snapshot(gm)                   provenance (passes.inherit_key), and a
       └─ GraphDiff.table / code_diff    unified diff of the generated code
     plot_norms(records, "norms.png")    plots.py: activation and gradient norms per node
     report(gm_or_reports, "r.html")     html.py: one self-contained HTML page (records,
@@ -21,9 +21,11 @@ no change (3 nodes)
 
 from . import html, plots
 from .html import report
-from .graph_diff import DiffRow, GraphChangedError, GraphDiff, GraphSnapshot, diff, snapshot
-from .node_table import NodeView, node_views, print_tabular, tabular
+from .graph_diff import DiffRow, GraphDiff, GraphSnapshot, diff, snapshot
+from .. import errors as _errors
 
-__all__ = ["tabular", "print_tabular", "node_views", "NodeView", "diff",
-           "GraphDiff", "DiffRow", "GraphChangedError", "GraphSnapshot", "snapshot", "plots",
-           "html", "report"]
+GraphChangedError = _errors.GraphChangedError  # its old path (defined in fxdebug.errors)
+from .node_table import NodeView, node_views, print_tabular
+
+__all__ = ["print_tabular", "node_views", "NodeView", "diff", "GraphDiff", "DiffRow",
+           "GraphSnapshot", "snapshot", "plots", "html", "report"]

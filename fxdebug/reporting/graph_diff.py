@@ -1,7 +1,7 @@
 """``diff(before, after)``: what a pass did to a graph, as rows and as a code diff.
 
 Nodes are matched by name, and where a pass replaced a node (recorded with
-:func:`fxdebug.keys.inherit_key`) by provenance. Each row is marked::
+:func:`fxdebug.passes.inherit_key`) by provenance. Each row is marked::
 
     +  added          -  removed          ~  changed (target, args or kwargs)
 
@@ -31,7 +31,7 @@ import weakref
 
 import torch.fx as fx
 
-from ..errors import FxdebugError
+from ..errors import FxdebugError, GraphChangedError
 from ..passes.base import graph_source
 from ..base.fit_to_width import fit_table, table_width
 from ..base.report import Report
@@ -39,7 +39,7 @@ from ..tracing.keys import META_PROVENANCE
 from .html import diff_html
 from .node_table import COLUMNS, NodeView, node_views
 
-__all__ = ["diff", "GraphDiff", "DiffRow", "GraphSnapshot", "GraphChangedError", "snapshot"]
+__all__ = ["diff", "GraphDiff", "DiffRow", "GraphSnapshot", "snapshot"]
 
 # Columns of GraphDiff.table a narrow terminal gives up first.
 DIFF_DROP = ("kwargs", "name", "opcode", "pass", "args")
@@ -90,10 +90,6 @@ class GraphSnapshot:
         <GraphSnapshot 'relu': 3 nodes>
         """
         return f"<GraphSnapshot {self.name!r}: {len(self.views)} nodes>"
-
-
-class GraphChangedError(FxdebugError, RuntimeError):
-    """A diff's code was asked for after its GraphModule changed."""
 
 
 def snapshot(gm: fx.GraphModule, name: str = "", *inputs, lazy_code: bool = False

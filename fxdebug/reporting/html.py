@@ -80,7 +80,7 @@ def _records_of(obj) -> Records | None:
         return obj
     recorder = getattr(obj, RECORDER_ATTR, None)
     writer = getattr(recorder, "run_writer", None)
-    if writer is not None and writer.folder is not None:  # save_to: the latest run, from disk
+    if writer is not None and writer.folder is not None:  # folder=: the latest run, from disk
         return writer.latest_records()
     latest = getattr(recorder, "latest", None)
     return latest if isinstance(latest, Records) else None

@@ -26,7 +26,7 @@ from ..base.fit_to_width import fit_table, table_width
 from ..tracing.keys import META_PASS, META_SOURCE, module_path, node_key, target_name
 from ..base.formatting import dtype_text, format_location, shape_text
 
-__all__ = ["NodeView", "NodeRef", "node_views", "render_parts", "split_parts", "tabular",
+__all__ = ["NodeView", "NodeRef", "node_views", "render_parts", "split_parts", "tabular_text",
            "print_tabular"]
 
 COLUMNS = ("key", "opcode", "name", "target", "args", "kwargs", "shape", "dtype", "module",
@@ -246,7 +246,7 @@ def node_views(gm: fx.GraphModule, *inputs) -> list[NodeView]:
     return views
 
 
-def tabular(gm: fx.GraphModule, *inputs, wide: bool | None = None) -> str:
+def tabular_text(gm: fx.GraphModule, *inputs, wide: bool | None = None) -> str:
     """The node table of ``gm`` as a string (see the module docstring for the columns).
 
     Fitted to the terminal unless ``wide=True`` (see :mod:`fxdebug.base.fit_to_width`).
@@ -255,23 +255,25 @@ def tabular(gm: fx.GraphModule, *inputs, wide: bool | None = None) -> str:
 
         >>> import torch, fxdebug
         >>> gm = fxdebug.trace(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU()))
-        >>> print(fxdebug.tabular(gm, torch.ones(1, 2)).splitlines()[3])  # doctest: +ELLIPSIS
+        >>> print(tabular_text(gm, torch.ones(1, 2)).splitlines()[3])  # doctest: +ELLIPSIS
         0      call_module  _0      0         (input_1,)            1x3      float32  0 ...
     """
     if not isinstance(gm, fx.GraphModule):
-        raise TypeError(f"tabular expects a torch.fx.GraphModule, got {type(gm).__name__}; "
+        raise TypeError(f"print_tabular expects a torch.fx.GraphModule, got {type(gm).__name__}; "
                         f"use fxdebug.trace(model) first.")
     rows = [view.row() for view in node_views(gm, *inputs)]
     return fit_table(rows, COLUMNS, width=table_width(wide), drop=TABULAR_DROP,
                      truncate=("key", "target", "args", "kwargs", "source"))
 
 
-def print_tabular(gm: fx.GraphModule, *inputs, wide: bool | None = None) -> None:
-    """Print :func:`tabular` (``Graph.print_tabular`` without addresses, with shapes and sources).
+def print_tabular(gm: fx.GraphModule, *inputs, wide: bool | None = None, file=None) -> None:
+    """Print the node table of ``gm``: ``Graph.print_tabular`` without addresses, with shapes
+    (given ``inputs``) and sources. ``file``: where to print, as ``print``'s (an
+    ``io.StringIO()`` for the text).
 
     >>> import torch, fxdebug
     >>> fxdebug.print_tabular(fxdebug.trace(torch.nn.ReLU()))  # doctest: +ELLIPSIS
     key     opcode       name    target    args     kwargs    shape    dtype    module    source    pass
     ...
     """
-    print(tabular(gm, *inputs, wide=wide))
+    print(tabular_text(gm, *inputs, wide=wide), file=file)

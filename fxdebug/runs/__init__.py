@@ -4,7 +4,7 @@
 
     save_records(records, path)            saved_runs.py   a manifest.json + one file of bytes
     load_records(path)                     saved_runs.py   Records again (lazily read)
-    instrument(model, save_to=path)        run_writer.py   every forward written while it runs
+    instrument(model, folder=path)         run_writer.py   every forward written while it runs
     compare_runs(a, b)                     run_comparison.py key by key, first divergence
       ├─ across dtypes: what rounding can explain        rounding.py
       └─ reference=: rounding told from bugs by a float64 run   reference.py
@@ -20,9 +20,12 @@ True
 """
 
 from .run_comparison import RunComparison, RunEntry, compare_runs
-from .reference import ReferenceMismatchError
 from .run_writer import RunWriter
 from .saved_runs import SavedRecords, load_records, save_records
+from ..distributed.sharded import ShardedRecords
+from .. import errors as _errors
 
-__all__ = ["save_records", "load_records", "SavedRecords", "RunWriter", "compare_runs",
-           "RunComparison", "RunEntry", "ReferenceMismatchError"]
+ReferenceMismatchError = _errors.ReferenceMismatchError  # its old path (defined in fxdebug.errors)
+
+__all__ = ["save_records", "load_records", "SavedRecords", "ShardedRecords", "RunWriter",
+           "compare_runs", "RunComparison", "RunEntry"]

@@ -44,12 +44,12 @@ import math
 
 import torch
 
-from ..errors import FxdebugError
+from ..errors import ReferenceMismatchError
 from ..runtime.records import Record, Records
 
 __all__ = ["REFERENCE_FACTOR", "REFERENCE_FLOOR_EPS", "STATS_FLOOR_EPS", "relative_error", "stats_error",
            "reference_errors", "reference_floor", "check_reference_keys", "ReferenceCheck",
-           "ReferenceMismatchError", "LastBits"]
+           "LastBits"]
 
 REFERENCE_FACTOR = 4.0
 """Run b diverges at a key where its error against the reference exceeds this many times a's."""
@@ -59,10 +59,6 @@ REFERENCE_FLOOR_EPS = 2.0
 
 STATS_FLOOR_EPS = 16.0
 """The floor for statistics-only captures: one statistic's error is noisier than a tensor's."""
-
-
-class ReferenceMismatchError(FxdebugError, ValueError):
-    """The reference run is not a run of the same model and input: keys or shapes differ."""
 
 
 def _eps(dtype: torch.dtype | None) -> float:

@@ -53,7 +53,7 @@ import warnings
 
 import torch
 
-from ..errors import FidelityWarning
+from ..errors import FidelityWarning, renamed_arguments
 from ..base.fit_to_width import ELLIPSIS, fit_line, fit_table, table_width
 from ..runtime.records import Records
 from ..base.report import Report
@@ -275,11 +275,12 @@ def _fit_path(prefix: str, path: str, width: int | None) -> str:
     return prefix + ELLIPSIS + path[len(prefix) + len(path) + 1 - width:]
 
 
-def compare_runs(a, b, rtol: float | None = None, atol: float | None = None, *,
+@renamed_arguments(keyword_only=("rtol", "atol"))
+def compare_runs(a, b, *, rtol: float | None = None, atol: float | None = None,
                  reference=None, reference_factor: float = REFERENCE_FACTOR,
                  reference_floor: float | None = None) -> RunComparison:
     """Compare two runs key by key: Records (``fxdebug.records(gm)``, ``load_records``) or
-    folders of saved runs (the latest run in a ``save_to`` folder).
+    folders of saved runs (the latest run in an ``instrument(folder=)`` folder).
 
     ``rtol`` / ``atol`` default to ``torch.testing.assert_close``'s for the
     narrower dtype of each pair. Relative errors are taken against run ``a``.

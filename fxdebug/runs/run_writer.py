@@ -1,4 +1,4 @@
-"""Streaming captures to disk: ``instrument(model, save_to=path)``.
+"""Streaming captures to disk: ``instrument(model, folder=path)``.
 
 Each forward is one run, ``path/run-000001``, ``path/run-000002``, ... (numbering
 goes on after the runs already there; under torch.distributed with several
@@ -7,23 +7,23 @@ it is made and the forward goes on; the thread writes its bytes (the format of
 :mod:`.saved_runs`) and lets it go, so a run holds at most ``limit_bytes`` of
 captures not yet written: a forward waits for the writer when more are queued.
 The run's ``manifest.json`` is written when the next forward starts, at
-:func:`flush`, when :func:`~fxdebug.load_records` of this process reads that folder
-(even after the module was deleted), and when the process exits.
+:func:`~fxdebug.records` of the module, when :func:`~fxdebug.load_records` of this
+process reads that folder (even after the module was deleted), and when the process exits.
 
 A view captured from the model is written after the forward has moved on: its
 version counter is checked when it is written, and a tensor written in place
 since its capture is saved as stale (never shown), as in memory.
 
 Errors in the thread (a full disk) are raised by the next forward or by
-:func:`flush`, naming the run folder. The thread is a daemon, stops at
-:func:`flush` (it starts again with the next capture) and is flushed and
+:func:`~fxdebug.records`, naming the run folder. The thread is a daemon, stops at
+:func:`~fxdebug.records` (it starts again with the next capture) and is flushed and
 stopped at exit.
 
 >>> import os, tempfile, torch, fxdebug
 >>> folder = os.path.join(tempfile.mkdtemp(), "runs")
->>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), save_to=folder)
+>>> gm = fxdebug.instrument(torch.nn.Sequential(torch.nn.ReLU()), folder=folder)
 >>> _ = gm(torch.tensor([-1.0, 2.0])); _ = gm(torch.tensor([3.0, -4.0]))
->>> fxdebug.flush(gm)
+>>> _ = fxdebug.records(gm)  # every run written
 >>> sorted(os.listdir(folder)), fxdebug.load_records(folder)["0"]
 (['run-000001', 'run-000002'], tensor([3., 0.]))
 """
@@ -150,7 +150,7 @@ class RunWriter:
             os.makedirs(self.folder)
         except OSError as exc:
             raise SavedRunError(f"cannot create the run folder {self.folder}: {exc}. Choose "
-                                f"another save_to folder.") from exc
+                                f"another folder.") from exc
         context = run_context([], step)
         context["device"] = None
         records = StreamingRecords(self, self.run, grads_recorded)
@@ -199,11 +199,11 @@ class RunWriter:
 
     def latest_records(self) -> Records:
         """Everything queued written, then the latest run read back from disk (what
-        ``records(gm)`` gives for a module instrumented with ``save_to``)."""
+        ``records(gm)`` gives for a module instrumented with ``folder=``)."""
         self.flush()
         if self.folder is None:
             raise SavedRunError("this run writer has no folder: nothing was written to read back. "
-                                "Instrument with save_to=path to stream runs to disk.")
+                                "Instrument with folder=path to stream runs to disk.")
         return load_records(self.folder)
 
     def flush(self, stop: bool = True) -> None:
@@ -236,7 +236,7 @@ class RunWriter:
             exc, folder = error
             raise SavedRunError(f"writing the run {folder} failed: {type(exc).__name__}: {exc}. "
                                 f"Captures after the failure were not saved; free disk space or "
-                                f"choose another save_to folder.") from exc
+                                f"choose another folder.") from exc
 
     def _enqueue(self, item: tuple) -> None:
         with self._cond:
@@ -319,7 +319,7 @@ def _within(inner: str, outer: str) -> bool:
 
 
 def flush_writers_of(path: str) -> None:
-    """Finish what this process's writers still hold for ``path`` (a ``save_to`` folder, a
+    """Finish what this process's writers still hold for ``path`` (an ``instrument(folder=)`` folder, a
     folder above or below it, a run folder): :func:`~fxdebug.load_records` calls it before
     reading, so a run streamed by a module since deleted is read whole. A writer's error
     is raised here, naming its run folder."""

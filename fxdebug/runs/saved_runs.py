@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ..errors import SavedRunError
+from ..errors import SavedRunError, renamed_arguments
 from ..runtime.records import Record, Records
 from ..stats.summary import Stats
 from ..distributed.sharded import RANK_FOLDER, ShardedRecords, placement_entry, placement_of
@@ -206,15 +206,16 @@ def _parameter_entry(name: str, shape, stats, piece=None) -> list:
     return entry
 
 
-def save_records(records: Records, path: str | os.PathLike, step=None,
+@renamed_arguments({"path": "folder"})
+def save_records(records: Records, folder: str | os.PathLike, step=None,
                  overwrite: bool = False) -> str:
-    """Write ``records`` (and their gradients) to the folder ``path``; return the path.
+    """Write ``records`` (and their gradients) to ``folder``; return the folder's path.
 
     ``step`` tags the run (a training step, an epoch; default: the step
     :func:`fxdebug.set_step` gave the run). Under torch.distributed with several ranks,
-    every rank writes ``path/rank-R`` (R: its global rank), each capture with its placement;
-    :func:`load_records` of ``path`` assembles the full values. An existing saved run
-    at ``path`` is kept unless ``overwrite=True``. Read it back with
+    every rank writes ``folder/rank-R`` (R: its global rank), each capture with its placement;
+    :func:`load_records` of ``folder`` assembles the full values. An existing saved run
+    in ``folder`` is kept unless ``overwrite=True``. Read it back with
     :func:`load_records`.
 
     >>> import os, tempfile, torch, fxdebug
@@ -228,7 +229,7 @@ def save_records(records: Records, path: str | os.PathLike, step=None,
     if not isinstance(records, Records):
         raise TypeError(f"save_records expects fxdebug Records (fxdebug.records(gm)), got "
                         f"{type(records).__name__}.")
-    top = folder = os.fspath(path)
+    top = folder = os.fspath(folder)
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     if distributed and torch.distributed.get_world_size() > 1:  # every rank its own folder
         folder = os.path.join(folder, f"{RANK_FOLDER}{torch.distributed.get_rank()}")
@@ -283,8 +284,8 @@ def run_folders(path: str) -> list[tuple[int, str]]:
 def _run_folder(path: str, run: int | None) -> str:
     if not os.path.exists(path):
         raise SavedRunError(f"no saved run at {path}: it does not exist. Save one with "
-                            f"fxdebug.save_records(records, path) or "
-                            f"fxdebug.instrument(model, save_to=path).")
+                            f"fxdebug.save_records(records, folder) or "
+                            f"fxdebug.instrument(model, folder=folder).")
     if os.path.isfile(path) and os.path.basename(path) == MANIFEST:
         path = os.path.dirname(path) or "."
     runs = run_folders(path)
@@ -302,20 +303,21 @@ def _run_folder(path: str, run: int | None) -> str:
         return finished[-1]
     if runs:
         raise SavedRunError(f"{path} holds {len(runs)} run folder(s) but none has its "
-                            f"{MANIFEST} yet: the writer has not flushed (call "
-                            f"fxdebug.flush(gm)) or the process stopped before it did.")
+                            f"{MANIFEST} yet: the writer has not finished (call "
+                            f"fxdebug.records(gm)) or the process stopped before it did.")
     raise SavedRunError(f"no saved run at {path}: it holds neither {MANIFEST} nor run-NNNNNN "
-                        f"folders. Point at the folder given to save_records or save_to.")
+                        f"folders. Point at the folder given to save_records or instrument(folder=).")
 
 
-def load_records(path: str | os.PathLike, run: int | None = None
+@renamed_arguments({"path": "folder"})
+def load_records(folder: str | os.PathLike, run: int | None = None
                  ) -> SavedRecords | ShardedRecords:
-    """Open a saved run: a folder written by :func:`save_records`, or the latest run in a
-    ``save_to`` folder (``run=N`` for ``run-00000N``). Tensors are read when used. A folder
+    """Open a saved run: a folder written by :func:`save_records`, or the latest run in an
+    ``instrument(model, folder=)`` folder (``run=N`` for ``run-00000N``). Tensors are read when used. A folder
     of ``rank-R`` folders (saved by several ranks) gives
     :class:`~fxdebug.distributed.sharded.ShardedRecords`: full values, assembled when read.
 
-    Raises :class:`~fxdebug.errors.SavedRunError` for a missing path, a
+    Raises :class:`~fxdebug.errors.SavedRunError` for a missing folder, a
     truncated or corrupt file, or a run written by a newer fxdebug.
 
     >>> import os, tempfile, torch, fxdebug
@@ -326,12 +328,13 @@ def load_records(path: str | os.PathLike, run: int | None = None
     >>> rec["0"].shape, rec.context["dtype"]
     (torch.Size([1, 2]), 'float32')
     """
+    path = os.fspath(folder)
     for finish_writing in BEFORE_READING:
-        finish_writing(os.fspath(path))
-    ranks = _rank_folders(os.fspath(path))
+        finish_writing(path)
+    ranks = _rank_folders(path)
     if ranks:
-        return _load_sharded(os.fspath(path), ranks, run)
-    return _load_one(os.fspath(path), run)
+        return _load_sharded(path, ranks, run)
+    return _load_one(path, run)
 
 
 def _rank_folders(path: str) -> list[tuple[int, str]]:
@@ -398,14 +401,14 @@ def _read_manifest(manifest_path: str) -> dict:
             manifest = json.load(handle)
     except FileNotFoundError:
         raise SavedRunError(f"{manifest_path} is missing: the run was not finished. Save it "
-                            f"again, or call fxdebug.flush(gm) before reading.") from None
+                            f"again, or call fxdebug.records(gm) before reading.") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise SavedRunError(f"{manifest_path} is truncated or corrupt ({exc}); it cannot be "
                             f"read. Save the run again.") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise SavedRunError(f"{manifest_path} is not an fxdebug saved run (no "
                             f"'format': {FORMAT!r}). Point load_records at a folder written by "
-                            f"fxdebug.save_records or instrument(..., save_to=).")
+                            f"fxdebug.save_records or instrument(..., folder=).")
     version = manifest.get("version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise SavedRunError(f"{manifest_path} was written in saved-run format {version!r}, "

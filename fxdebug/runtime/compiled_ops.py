@@ -100,7 +100,7 @@ def start_run(recorder) -> None:
     writer = getattr(recorder, "run_writer", None)
     if latest.accumulating:
         latest.start_run()  # statistics merge over runs (fxdebug.accumulate_stats)
-    elif writer is not None:  # instrument(..., save_to=path)
+    elif writer is not None:  # instrument(..., folder=path)
         latest = recorder.latest = writer.start_run(getattr(recorder, "records_grads", None),
                                                     getattr(recorder, "notes", ()),
                                                     getattr(recorder, "step", None))

@@ -58,7 +58,7 @@ class Recorder(torch.nn.Module):
     []
     """
 
-    # set by instrument(..., save_to=) and fxdebug.set_step; read by every forward's begin_run
+    # set by instrument(..., folder=) and fxdebug.set_step; read by every forward's begin_run
     # (class defaults: nn.Module finds a missing attribute only after a costly failed lookup)
     run_writer = None
     step = None
@@ -93,7 +93,7 @@ class Recorder(torch.nn.Module):
         state = dict(state)
         state.pop("_per_thread", None)
         state.pop(ID_ATTR, None)  # a copy registers itself anew
-        state.pop("run_writer", None)  # a copy keeps its captures in memory (save_to: the original's)
+        state.pop("run_writer", None)  # a copy keeps its captures in memory (folder=: the original's)
         state["_started_last"] = Records(grads_recorded=state.get("records_grads", False))
         return state
 

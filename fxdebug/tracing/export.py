@@ -374,7 +374,7 @@ def export_trace(model: torch.nn.Module, *example_inputs,
                  example_kwargs: dict | None = None) -> fx.GraphModule:
     """Build an fxdebug GraphModule of ``model`` with ``torch.export`` on ``example_inputs``.
 
-    Use it through ``fxdebug.trace(model, *example_inputs, frontend="export")``
+    Use it through ``fxdebug.trace(model, *inputs, frontend="export")``
     (or ``frontend="auto"``, which tries symbolic tracing first).
     ``example_kwargs`` are keyword arguments of the call (``output_attentions=True``);
     the graph then takes them as ``gm(*example_inputs, **example_kwargs)``
@@ -411,7 +411,7 @@ def export_trace(model: torch.nn.Module, *example_inputs,
     if not example_inputs and not example_kwargs:
         raise TraceFailure(
             f"fxdebug could not export {name}: frontend='export' needs example inputs. "
-            f"Fix: call fxdebug.trace(model, *example_inputs, frontend='export').",
+            f"Fix: call fxdebug.trace(model, *inputs, frontend='export').",
             module_path="", module_type=name, location=None, kind="no example inputs",
             fix="pass example inputs")
     # the eager run that tells output structures draws no numbers from the generators the

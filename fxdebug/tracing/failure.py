@@ -146,7 +146,7 @@ def _not_in_the_model_fix(model: torch.nn.Module) -> str:
     """The fix where torch.fx failed in no line of the model (its own machinery refused the
     forward, e.g. a decorated forward whose code object it cannot rebuild)."""
     advice = ("the failure is inside torch.fx, not in a line of the model: trace it with "
-              "torch.export instead, fxdebug.trace(model, *example_inputs, frontend='export')")
+              "torch.export instead, fxdebug.trace(model, *inputs, frontend='export')")
     if next(model.children(), None) is not None:
         advice += ("; or call fxdebug.instrument(model) as it is: it runs the root forward "
                    "eagerly and instruments its submodules")
