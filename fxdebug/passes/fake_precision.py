@@ -47,6 +47,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from ..base import torch_compat
 from ..errors import FxdebugError, SelectionError, renamed_arguments
 from ..runtime import call_with_parameters
 from ..runtime.fake_casts import FLOAT8, check_dtype, fake_cast
@@ -344,9 +345,8 @@ def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     >>> copy_graph_module(gm).graph is gm.graph, copy_graph_module(gm).weight is gm.weight
     (False, True)
     """
-    graph = fx.Graph(tracer_cls=gm.graph._tracer_cls)
-    graph._codegen = gm.graph._codegen.__class__.__new__(gm.graph._codegen.__class__)
-    graph._codegen.__dict__.update(gm.graph._codegen.__dict__)
+    graph = fx.Graph(tracer_cls=torch_compat.graph_tracer_cls(gm.graph))
+    torch_compat.copy_codegen(gm.graph, graph)
     output = graph.graph_copy(gm.graph, {})
     graph.output(output)
     copied = fx.GraphModule(gm, graph, class_name=type(gm).__name__)

@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
+from ..base import torch_compat
 from ..errors import FxdebugError
 from ..runtime.values import map_tensors, outputs_loss
 
@@ -127,7 +128,7 @@ def float64_copy(gm: fx.GraphModule) -> fx.GraphModule:
         return torch.float64 if arg is torch.float32 else arg
 
     for node in list(graph.nodes):
-        if node.op == "call_function" and node.target is torch.ops.aten._assert_tensor_metadata.default:
+        if torch_compat.is_tensor_metadata_assert(node):
             graph.erase_node(node)
             continue
         node.args = fx.node.map_aggregate(node.args, widen)

@@ -45,7 +45,7 @@ from .dynamo import (compile_like, compiled_backend, compiled_in_place, compiled
                      run_eagerly_from_compiled_code, skip_frame)
 from .export_nodes import (AUTOCAST_NODE_FUNCTIONS, ENTER_AUTOCAST, EXIT_AUTOCAST,  # noqa: E402
                            SET_GRAD_ENABLED, autocast_arguments, is_autocast_function,
-                           is_export_guard_call)
+                           is_export_guard_call, is_tensor_metadata_assert)
 from .fx_internals import (ASSERT_IS_NONE, CODE_ATTR, CODE_ONLY_MODULE,  # noqa: E402
                            GRAPH_MODULE_HOOK_ATTRS, GRAPH_MODULE_SHARED_ATTRS, copy_codegen,
                            custom_builtin_imports, def_line, generated_code, graph_tracer_cls,
@@ -80,6 +80,7 @@ __all__ = [
     # export_nodes
     "AUTOCAST_NODE_FUNCTIONS", "ENTER_AUTOCAST", "EXIT_AUTOCAST", "SET_GRAD_ENABLED",
     "autocast_arguments", "is_autocast_function", "is_export_guard_call",
+    "is_tensor_metadata_assert",
     # fx_internals
     "ASSERT_IS_NONE", "CODE_ATTR", "CODE_ONLY_MODULE", "GRAPH_MODULE_HOOK_ATTRS",
     "GRAPH_MODULE_SHARED_ATTRS", "copy_codegen", "custom_builtin_imports", "def_line",

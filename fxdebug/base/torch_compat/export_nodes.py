@@ -8,7 +8,8 @@ import torch
 import torch.fx as fx
 
 __all__ = ["AUTOCAST_NODE_FUNCTIONS", "ENTER_AUTOCAST", "EXIT_AUTOCAST", "SET_GRAD_ENABLED",
-           "autocast_arguments", "is_autocast_function", "is_export_guard_call"]
+           "autocast_arguments", "is_autocast_function", "is_export_guard_call",
+           "is_tensor_metadata_assert"]
 
 SET_GRAD_ENABLED = torch._C._set_grad_enabled
 """What ``no_grad``/``enable_grad`` call: the grad-mode node ``torch.export`` emits too
@@ -42,6 +43,19 @@ def is_export_guard_call(node: fx.Node) -> bool:
     False
     """
     return node.op == "call_module" and str(node.target).startswith("_guards")
+
+
+def is_tensor_metadata_assert(node: fx.Node) -> bool:
+    """A dtype/device check torch.export puts in its graphs
+    (``torch.ops.aten._assert_tensor_metadata.default``, 2.9.1 and 2.14.1; where the op is
+    gone no node matches): a graph widened to float64 drops it.
+
+    >>> any(is_tensor_metadata_assert(n) for n in fx.symbolic_trace(torch.nn.ReLU()).graph.nodes)
+    False
+    """
+    packet = getattr(torch.ops.aten, "_assert_tensor_metadata", None)
+    return packet is not None and node.op == "call_function" and node.target is getattr(
+        packet, "default", None)
 
 
 def is_autocast_function(target) -> bool:
