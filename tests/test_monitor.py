@@ -154,9 +154,11 @@ def test_off_steps_record_nothing_and_run_the_models_own_forward(monkeypatch):
     net = make_net()
     monitor_module = importlib.import_module("fxdebug.monitoring.training_monitor")
     summaries = []
-    real = monitor_module.summarize_moments
+    real, real_many = monitor_module.summarize_moments, monitor_module.summarize_many
     monkeypatch.setattr(monitor_module, "summarize_moments",
                         lambda t: summaries.append(1) or real(t))
+    monkeypatch.setattr(monitor_module, "summarize_many",
+                        lambda ts: summaries.extend([1] * len(ts)) or real_many(ts))
     seen = []
     with fxdebug.monitor(net, every=4, start=2, end=9,
                          callback=lambda step, values: seen.append(step)) as mon:

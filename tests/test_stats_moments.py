@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fxdebug.stats import native as stats_native
-from fxdebug.stats.moments import combine_moments, pool_moments, summarize_moments
+from fxdebug.stats.moments import combine_moments, pool_moments, summarize_many, summarize_moments
 from fxdebug.stats.native import WIDE_MOMENTS_NUMEL
 from test_stats import ADVERSARIAL, adversarial
 
@@ -114,3 +114,23 @@ def test_pooled_summaries_equal_the_summary_of_the_values_together():
     chained = combine_moments(combine_moments(rows[0], rows[1]), rows[2])
     assert torch.allclose(pooled[0], chained, rtol=1e-12, equal_nan=True)
     assert torch.equal(pool_moments(rows, [1] * 6), rows)
+
+
+def test_many_summaries_from_one_call_equal_each_ones():
+    g = torch.Generator().manual_seed(9)
+    nan = torch.randn(3000, generator=g)
+    nan[7] = float("nan")
+    tensors = [torch.randn(5, generator=g), torch.randn(200_000, generator=g).bfloat16(),
+               torch.randn(64, 64, generator=g).t(), nan, torch.arange(10), torch.zeros(0),
+               torch.randn(70_000, generator=g, dtype=torch.float64), torch.randn(3, 7, generator=g)]
+    rows = summarize_many(tensors)
+    assert len(rows) == len(tensors)
+    for row, tensor in zip(rows, tensors):
+        assert torch.equal(row, summarize_moments(tensor)) or (
+            torch.isnan(row).any() and torch.allclose(row, summarize_moments(tensor), equal_nan=True))
+        if tensor.numel():
+            assert_moments(row, tensor, 1e-6)
+    if stats_native._compiler() is not None:  # the one call took the dense floats, no other
+        found = stats_native.moments_many(tensors)
+        assert [f is not None for f in found] == [True, True, False, False, False, False, False,
+                                                  True]

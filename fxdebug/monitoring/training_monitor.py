@@ -43,7 +43,7 @@ from ..distributed.rank_group import RankGroup, distributed_ready, unwrap
 from ..distributed.summaries import NO_GROUP, empty_summaries, reduce_summaries
 from ..errors import FidelityWarning, FxdebugError
 from ..instrumenting import instrument, records
-from ..stats.moments import combine_moments, pool_moments, summarize_moments
+from ..stats.moments import combine_moments, pool_moments, summarize_many, summarize_moments
 from ..base.torch_compat import run_eagerly_from_compiled_code, skip_frame
 from .compiled_copy import CompiledCopy, compiled_model, runs_compiled, summary_of
 from .folder import SeriesFolder
@@ -252,17 +252,22 @@ class Monitor:
         runs, self._runs = self._runs, []
         for rec in runs:
             grads = rec.grads if rec.keys() else None
+            values: list[tuple[str, object, object]] = []  # (name, value, placement)
             for key in rec.keys():
                 if module_of_key(key, self._modules) is None:
                     continue
-                self._add(slot(key, "out"), *_value(rec, key, self.notes))
+                values.append((slot(key, "out"), *_value(rec, key, self.notes)))
                 if grads is not None and key in grads:
-                    self._add(slot(key, "grad"), *_value(grads, key, self.notes))
+                    values.append((slot(key, "grad"), *_value(grads, key, self.notes)))
+            tensors = [value for _, value, _ in values if isinstance(value, torch.Tensor)]
+            summaries = iter(summarize_many(tensors))  # one call of the C kernel on the CPU
+            for name, value, placement in values:
+                summary = next(summaries) if isinstance(value, torch.Tensor) \
+                    else summary_of(value)  # the compiled copy's ready summary, or None
+                if summary is not None:
+                    self._add(name, summary, value, placement)
 
-    def _add(self, name: str, value, placement=None) -> None:
-        summary = summary_of(value)  # a tensor's, or the compiled copy's ready summary
-        if summary is None:
-            return
+    def _add(self, name: str, summary: torch.Tensor, value, placement=None) -> None:
         found = self._folded.get(name)
         if found is None:
             self._folded[name] = (summary, self._layout.activation(value, placement))
@@ -360,7 +365,7 @@ class Monitor:
         if not flat:
             return []
         lengths = [len(pieces) for _, pieces in tensors]
-        summaries = _stack([summarize_moments(t) for t in flat])
+        summaries = _stack(summarize_many(flat))
         own = pool_moments(summaries, lengths)
         shares = [self._layout.parameter(t) for t in flat]
         sent = own

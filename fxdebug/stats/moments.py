@@ -28,18 +28,19 @@ from __future__ import annotations
 import torch
 
 from .summary import combine, summarize
-from .native import fills_memory, moments as native_moments
+from .native import fills_memory, moments as native_moments, moments_many
 
 _NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
-__all__ = ["MOMENT_COLUMNS", "summarize_moments", "combine_moments", "pool_moments"]
+__all__ = ["MOMENT_COLUMNS", "summarize_moments", "summarize_many", "combine_moments",
+           "pool_moments"]
 
 MOMENT_COLUMNS = ("count", "mean", "m2", "min", "max", "zeros", "nonfinite", "numel", "m3", "m4")
 """The ten numbers of a moment summary, in order."""
 
 _SMALL = 1 << 16  # values summed in float64 directly (its range holds their fourth powers)
-_DOT_CHUNK = 1 << 16  # values per float32 dot product on the CPU (its rounding: see below)
+_DOT_CHUNK = 1 << 16  # values per dot product on the CPU (float64 there; float32 rounding: below)
 _DOT_CHUNK_CUDA = 1 << 22  # on a GPU (a tree reduction; fewer kernel launches)
 
 
@@ -75,6 +76,25 @@ def summarize_moments(tensor: torch.Tensor) -> torch.Tensor:
         flat = flat.to(torch.float64)
     m3, m4 = _central_moments_34(flat, base.to(flat.device))
     return torch.cat([base, torch.stack([m3, m4]).to(base.device)])
+
+
+def summarize_many(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`summarize_moments` of each tensor (the CPU's dense float tensors from one call
+    of the C kernel for all of them; the others one by one).
+
+    >>> rows = summarize_many([torch.tensor([1.0, 3.0]), torch.tensor([0.0, 2.0]).double()])
+    >>> [row[:2].tolist() for row in rows]
+    [[2.0, 2.0], [2.0, 1.0]]
+    """
+    detached = [_local(tensor).detach() for tensor in tensors]
+    found = moments_many(detached)
+    return [row if row is not None else summarize_moments(tensor)
+            for row, tensor in zip(found, detached)]
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None and hasattr(tensor, "placements") else tensor
 
 
 def _central_moments_34(flat: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

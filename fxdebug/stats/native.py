@@ -49,7 +49,7 @@ import threading
 
 import torch
 
-__all__ = ["row_sums", "summary", "moments", "WIDE_MOMENTS_NUMEL", "fills_memory", "kernels_turned_off", "unavailable_reason",
+__all__ = ["row_sums", "summary", "moments", "moments_many", "WIDE_MOMENTS_NUMEL", "fills_memory", "kernels_turned_off", "unavailable_reason",
            "openmp_runtimes", "shares_openmp_runtime"]
 
 _SOURCE = r"""
@@ -284,6 +284,16 @@ int fxdebug_moments(const void* data, int64_t numel, int64_t row, int kind, int 
     out[9] = m4 > 0 ? m4 : 0.0;
     return 0;
 }
+
+/* fxdebug_moments on `count` tensors in one call: status[i] as fxdebug_moments returns it. */
+int fxdebug_moments_many(const void** data, const int64_t* numel, const int* kind, int count,
+                         int64_t row, int threads, int64_t parallel_rows, int64_t wide_numel,
+                         double* out, int* status) {
+    for (int i = 0; i < count; i++)
+        status[i] = fxdebug_moments(data[i], numel[i], row, kind[i], threads, parallel_rows,
+                                    numel[i] <= wide_numel, out + 10 * (int64_t)i);
+    return 0;
+}
 """
 
 _KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -386,6 +396,11 @@ def _build() -> ctypes.CDLL | None:
             function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                                  ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
             function.restype = ctypes.c_int
+            function = library.fxdebug_moments_many
+            function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                 ctypes.c_int64, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                 ctypes.c_void_p, ctypes.c_void_p]
+            function.restype = ctypes.c_int
             # a runtime loaded with the library would start a thread pool of its own: never ask it
             library.fxdebug_threaded = ("-fopenmp" in flags  # type: ignore[attr-defined]
                                         and openmp_runtimes() == runtimes)
@@ -462,16 +477,53 @@ def moments(tensor: torch.Tensor, row: int = 2048) -> torch.Tensor | None:
     return out if status == 0 else None
 
 
+def moments_many(tensors: list[torch.Tensor], row: int = 2048) -> list[torch.Tensor | None]:
+    """:func:`moments` of each tensor, from one call for all of them (a call's Python costs
+    more than the sums of a small tensor): None where the kernel does not apply to a tensor or
+    declines it.
+
+    >>> found = moments_many([torch.tensor([1.0, 3.0]), torch.arange(3), torch.ones(4)])
+    >>> found[1] is None and all(s is None or s[1] in (2.0, 1.0) for s in found)
+    True
+    """
+    found: list[torch.Tensor | None] = [None] * len(tensors)
+    library = None if kernels_turned_off() else _library_loaded()
+    if library is None:
+        return found
+    chosen = [i for i, tensor in enumerate(tensors) if _applies(tensor)]
+    if not chosen:
+        return found
+    count = len(chosen)
+    pointers = (ctypes.c_void_p * count)(*[tensors[i].data_ptr() for i in chosen])
+    sizes = (ctypes.c_int64 * count)(*[tensors[i].numel() for i in chosen])
+    kinds = (ctypes.c_int * count)(*[_KINDS[tensors[i].dtype] for i in chosen])
+    status = (ctypes.c_int * count)()
+    out = torch.empty(count, 10, dtype=torch.float64)
+    threads = torch.get_num_threads() if getattr(library, "fxdebug_threaded", False) else 1
+    library.fxdebug_moments_many(pointers, sizes, kinds, count, row, threads, _PARALLEL_ROWS,
+                                 WIDE_MOMENTS_NUMEL, out.data_ptr(), status)
+    for j, i in enumerate(chosen):
+        if status[j] == 0:
+            found[i] = out[j]
+    return found
+
+
+def _applies(tensor: torch.Tensor) -> bool:
+    """Whether the C kernel reads ``tensor``'s memory: a dense CPU float32, bfloat16 or
+    float16 tensor (not a subclass, not a lazy negation) with a value."""
+    return tensor.dtype in _KINDS and tensor.is_cpu and type(tensor) in _PLAIN \
+        and tensor.layout == torch.strided and not tensor.is_neg() and tensor.numel() > 0 \
+        and fills_memory(tensor)
+
+
 def _call(name: str, tensor: torch.Tensor, row: int, size: int, *extra) -> tuple[
         torch.Tensor | None, int]:
     """The C function ``name`` on ``tensor``'s memory, into a new float64 tensor of ``size``:
     ``(out, its status)``; ``(None, -1)`` where the kernel does not apply, is turned off or
     was not built."""
-    kind = _KINDS.get(tensor.dtype)
-    if kind is None or kernels_turned_off() or not tensor.is_cpu or type(tensor) not in _PLAIN \
-            or tensor.layout != torch.strided or tensor.is_neg() or tensor.numel() == 0 \
-            or not fills_memory(tensor):
+    if kernels_turned_off() or not _applies(tensor):
         return None, -1
+    kind = _KINDS[tensor.dtype]
     library = _library_loaded()
     if library is None:
         return None, -1
