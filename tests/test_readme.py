@@ -256,3 +256,10 @@ def test_the_eager_values_promise_states_its_compiled_exception():
                 assert "exception" in paragraph and "torch.compile(fxdebug.instrument(model))" in \
                     " ".join(paragraph.split()), (page.name, paragraph)
     assert "README.md" in found and "guarantees.md" in found
+
+
+def test_the_front_page_stays_under_300_lines():
+    """The README is the front page: the quick start, one example per job and the guides; the
+    detail lives in docs/."""
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; move detail into docs/"
