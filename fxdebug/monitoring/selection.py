@@ -24,7 +24,7 @@ from typing import Iterable
 import torch
 
 from ..errors import SelectionError
-from ..tracing.selection import matches
+from ..tracing.selection import matches, patterns_and_classes
 
 __all__ = ["selected_modules", "module_of_key", "own_parameters"]
 
@@ -32,20 +32,8 @@ _CALL_SUFFIX = re.compile(r"_\d+$")
 
 
 def _groups(select) -> tuple[list[str], tuple[type, ...]]:
-    items = select if isinstance(select, (list, tuple)) else [select]
-    patterns: list[str] = []
-    types: list[type] = []
-    for item in items:
-        if isinstance(item, str):
-            patterns.append(item)
-        elif isinstance(item, type) and issubclass(item, torch.nn.Module):
-            types.append(item)
-        else:
-            raise SelectionError(
-                f"fxdebug.monitor: select= takes module-name patterns (str) and module classes "
-                f"(torch.nn.Linear), or a list of them; got {item!r} of type "
-                f"{type(item).__name__}. Pass, e.g., select=['*.attn.*', torch.nn.Linear].")
-    return patterns, tuple(types)
+    return patterns_and_classes(select, "fxdebug.monitor: select=",
+                                "select=['*.attn.*', torch.nn.Linear]")
 
 
 def selected_modules(model: torch.nn.Module, select=None) -> list[tuple[str, torch.nn.Module]]:

@@ -52,7 +52,7 @@ from ..errors import FxdebugError, SelectionError, renamed_arguments
 from ..runtime import call_with_parameters
 from ..runtime.fake_casts import FLOAT8, check_dtype, fake_cast
 from ..tracing.keys import META_KEY, META_PASS, META_SOURCE, module_path, node_key
-from ..tracing.selection import matches
+from ..tracing.selection import matches, patterns_and_classes
 from ..tracing.unsupported import fsdp2_modules
 from .base import Pass
 
@@ -120,19 +120,8 @@ def owning_module(gm: fx.GraphModule, node: fx.Node) -> str:
 
 
 def _split(select) -> tuple[list[str], tuple[type, ...]]:
-    items = list(select) if isinstance(select, (list, tuple)) else [select]
-    patterns: list[str] = []
-    types: list[type] = []
-    for item in items:
-        if isinstance(item, str):
-            patterns.append(item)
-        elif isinstance(item, type) and issubclass(item, torch.nn.Module):
-            types.append(item)
-        elif not isinstance(item, fx.Node):
-            raise SelectionError(
-                f"select= takes keys or globs (str) and module classes (torch.nn.Linear), or a "
-                f"list of them; got {item!r} of type {type(item).__name__}.")
-    return patterns, tuple(types)
+    return patterns_and_classes(select, "select=", "select=['fc1', torch.nn.Linear]",
+                                skip=(fx.Node,))
 
 
 def precision_nodes(gm: fx.GraphModule, select=None) -> list[fx.Node]:

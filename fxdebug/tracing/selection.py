@@ -16,6 +16,7 @@ import difflib
 import fnmatch
 from typing import Iterable, Protocol, Sequence
 
+import torch
 import torch.fx as fx
 
 from ..errors import SelectionError
@@ -142,6 +143,30 @@ def as_patterns(kind: str, value) -> list[str]:
     if not isinstance(value, Iterable):
         raise SelectionError(f"{kind} must be a key, a glob or a list of them, got {value!r}.")
     return list(value)
+
+
+def patterns_and_classes(select, what: str, example: str, skip: tuple[type, ...] = ()
+                         ) -> tuple[list[str], tuple[type, ...]]:
+    """``select`` (a str, a module class, or a list of them) split into its patterns and its
+    classes; items of a type in ``skip`` are passed over; anything else is named in a
+    :class:`SelectionError` (``what``: the function and argument, ``example``: a good value).
+
+    >>> patterns_and_classes(["*.attn", torch.nn.Linear], "f: select=", "['fc']")
+    (['*.attn'], (<class 'torch.nn.modules.linear.Linear'>,))
+    """
+    patterns: list[str] = []
+    classes: list[type] = []
+    for item in select if isinstance(select, (list, tuple)) else [select]:
+        if isinstance(item, str):
+            patterns.append(item)
+        elif isinstance(item, type) and issubclass(item, torch.nn.Module):
+            classes.append(item)
+        elif not isinstance(item, skip):
+            raise SelectionError(
+                f"{what} takes module-name patterns (str) and module classes (torch.nn.Linear), "
+                f"or a list of them; got {item!r} of type {type(item).__name__}. Pass, e.g., "
+                f"{example}.")
+    return patterns, tuple(classes)
 
 
 def select(gm: fx.GraphModule, capture="modules", depth: int | None = None,
