@@ -90,6 +90,13 @@ class RankGroup:
         dist.all_gather_object(found, obj, group=self.group)
         return found
 
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False):
+        """``tensor`` reduced in place over the group (``op``: "sum" or "max"); with
+        ``async_op`` the work handle to ``wait()`` on, else None."""
+        import torch.distributed as dist
+        reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
+        return dist.all_reduce(tensor, op=reduce_op, group=self.group, async_op=async_op)
+
     def backend_device(self, device: torch.device) -> torch.device:
         """Where a tensor must be for a collective on this group: the CPU for gloo,
         ``device`` otherwise."""

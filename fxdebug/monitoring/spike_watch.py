@@ -165,7 +165,7 @@ class SpikeWatch:
         device = next(iter(self.target.parameters()), torch.empty(0)).device
         flag = torch.tensor([0.0 if reason is None and error is None else 1.0],
                             device=ranks.backend_device(device))
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=ranks.group)
+        ranks.all_reduce(flag, "max")
         if float(flag) == 0.0:
             return None
         said = ranks.gather((reason, None if error is None else repr(error)))
@@ -239,7 +239,7 @@ class SpikeWatch:
         flat = torch.cat([g.reshape(-1) for g in present])
         device = ranks.backend_device(flat.device)
         total = flat.to(device)
-        torch.distributed.all_reduce(total, group=ranks.group)
+        ranks.all_reduce(total)
         total = (total / ranks.size).to(flat.device)
         out: list[torch.Tensor | None] = []
         offset = 0

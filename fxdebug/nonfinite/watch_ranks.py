@@ -142,12 +142,11 @@ class RankFlags:
         self._wait()  # a forward whose step was not checked
         if not synced:
             return
-        import torch.distributed as dist
         vector = torch.zeros(self.ranks.size, device=self.ranks.backend_device(
             outputs.device if outputs is not None else torch.device("cpu")))
         if outputs is not None:
             vector[self.ranks.slot] = outputs
-        self._pending = (dist.all_reduce(vector, group=self.ranks.group, async_op=True), vector)
+        self._pending = (self.ranks.all_reduce(vector, async_op=True), vector)
 
     def _wait(self) -> torch.Tensor | None:
         pending, self._pending = self._pending, None
@@ -176,14 +175,13 @@ class RankFlags:
             per_rank = [(values[slot], math.nan if grad_bad else 0.0)
                         for slot in range(self.ranks.size)]
         else:
-            import torch.distributed as dist
             local = [t for t in (outputs, grads) if isinstance(t, torch.Tensor)]
             device = self.ranks.backend_device(local[0].device if local else torch.device("cpu"))
             vector = torch.zeros(2 * self.ranks.size, device=device)
             for index, term in enumerate((outputs, grads)):
                 if term is not None:
                     vector[2 * self.ranks.slot + index] = term
-            dist.all_reduce(vector, group=self.ranks.group)
+            self.ranks.all_reduce(vector)
             values = vector.tolist()  # the one read of the step
             per_rank = [tuple(values[2 * slot:2 * slot + 2]) for slot in range(self.ranks.size)]
         flagged = []
