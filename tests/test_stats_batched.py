@@ -249,8 +249,9 @@ def test_repeated_calls_each_hold_their_own_values_and_reuse_the_segment_plan():
         for key, value in zip(("0", "1", "2"), expected):
             assert_stats_equal(rec[key], truth(value), torch.float32)
     sizes = (24, 24, 6)
-    lengths = stats_batch._lengths(torch.device("cpu"), sizes)
-    assert stats_batch._lengths(torch.device("cpu"), sizes) is lengths  # kept, not rebuilt
+    from fxdebug.stats import batch
+    lengths = batch._lengths(torch.device("cpu"), sizes)
+    assert batch._lengths(torch.device("cpu"), sizes) is lengths  # kept, not rebuilt
 
 
 def test_accumulated_and_pickled_batched_records():
