@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from .summary import combine, summarize
+from .summary import _local_piece, combine, summarize
 from .native import fills_memory, moments as native_moments, moments_many
 
 _NATIVE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -52,10 +52,7 @@ def summarize_moments(tensor: torch.Tensor) -> torch.Tensor:
     >>> [round(v, 4) for v in summarize_moments(torch.tensor([0.0, 2.0])).tolist()]
     [2.0, 1.0, 2.0, 0.0, 2.0, 1.0, 0.0, 2.0, 0.0, 2.0]
     """
-    to_local = getattr(tensor, "to_local", None)
-    if to_local is not None and hasattr(tensor, "placements"):
-        tensor = to_local()
-    tensor = tensor.detach()
+    tensor = _local_piece(tensor).detach()
     if tensor.is_cpu and tensor.numel():
         whole = native_moments(tensor)  # one read of the memory; None: not dense float, a NaN
         if whole is None and tensor.dtype in _NATIVE_DTYPES and type(tensor) in _PLAIN \
@@ -86,15 +83,10 @@ def summarize_many(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     >>> [row[:2].tolist() for row in rows]
     [[2.0, 2.0], [2.0, 1.0]]
     """
-    detached = [_local(tensor).detach() for tensor in tensors]
+    detached = [_local_piece(tensor).detach() for tensor in tensors]
     found = moments_many(detached)
     return [row if row is not None else summarize_moments(tensor)
             for row, tensor in zip(found, detached)]
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    to_local = getattr(tensor, "to_local", None)
-    return to_local() if to_local is not None and hasattr(tensor, "placements") else tensor
 
 
 def _central_moments_34(flat: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

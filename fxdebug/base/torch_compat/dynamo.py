@@ -223,14 +223,7 @@ def run_eagerly_from_compiled_code(function):
     >>> run_eagerly_from_compiled_code(hooks) is hooks
     True
     """
-    try:
-        from torch._C._dynamo.eval_frame import (_FrameAction, _FrameExecStrategy,
-                                                 set_code_exec_strategy)
-    except ImportError:  # pragma: no cover - a torch without them
-        return function
-    skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
-    set_code_exec_strategy(function.__code__, skip)
-    return function
+    return _skip_own_frame(function, "SKIP")
 
 
 def compiled_in_place(module) -> bool:
@@ -278,13 +271,20 @@ def skip_frame(function):
     >>> skip_frame(wrapper) is wrapper
     True
     """
+    return _skip_own_frame(function, "DEFAULT")
+
+
+def _skip_own_frame(function, callees: str):
+    """``function``'s own frame run eagerly under dynamo, the frames it calls as ``callees``
+    (``"SKIP"``: eagerly too; ``"DEFAULT"``: compiled): ``set_code_exec_strategy`` on its
+    code (2.9.1, 2.14.1); nothing set on a torch without it. Returns ``function``."""
     try:
         from torch._C._dynamo.eval_frame import (_FrameAction, _FrameExecStrategy,
                                                  set_code_exec_strategy)
     except ImportError:  # pragma: no cover - a torch without them
         return function
-    set_code_exec_strategy(function.__code__, _FrameExecStrategy(_FrameAction.SKIP,
-                                                                 _FrameAction.DEFAULT))
+    set_code_exec_strategy(function.__code__, _FrameExecStrategy(
+        _FrameAction.SKIP, getattr(_FrameAction, callees)))
     return function
 
 
