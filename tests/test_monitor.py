@@ -158,7 +158,7 @@ def test_off_steps_record_nothing_and_run_the_models_own_forward(monkeypatch):
     monkeypatch.setattr(monitor_module, "summarize_moments",
                         lambda t: summaries.append(1) or real(t))
     monkeypatch.setattr(monitor_module, "summarize_many",
-                        lambda ts: summaries.extend([1] * len(ts)) or real_many(ts))
+                        lambda ts, **kw: summaries.extend([1] * len(ts)) or real_many(ts, **kw))
     seen = []
     with fxdebug.monitor(net, every=4, start=2, end=9,
                          callback=lambda step, values: seen.append(step)) as mon:

@@ -134,3 +134,34 @@ def test_many_summaries_from_one_call_equal_each_ones():
         found = stats_native.moments_many(tensors)
         assert [f is not None for f in found] == [True, True, False, False, False, False, False,
                                                   True]
+
+
+@pytest.mark.parametrize("kernel", ["1", "0"])
+def test_summaries_of_differences_and_copies_made_while_reading(kernel, monkeypatch):
+    """What the monitor's update takes: summarize_many(after, minus=before) is the summary of
+    ``after - before`` (the float32 subtraction's values, against float64 sums of them) and
+    copy_to= leaves each tensor's values, bit for bit, whatever path summarized it."""
+    monkeypatch.setenv("FXDEBUG_STATS_KERNEL", kernel)
+    g = torch.Generator().manual_seed(13)
+    before = [torch.randn(300_001, generator=g), torch.randn(64, 64, generator=g),
+              torch.randn(4099, generator=g), torch.randn(2, 3, 8, 8, generator=g),
+              torch.randn(5000, generator=g).bfloat16(), torch.randn(10, generator=g).double()]
+    before[3] = before[3].to(memory_format=torch.channels_last)
+    after = [b + 1e-3 * torch.randn(b.shape, generator=g).to(b.dtype) for b in before]
+    after[2][17] = float("nan")  # the kernel declines: the difference is made, then summarized
+    after[1] = after[1].t().contiguous().t()  # other strides than its copy: torch's path
+    differences = [a - b for a, b in zip(after, before)]
+    rows = summarize_many(after, minus=[b.clone() for b in before])
+    for row, difference in zip(rows, differences):  # torch's reductions: M2 within 3e-5
+        assert_moments(row, difference, 1e-6 if kernel == "1" else 3e-5)
+    kept = [torch.empty_like(t) for t in after]
+    rows = summarize_many(after, copy_to=kept)
+    for row, tensor, copy in zip(rows, after, kept):
+        assert torch.equal(copy.isnan(), tensor.isnan())
+        assert torch.equal(torch.nan_to_num(copy), torch.nan_to_num(tensor))
+        assert copy.stride() == tensor.stride()
+        assert torch.equal(row, summarize_moments(tensor)) or torch.allclose(
+            row, summarize_moments(tensor), equal_nan=True)
+    if kernel == "1" and stats_native._compiler() is not None:  # which ones the C call took
+        found = stats_native.moments_many(after, minus=before)
+        assert [f is not None for f in found] == [True, False, False, True, False, False]

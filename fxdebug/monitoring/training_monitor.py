@@ -54,6 +54,7 @@ from .spike_report import SpikeReport
 from .spike_watch import SpikeWatch
 from .spikes import check_rules
 from .statistics import slot, split_slot
+from .update_copies import UpdateCopies
 
 __all__ = ["Monitor", "monitor"]
 
@@ -164,6 +165,7 @@ class Monitor:
         self._runs: list = []  # Records of this logged step's forwards, not yet summarized
         self._folded: dict[str, tuple] = {}  # name -> (moment summary, Share), forwards merged
         self._pending_update: tuple | None = None  # (step, copies, param rows) of a logged step
+        self._copies = UpdateCopies()  # the copies' buffers, kept between logged steps
         self._logging = self._logged(0)
         # the forward replaced: the compiled module's (off-steps call its compiled forward as it
         # is), or the model's own
@@ -320,12 +322,14 @@ class Monitor:
             for name, (summary, share) in folded.items():
                 entries.append(_activation_row(step, name, summary, share))
             parameters = self._parameters
+            kept = self._copies.buffers([p for _, own in parameters for p in own])
             entries += self._parameter_rows(step, "param", [
-                (key, [p.detach() for p in own]) for key, own in parameters])
+                (key, [p.detach() for p in own]) for key, own in parameters], copy_to=kept)
+            copies = [(key, kept[begin:begin + len(own)])
+                      for (key, own), begin in zip(parameters, _starts(parameters))]
             entries += self._parameter_rows(step, "param_grad", [
                 (key, [p.grad.detach() for p in own if p.grad is not None])
                 for key, own in parameters])
-            copies = [(key, [p.detach().clone() for p in own]) for key, own in parameters]
             if isinstance(loss, torch.Tensor) and "loss" not in self._modules:
                 loss = loss.detach()
                 entries.append(_activation_row(step, slot("loss", "out"), summarize_moments(loss),
@@ -347,25 +351,28 @@ class Monitor:
         step, copies, params = pending
         by_key = dict(self._parameters)
         try:
-            self._measured = self._measured + tuple(self._parameter_rows(step, "update", [
-                (key, [_update(p, before) for p, before in zip(by_key[key], kept)])
-                for key, kept in copies], params))
+            now = [(key, [p.detach() for p in by_key[key]]) for key, _ in copies]
+            self._measured = self._measured + tuple(self._parameter_rows(
+                step, "update", now, params, minus=[b for _, kept in copies for b in kept]))
         except Exception as exc:  # the others would wait for this rank at the next reduce
             if self._ranks is None:
                 raise
             self._update_error = exc
 
     def _parameter_rows(self, step: int, kind: str, tensors: list[tuple[str, list[torch.Tensor]]],
-                        params: dict | None = None) -> list["_Row"]:
+                        params: dict | None = None, minus: list[torch.Tensor] | None = None,
+                        copy_to: list[torch.Tensor] | None = None) -> list["_Row"]:
         """Each module's parameters (their gradients, their updates) pooled, every module in one
         go: this rank's own summary, and its share of the global one (the pieces no other rank
-        holds too). A module without such tensors (no gradient yet) has no row."""
+        holds too). A module without such tensors (no gradient yet) has no row. ``minus`` and
+        ``copy_to``: as :func:`~fxdebug.stats.moments.summarize_many`'s, a tensor per piece
+        (every module then has pieces)."""
         tensors = [(key, pieces) for key, pieces in tensors if pieces]
         flat = [t for _, pieces in tensors for t in pieces]
         if not flat:
             return []
         lengths = [len(pieces) for _, pieces in tensors]
-        summaries = _stack(summarize_many(flat))
+        summaries = _stack(summarize_many(flat, minus=minus, copy_to=copy_to))
         own = pool_moments(summaries, lengths)
         shares = [self._layout.parameter(t) for t in flat]
         sent = own
@@ -470,6 +477,7 @@ class Monitor:
             self._folder.close()
         self._runs, self._folded, self._pending_update = [], {}, None
         self._copy = self._compiled = None
+        self._copies.release()
         self._spikes = None
         self._logging = False
 
@@ -552,13 +560,13 @@ def _value(rec, key: str, notes: list[str]) -> tuple:
         return None, None
 
 
-def _update(param: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
-    """``param - before``, into ``before`` (the monitor's own copy: no new memory to fault in)."""
-    param = param.detach()
-    if type(param) is torch.Tensor and type(before) is torch.Tensor and param.dtype == before.dtype \
-            and param.device == before.device and param.shape == before.shape:
-        return torch.sub(param, before, out=before)
-    return param - before
+def _starts(parameters: list[tuple[str, list]]) -> list[int]:
+    """Where each module's parameters begin in the flat list of all of them."""
+    starts, begin = [], 0
+    for _, own in parameters:
+        starts.append(begin)
+        begin += len(own)
+    return starts
 
 
 def _stack(rows: list[torch.Tensor]) -> torch.Tensor:

@@ -75,16 +75,31 @@ def summarize_moments(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat([base, torch.stack([m3, m4]).to(base.device)])
 
 
-def summarize_many(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+def summarize_many(tensors: list[torch.Tensor], *, minus: list[torch.Tensor] | None = None,
+                   copy_to: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
     """:func:`summarize_moments` of each tensor (the CPU's dense float tensors from one call
     of the C kernel for all of them; the others one by one).
+
+    ``minus``: the summaries of ``tensors[i] - minus[i]`` (a DTensor's local pieces); where
+    the kernel does not take the difference, it is made into ``minus[i]``, which then holds
+    it. ``copy_to``: on return ``copy_to[i]`` holds ``tensors[i]``'s (local) values, copied
+    as they are summed where the kernel reads them.
 
     >>> rows = summarize_many([torch.tensor([1.0, 3.0]), torch.tensor([0.0, 2.0]).double()])
     >>> [row[:2].tolist() for row in rows]
     [[2.0, 2.0], [2.0, 1.0]]
+    >>> before = torch.tensor([1.0, 1.0])
+    >>> summarize_many([torch.tensor([2.0, 4.0])], minus=[before])[0][:2].tolist()
+    [2.0, 2.0]
     """
     detached = [_local_piece(tensor).detach() for tensor in tensors]
-    found = moments_many(detached)
+    kept = None if minus is None else [_local_piece(t).detach() for t in minus]
+    found = moments_many(detached, minus=kept, copy_to=copy_to)
+    if kept is not None:
+        return [row if row is not None else summarize_moments(
+            torch.sub(tensor, before, out=before) if before.shape == tensor.shape
+            and before.dtype == tensor.dtype and before.device == tensor.device
+            else tensor - before) for row, tensor, before in zip(found, detached, kept)]
     return [row if row is not None else summarize_moments(tensor)
             for row, tensor in zip(found, detached)]
 

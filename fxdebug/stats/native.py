@@ -49,8 +49,8 @@ import threading
 
 import torch
 
-__all__ = ["row_sums", "summary", "moments", "moments_many", "WIDE_MOMENTS_NUMEL", "fills_memory", "kernels_turned_off", "unavailable_reason",
-           "openmp_runtimes", "shares_openmp_runtime"]
+__all__ = ["row_sums", "summary", "moments", "moments_many", "WIDE_MOMENTS_NUMEL", "fills_memory",
+           "kernels_turned_off", "unavailable_reason", "openmp_runtimes", "shares_openmp_runtime"]
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -241,22 +241,39 @@ MROW_FN(wide_bf16, uint16_t, from_bf16, block_bf16, row_bf16, double)
 MROW_FN(wide_f16, uint16_t, from_f16, block_f16, row_f16, double)
 
 /* wide: the deviations' powers summed in float64 (as exact as float64's own sums; some ten
-   times the time: for small tensors, where the call costs more than the sums). */
-int fxdebug_moments(const void* data, int64_t numel, int64_t row, int kind, int threads,
-                    int64_t parallel_rows, int wide, double* out) {
+   times the time: for small tensors, where the call costs more than the sums).
+   minus (float32 only): the summary of data - minus, each row's differences taken in float32
+   (torch.sub's bits) into a buffer in the cache: nothing written to memory.
+   copy_to: each row's values copied there once summed (from the cache), unless it returns 1. */
+#define MAX_MINUS_ROW 4096
+int fxdebug_moments(const void* data, const void* minus, void* copy_to, int64_t numel,
+                    int64_t row, int kind, int threads, int64_t parallel_rows, int wide,
+                    double* out) {
+    if (minus != NULL && (kind != 0 || row > MAX_MINUS_ROW)) return 1;
     int64_t rows = (numel + row - 1) / row;
+    size_t size = kind == 0 ? 4 : 2;
     mrow_t* parts = (mrow_t*)malloc(sizeof(mrow_t) * (size_t)rows);
     if (parts == NULL) return 1;
     #pragma omp parallel for schedule(dynamic, 16) num_threads(threads) if(threads > 1 && rows >= parallel_rows)
     for (int64_t r = 0; r < rows; r++) {
         int64_t width = numel - r * row < row ? numel - r * row : row;
-        if (wide) {
+        if (minus != NULL) {
+            float difference[MAX_MINUS_ROW];
+            const float* a = (const float*)data + r * row;
+            const float* b = (const float*)minus + r * row;
+            for (int64_t i = 0; i < width; i++) difference[i] = a[i] - b[i];
+            if (wide) wide_f32(difference, width, parts + r);
+            else mrow_f32(difference, width, parts + r);
+        } else if (wide) {
             if (kind == 0) wide_f32((const float*)data + r * row, width, parts + r);
             else if (kind == 1) wide_bf16((const uint16_t*)data + r * row, width, parts + r);
             else wide_f16((const uint16_t*)data + r * row, width, parts + r);
         } else if (kind == 0) mrow_f32((const float*)data + r * row, width, parts + r);
         else if (kind == 1) mrow_bf16((const uint16_t*)data + r * row, width, parts + r);
         else mrow_f16((const uint16_t*)data + r * row, width, parts + r);
+        if (copy_to != NULL)
+            memcpy((char*)copy_to + r * row * size, (const char*)data + r * row * size,
+                   (size_t)width * size);
     }
     double n = 0, mean = 0, m2 = 0, m3 = 0, m4 = 0, low = INFINITY, high = -INFINITY, zeros = 0;
     for (int64_t r = 0; r < rows; r++) {
@@ -285,13 +302,16 @@ int fxdebug_moments(const void* data, int64_t numel, int64_t row, int kind, int 
     return 0;
 }
 
-/* fxdebug_moments on `count` tensors in one call: status[i] as fxdebug_moments returns it. */
-int fxdebug_moments_many(const void** data, const int64_t* numel, const int* kind, int count,
-                         int64_t row, int threads, int64_t parallel_rows, int64_t wide_numel,
-                         double* out, int* status) {
+/* fxdebug_moments on `count` tensors (minus, copy_to: NULL or an entry each, NULL for none) */
+int fxdebug_moments_many(const void** data, const void** minus, void** copy_to,
+                         const int64_t* numel, const int* kind, int count, int64_t row,
+                         int threads, int64_t parallel_rows, int64_t wide_numel, double* out,
+                         int* status) {
     for (int i = 0; i < count; i++)
-        status[i] = fxdebug_moments(data[i], numel[i], row, kind[i], threads, parallel_rows,
-                                    numel[i] <= wide_numel, out + 10 * (int64_t)i);
+        status[i] = fxdebug_moments(data[i], minus ? minus[i] : NULL,
+                                    copy_to ? copy_to[i] : NULL, numel[i], row, kind[i],
+                                    threads, parallel_rows, numel[i] <= wide_numel,
+                                    out + 10 * (int64_t)i);
     return 0;
 }
 """
@@ -392,14 +412,11 @@ def _build() -> ctypes.CDLL | None:
             function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                                  ctypes.c_int, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p]
             function.restype = ctypes.c_int
-            function = library.fxdebug_moments
-            function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
-                                 ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
-            function.restype = ctypes.c_int
             function = library.fxdebug_moments_many
-            function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                 ctypes.c_int64, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
-                                 ctypes.c_void_p, ctypes.c_void_p]
+            function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
+                                 ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                 ctypes.c_void_p]
             function.restype = ctypes.c_int
             # a runtime loaded with the library would start a thread pool of its own: never ask it
             library.fxdebug_threaded = ("-fopenmp" in flags  # type: ignore[attr-defined]
@@ -459,12 +476,11 @@ reading the memory then costs more than the arithmetic, where float64's takes te
 
 
 def moments(tensor: torch.Tensor, row: int = 2048) -> torch.Tensor | None:
-    """The moment summary (:mod:`.moments`) of a dense CPU float32, bfloat16 or float16
-    tensor, float64, from one call that reads its memory once: per row, the float32 sums of
-    :func:`row_sums`, then the powers of the deviations from the row's mean (the row still in
-    the cache; float64 up to ``WIDE_MOMENTS_NUMEL`` values); the rows merged in float64, in order (the same bits on any number of threads).
-    None where the C kernel does not apply, or a value is not finite or a float32 sum overflows
-    (the caller takes the exact path then).
+    """The moment summary (:mod:`.moments`) of a dense CPU float32, bfloat16 or float16 tensor
+    from one read of its memory: per row, the float32 sums of :func:`row_sums`, then the powers
+    of the deviations from the row's mean (float64 up to ``WIDE_MOMENTS_NUMEL`` values), the
+    rows merged in float64 in order (the same bits on any number of threads). None where the
+    kernel does not apply, or declines (a value not finite, a float32 sum overflows).
 
     >>> s = moments(torch.tensor([1.0, 2.0, 3.0, 10.0]))
     >>> s is None or [round(v, 4) for v in s.tolist()] == [4.0, 4.0, 50.0, 1.0, 10.0, 0.0, 0.0, 4.0, 180.0, 1394.0]
@@ -472,40 +488,64 @@ def moments(tensor: torch.Tensor, row: int = 2048) -> torch.Tensor | None:
     >>> moments(torch.tensor([1.0, float("nan")])) is None
     True
     """
-    wide = ctypes.c_int(int(tensor.numel() <= WIDE_MOMENTS_NUMEL))
-    out, status = _call("fxdebug_moments", tensor, row, 10, wide)
-    return out if status == 0 else None
+    return moments_many([tensor], row)[0]
 
 
-def moments_many(tensors: list[torch.Tensor], row: int = 2048) -> list[torch.Tensor | None]:
+def moments_many(tensors: list[torch.Tensor], row: int = 2048, *,
+                 minus: list[torch.Tensor] | None = None,
+                 copy_to: list[torch.Tensor] | None = None) -> list[torch.Tensor | None]:
     """:func:`moments` of each tensor, from one call for all of them (a call's Python costs
     more than the sums of a small tensor): None where the kernel does not apply to a tensor or
     declines it.
 
+    ``minus``: the summaries are of ``tensors[i] - minus[i]`` (float32: the differences taken
+    row by row in the cache, the bits of ``torch.sub``; nothing is written). ``copy_to``: on
+    return ``copy_to[i]`` holds ``tensors[i]``'s values (copied from the cache as each row is
+    summed, or by ``copy_`` where the kernel did not read the tensor).
+
     >>> found = moments_many([torch.tensor([1.0, 3.0]), torch.arange(3), torch.ones(4)])
     >>> found[1] is None and all(s is None or s[1] in (2.0, 1.0) for s in found)
     True
+    >>> a, b, kept = torch.tensor([5.0, 7.0]), torch.tensor([1.0, 2.0]), torch.empty(2)
+    >>> d = moments_many([a], minus=[b], copy_to=[kept])[0]
+    >>> kept.tolist(), d is None or d[1].item() == 4.5
+    ([5.0, 7.0], True)
     """
     found: list[torch.Tensor | None] = [None] * len(tensors)
+    copied = [False] * len(tensors)
     library = None if kernels_turned_off() else _library_loaded()
-    if library is None:
-        return found
-    chosen = [i for i, tensor in enumerate(tensors) if _applies(tensor)]
-    if not chosen:
-        return found
-    count = len(chosen)
-    pointers = (ctypes.c_void_p * count)(*[tensors[i].data_ptr() for i in chosen])
-    sizes = (ctypes.c_int64 * count)(*[tensors[i].numel() for i in chosen])
-    kinds = (ctypes.c_int * count)(*[_KINDS[tensors[i].dtype] for i in chosen])
-    status = (ctypes.c_int * count)()
-    out = torch.empty(count, 10, dtype=torch.float64)
-    threads = torch.get_num_threads() if getattr(library, "fxdebug_threaded", False) else 1
-    library.fxdebug_moments_many(pointers, sizes, kinds, count, row, threads, _PARALLEL_ROWS,
-                                 WIDE_MOMENTS_NUMEL, out.data_ptr(), status)
-    for j, i in enumerate(chosen):
-        if status[j] == 0:
-            found[i] = out[j]
+    chosen = [] if library is None else [
+        i for i, tensor in enumerate(tensors) if _applies(tensor)
+        and (minus is None or _same_memory(tensor, minus[i], float32=True))
+        and (copy_to is None or _same_memory(tensor, copy_to[i]))]
+    if chosen:
+        count = len(chosen)
+        pointers = (ctypes.c_void_p * count)(*[tensors[i].data_ptr() for i in chosen])
+        others = [None if extra is None else (ctypes.c_void_p * count)(
+            *[extra[i].data_ptr() for i in chosen]) for extra in (minus, copy_to)]
+        sizes = (ctypes.c_int64 * count)(*[tensors[i].numel() for i in chosen])
+        kinds = (ctypes.c_int * count)(*[_KINDS[tensors[i].dtype] for i in chosen])
+        status = (ctypes.c_int * count)()
+        out = torch.empty(count, 10, dtype=torch.float64)
+        threads = torch.get_num_threads() if getattr(library, "fxdebug_threaded", False) else 1
+        library.fxdebug_moments_many(pointers, *others, sizes, kinds, count, row,  # type: ignore[union-attr]
+                                     threads, _PARALLEL_ROWS, WIDE_MOMENTS_NUMEL,
+                                     out.data_ptr(), status)
+        for j, i in enumerate(chosen):
+            found[i] = out[j] if status[j] == 0 else None
+            copied[i] = status[j] != 1  # 1: nothing done (no memory for the rows' sums)
+    if copy_to is not None:
+        for i, done in enumerate(copied):
+            if not done:
+                copy_to[i].copy_(tensors[i])
     return found
+
+
+def _same_memory(tensor: torch.Tensor, other: torch.Tensor, float32: bool = False) -> bool:
+    """Whether ``other``'s memory is laid out as ``tensor``'s (minus= and copy_to=)."""
+    return type(other) in _PLAIN and other.is_cpu and other.dtype == tensor.dtype \
+        and other.shape == tensor.shape and other.stride() == tensor.stride() \
+        and not other.is_neg() and (not float32 or tensor.dtype == torch.float32)
 
 
 def _applies(tensor: torch.Tensor) -> bool:
