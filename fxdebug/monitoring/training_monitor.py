@@ -17,7 +17,9 @@ Call tree::
       ├─ the previous logged step's update      param now - its copy: summarized on the
       │                                         device and kept (no read, no collective)
       └─ logged step: _record_step              out, grad of each key; param, param_grad of
-           │                                    modules with parameters; copies for the update
+           │                                    modules with parameters, each parameter
+           │                                    copied for the update as it is read, into
+           │                                    buffers kept (update_copies.py)
            ├─ RankLayout (pooling.py)           per row, this rank's share of the global one
            ├─ _publish: reduce_summaries        under torch.distributed: the global batch's,
            │    (distributed/)                  with the kept update's rows in the same reduce
