@@ -3,7 +3,10 @@
 A training step (forward, ``out.sum().backward()`` or the LM loss, ``mon.step()``, SGD
 ``step()``) timed step by step, per model, in one process. Each round runs, once each, a
 plain step on a copy of the model and a step of fxdebug's stats mode
-(``instrument(mode="stats", grads=True)``: what a logged step is compared with), then
+(``instrument(mode="stats", grads=True)``: what a logged step is compared with), a plain step
+followed by what a logged step's parameter statistics must read at least, done by torch (each
+parameter and gradient summed, each parameter copied into a kept buffer: the floor of that
+memory traffic, no statistics), then
 ``--every`` monitored steps (the first logged, the second measuring its update, the others
 off-steps); under ``torch.compile`` (inductor; ``--backend`` to change) a compiled plain step,
 the floor (the compiled model with a forward hook on every leaf module keeping only
@@ -74,9 +77,25 @@ def gpt2(layers: int, width: int, heads: int, tokens: int):
     return model, (ids,), lambda out: out.logits.float().pow(2).mean()
 
 
-def stepper(model, loss, inputs, mon=None, parts=None):
-    """One SGD training step of ``model`` (``mon.step()`` after the backward when given;
-    ``parts["pass"]``: the seconds of the forward and backward alone)."""
+def parameter_reads(model):
+    """After the backward: what a logged step's parameter statistics must read at least,
+    done by torch (each parameter and gradient summed once, each parameter copied into a
+    buffer kept between steps): the memory traffic's floor, without any statistics."""
+    kept = [torch.empty_like(p) for p in model.parameters()]
+
+    def read():
+        for p, buffer in zip(model.parameters(), kept):
+            p.detach().sum()
+            if p.grad is not None:
+                p.grad.sum()
+            buffer.copy_(p.detach())
+    return read
+
+
+def stepper(model, loss, inputs, mon=None, parts=None, after_backward=None):
+    """One SGD training step of ``model`` (``mon.step()`` after the backward when given,
+    else ``after_backward()`` when given; ``parts["pass"]``: the seconds of the forward and
+    backward alone)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-5)
     call = mon.model if mon is not None else model
 
@@ -87,6 +106,8 @@ def stepper(model, loss, inputs, mon=None, parts=None):
             parts["pass"] = time.perf_counter() - start
         if mon is not None:
             mon.step()
+        elif after_backward is not None:
+            after_backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return step
@@ -109,8 +130,11 @@ def bench(label, model, inputs, loss, args):
     stats_gm = fxdebug.instrument(copy.deepcopy(model), mode="stats", grads=True)
     monitored = copy.deepcopy(model)
     mon = fxdebug.monitor(monitored, every=every)
+    reads = copy.deepcopy(model)
     singles = {"plain step": stepper(plain, loss, inputs),
-               "fxdebug stats mode step": stepper(stats_gm, loss, inputs)}
+               "fxdebug stats mode step": stepper(stats_gm, loss, inputs),
+               "plain step + torch reading the parameters": stepper(
+                   reads, loss, inputs, after_backward=parameter_reads(reads))}
     kinds = ["logged step", "logged step: forward + backward only", "step after a logged one",
              "off-step"]
     parts: dict[str, dict] = {"": {}, "compiled ": {}}
