@@ -150,6 +150,33 @@ def test_series_equal_float64_statistics_of_hooks_retain_grad_and_parameter_copi
                         rel_tol=RTOL)
 
 
+class _TiedLM(torch.nn.Module):
+    """A language model whose output layer shares the embedding's weight (as GPT-2's), with
+    more values than the kernel sums in float64 (the float32 lanes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(5000, 16)
+        self.mid = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 5000, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.mid(self.emb(ids))))
+
+
+def test_a_tied_weight_series_and_updates_equal_float64_statistics(tmp_path):
+    torch.manual_seed(3)
+    net = _TiedLM()
+    batches = [torch.randint(0, 5000, (3, 7)) for _ in range(5)]
+    with fxdebug.monitor(net, every=2, folder=tmp_path) as mon:
+        expected = train(net, mon, 5, batches, lr=0.5)
+        kept = mon._copies.buffers([p for _, own in mon._parameters for p in own])
+        assert kept[0] is kept[-1]  # emb's and head's weight: one buffer, copied once
+    assert "emb.update" in expected[0] and "head.update" in expected[2]
+    check_series(fxdebug.load_series(tmp_path), expected)
+
+
 def test_off_steps_record_nothing_and_run_the_models_own_forward(monkeypatch):
     net = make_net()
     monitor_module = importlib.import_module("fxdebug.monitoring.training_monitor")

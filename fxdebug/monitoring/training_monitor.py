@@ -326,7 +326,8 @@ class Monitor:
             parameters = self._parameters
             kept = self._copies.buffers([p for _, own in parameters for p in own])
             entries += self._parameter_rows(step, "param", [
-                (key, [p.detach() for p in own]) for key, own in parameters], copy_to=kept)
+                (key, [p.detach() for p in own]) for key, own in parameters],
+                copy_to=self._copies.targets())
             copies = [(key, kept[begin:begin + len(own)])
                       for (key, own), begin in zip(parameters, _starts(parameters))]
             entries += self._parameter_rows(step, "param_grad", [
@@ -363,7 +364,7 @@ class Monitor:
 
     def _parameter_rows(self, step: int, kind: str, tensors: list[tuple[str, list[torch.Tensor]]],
                         params: dict | None = None, minus: list[torch.Tensor] | None = None,
-                        copy_to: list[torch.Tensor] | None = None) -> list["_Row"]:
+                        copy_to: list[torch.Tensor | None] | None = None) -> list["_Row"]:
         """Each module's parameters (their gradients, their updates) pooled, every module in one
         go: this rank's own summary, and its share of the global one (the pieces no other rank
         holds too). A module without such tensors (no gradient yet) has no row. ``minus`` and

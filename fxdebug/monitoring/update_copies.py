@@ -20,6 +20,9 @@ A buffer holds a DTensor's local piece (what the parameter's summary is of).
 >>> first = copies.buffers([w])
 >>> first[0].shape, copies.buffers([w])[0] is first[0]
 (torch.Size([3]), True)
+>>> tied = copies.buffers([w, w])
+>>> tied[0] is tied[1], copies.targets()[1] is None
+(True, True)
 """
 
 from __future__ import annotations
@@ -32,24 +35,40 @@ __all__ = ["UpdateCopies"]
 
 
 class UpdateCopies:
-    """Buffers shaped as the parameters' local pieces, made once and reused."""
+    """Buffers shaped as the parameters' local pieces, made once and reused; a parameter that
+    several modules own (a tied embedding) has one buffer, copied once."""
 
     def __init__(self) -> None:
         self._buffers: list[torch.Tensor] = []
+        self._first: list[bool] = []
 
     def buffers(self, parameters: list[torch.Tensor]) -> list[torch.Tensor]:
         """A buffer per parameter, as its local piece (dtype, shape, strides, device): the
         ones of the last call where they still fit, new ones where not (a parameter moved or
         resharded)."""
         pieces = [local(p).detach() for p in parameters]
-        old = self._buffers
-        self._buffers = [old[i] if i < len(old) and _fits(old[i], piece)
-                         else torch.empty_like(piece) for i, piece in enumerate(pieces)]
-        return self._buffers
+        old, seen = self._buffers, dict[int, int]()
+        buffers: list[torch.Tensor] = []
+        first: list[bool] = []
+        for i, (parameter, piece) in enumerate(zip(parameters, pieces)):
+            repeat = seen.get(id(parameter))
+            if repeat is not None:
+                buffers.append(buffers[repeat])
+            else:
+                seen[id(parameter)] = i
+                buffers.append(old[i] if i < len(old) and _fits(old[i], piece)
+                               else torch.empty_like(piece))
+            first.append(repeat is None)
+        self._buffers, self._first = buffers, first
+        return buffers
+
+    def targets(self) -> list[torch.Tensor | None]:
+        """The buffers of the last :meth:`buffers` call to copy into: None for a repeat."""
+        return [b if first else None for b, first in zip(self._buffers, self._first)]
 
     def release(self) -> None:
         """Free the buffers (the next logged step allocates new ones)."""
-        self._buffers = []
+        self._buffers, self._first = [], []
 
 
 def _fits(buffer: torch.Tensor, piece: torch.Tensor) -> bool:

@@ -76,14 +76,14 @@ def summarize_moments(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def summarize_many(tensors: list[torch.Tensor], *, minus: list[torch.Tensor] | None = None,
-                   copy_to: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+                   copy_to: list[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
     """:func:`summarize_moments` of each tensor (the CPU's dense float tensors from one call
     of the C kernel for all of them; the others one by one).
 
     ``minus``: the summaries of ``tensors[i] - minus[i]`` (a DTensor's local pieces); where
     the kernel does not take the difference, it is made into ``minus[i]``, which then holds
     it. ``copy_to``: on return ``copy_to[i]`` holds ``tensors[i]``'s (local) values, copied
-    as they are summed where the kernel reads them.
+    as they are summed where the kernel reads them (None: no copy of that one).
 
     >>> rows = summarize_many([torch.tensor([1.0, 3.0]), torch.tensor([0.0, 2.0]).double()])
     >>> [row[:2].tolist() for row in rows]
