@@ -117,6 +117,26 @@ def test_chosen_set_is_within_the_budget_measured_independently(planted):
     assert _errors(everything, net, x)[0] > choice.budget
 
 
+def test_first_beyond_is_the_earliest_prefix_over_the_budget_measured_independently(planted):
+    """Every graph-order prefix converted (fake_precision) and measured against an eager
+    float64 step here: the node named is the first whose prefix is over the budget, for budgets
+    between each prefix's error (whichever node that makes first)."""
+    net, x, rep = planted
+    keys = list(rep.keys)
+    errors = [_errors(fxdebug.fake_precision(net, keys[:k], "float8_e4m3fn"), net, x)[0]
+              for k in range(1, len(keys) + 1)]
+    levels = sorted(set(errors))
+    budgets = [(a + b) / 2 for a, b in zip(levels, levels[1:]) if b > 1.01 * a
+               and (a + b) / 2 > rep.float32["loss"]]
+    assert budgets, errors  # the prefixes' errors differ (the planted node's range)
+    for budget in budgets:
+        first = next(k for k, error in enumerate(errors) if error > budget)
+        found = rep.first_beyond(budget, dtype="float8_e4m3fn")
+        assert found is not None and found.key == keys[first], (budget, errors)
+        assert found.at == pytest.approx(errors[first], rel=1e-3)
+    assert rep.first_beyond(max(errors) * 1.01, dtype="float8_e4m3fn") is None
+
+
 def test_choice_by_gradient_error_and_bfloat16_recipe(planted):
     net, x, rep = planted
     choice = rep.choose(budget=1.0, relative_to="autocast", metric="grad", dtype="bfloat16")

@@ -9,8 +9,9 @@
        torchao.float8.convert_to_float8_training, an autocast recipe (bfloat16 / float16)
 
 ``report.first_beyond(budget)``: every candidate converted in graph order, the first
-node (bisected over the graph-order prefixes, each measured) at which the error passes the
-budget, and whether range (underflow, overflow) or resolution causes it.
+node at which the error passes the budget (the graph-order prefixes measured one by one, up
+to the first over it: the earliest, whether or not the error grows steadily), and whether
+range (underflow, overflow) or resolution causes it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import FxdebugError
+from ..base.progress import progress
 from ..runtime.fake_casts import FLOAT8
 from ..base.fit_to_width import fit_table, table_width
 from ..base.report import Report
@@ -155,7 +157,9 @@ def first_beyond(report, budget: float, relative_to: str | None = None, metric: 
     keys = list(report.keys)
     if measure(keys)[metric] <= limit:
         return None
-    low = _longest_within(keys, lambda ks: measure(ks)[metric] <= limit)
+    low = next((k - 1 for k in progress(range(1, len(keys) + 1), "first node beyond the budget",
+                                        total=len(keys), unit="set")
+                if measure(keys[:k])[metric] > limit), len(keys) - 1)
     key = keys[low]
     entry = report.entry(key, dtype)
     return Breakpoint(key, dtype, entry.module, measure(keys[:low])[metric],
