@@ -4,7 +4,7 @@
 ``(FSDPModule, Class)`` and registers forward (pre-)hooks that all-gather and reshard
 its parameters; ``parallelize_module`` (``distribute_module``) registers forward
 (pre-)hooks that turn inputs and outputs into DTensors. Both set a few flags in the
-module's ``__dict__``. A plain copy of such a module undoes all of that::
+module's ``__dict__`` (FSDP2 its state, too). A plain copy of such a module undoes all of that::
 
     class_before_sharding(module)        the class before fully_shard's swap
     registered_by_torch_distributed(fn)  a hook torch.distributed defined
@@ -30,6 +30,17 @@ SHARDING_FLAGS = ("_is_fsdp_managed_module", "_fsdp_use_orig_params",
                   "_distribute_module_applied")
 """The flags ``fully_shard`` and ``distribute_module`` write into a module's ``__dict__``
 (torch 2.9.1, 2.14.1): a copy that is neither leaves them out (torch.compile reads them)."""
+
+_COMPOSABLE_STATE = "__composable_api_state_key"
+"""How the keys begin under which ``torch.distributed._composable.contract`` keeps a composable
+API's state (FSDP2's ``FSDPState``, which holds the sharded modules) in a module's ``__dict__``
+(``generate_state_key``, torch 2.9.1 and 2.14.1): a copy leaves them out."""
+
+
+def _sharding_state(name: str) -> bool:
+    """Whether a module's ``__dict__`` entry ``name`` is sharding's: :data:`SHARDING_FLAGS` and
+    FSDP2's state (keys from ``_composable.contract.generate_state_key``, 2.9.1 and 2.14.1)."""
+    return name in SHARDING_FLAGS or name.startswith(_COMPOSABLE_STATE)
 
 # nn.Module's hook registries {handle id: hook} (2.9.1, 2.14.1)
 _HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks",
@@ -91,7 +102,7 @@ def module_shell(module: torch.nn.Module, cls: type, parameters: dict, buffers: 
     construct another class there) with ``module``'s attributes, the registries
     ``parameters``, ``buffers`` and ``children`` (new dicts; the names of non-persistent
     buffers kept), and new hook registries holding the hooks for which ``keep_hook(hook)``
-    is true, in their order; :data:`SHARDING_FLAGS` left out. Writes ``__dict__`` and its
+    is true, in their order; :data:`SHARDING_FLAGS` and FSDP2's state left out. Writes ``__dict__`` and its
     ``_parameters``, ``_buffers``, ``_modules`` and hook registries (2.9.1, 2.14.1).
 
     >>> lin = torch.nn.Linear(2, 2)
@@ -101,7 +112,7 @@ def module_shell(module: torch.nn.Module, cls: type, parameters: dict, buffers: 
     >>> copy.weight is lin.weight, bool(copy(torch.ones(2)).abs().sum())
     (True, True)
     """
-    state = {name: value for name, value in vars(module).items() if name not in SHARDING_FLAGS}
+    state = {name: value for name, value in vars(module).items() if not _sharding_state(name)}
     kept: set[int] = set()
     for name in _HOOKS:
         registry = state.get(name)
