@@ -21,6 +21,8 @@ were on.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..base import torch_compat
@@ -60,7 +62,7 @@ def sharded_reason(model: torch.nn.Module) -> str:
     return f"parameter {name!r} is a DTensor (tensor parallelism)" if name else ""
 
 
-def _named_tensors(model: torch.nn.Module) -> list[tuple[str, str, torch.Tensor]]:
+def _named_tensors(model: torch.nn.Module) -> list[tuple[str, str, Any]]:
     return [("parameter", name, p) for name, p in model.named_parameters()] + \
         [("buffer", name, b) for name, b in model.named_buffers()]
 
@@ -82,7 +84,7 @@ def _check(model: torch.nn.Module, rank: int) -> None:
                 f"assemble it; call this on the ranks of the model's mesh only.")
 
 
-def _full(tensor: torch.Tensor) -> torch.Tensor:
+def _full(tensor: Any) -> torch.Tensor:
     """The full value of ``tensor`` as a new plain tensor (a collective for a DTensor)."""
     with torch.no_grad():
         value = tensor.full_tensor() if is_dtensor(tensor) else tensor
@@ -131,5 +133,8 @@ def _copy(module: torch.nn.Module, full: dict[int, torch.Tensor],
         keep_hook=lambda hook: not torch_compat.registered_by_torch_distributed(hook))
     done[id(module)] = copied  # before the children: a module that holds itself holds its copy
     for name, child in torch_compat.own_children(module).items():
-        torch_compat.set_child(copied, name, None if child is None else _copy(child, full, done))
+        if child is None:
+            copied.register_module(name, None)  # an empty slot stays one
+        else:
+            torch_compat.set_child(copied, name, _copy(child, full, done))
     return copied

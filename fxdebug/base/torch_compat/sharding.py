@@ -72,7 +72,8 @@ def class_before_sharding(module: torch.nn.Module) -> type:
 def _functions(hook) -> list:
     """``hook`` and what it wraps: a partial's function, a bound method's function,
     ``functools.wraps``' ``__wrapped__``, nn.Module's ``_WrappedHook.hook`` (2.9.1, 2.14.1)."""
-    found, todo = [], [hook]
+    found: list = []
+    todo = [hook]
     while todo and len(found) < 16:
         current = todo.pop()
         found.append(current)
@@ -130,6 +131,6 @@ def module_shell(module: torch.nn.Module, cls: type, parameters: dict, buffers: 
     state[PARAMETERS_ATTR] = dict(parameters)
     state[BUFFERS_ATTR] = dict(buffers)
     state[CHILDREN_ATTR] = dict(children)
-    shell = object.__new__(cls)
+    shell: torch.nn.Module = object.__new__(cls)
     vars(shell).update(state)
     return shell
