@@ -28,7 +28,7 @@ import torch
 from ..base import torch_compat
 from ..errors import FxdebugError
 from .agreement import attempt, raise_if_any_failed
-from .rank_group import RankGroup
+from .rank_group import RankGroup, ranks_text
 
 __all__ = ["unsharded_copy", "is_dtensor", "sharded_reason"]
 
@@ -67,8 +67,10 @@ def _named_tensors(model: torch.nn.Module) -> list[tuple[str, str, Any]]:
         [("buffer", name, b) for name, b in model.named_buffers()]
 
 
-def _check(model: torch.nn.Module, rank: int) -> None:
-    """Raise for a tensor whose full value cannot be assembled on this rank."""
+def _check(model: torch.nn.Module, ranks: RankGroup) -> None:
+    """Raise for a tensor whose full value cannot be assembled on this rank, and for meshes
+    that do not span the group (the copy is the same whole model on every rank)."""
+    spanned: dict[int, None] = {}
     for kind, name, tensor in _named_tensors(model):
         local = tensor.to_local() if is_dtensor(tensor) else tensor
         if tensor.is_meta or local.is_meta:
@@ -77,11 +79,20 @@ def _check(model: torch.nn.Module, rank: int) -> None:
                 f"materialised), so it has no values to gather; materialise the model first "
                 f"(model.to_empty(device=...), then initialise or load its weights) and call "
                 f"this again.")
-        if is_dtensor(tensor) and tensor.device_mesh.get_coordinate() is None:
+        if not is_dtensor(tensor):
+            continue
+        if tensor.device_mesh.get_coordinate() is None:
             raise FxdebugError(
                 f"{kind} {name!r} of {type(model).__name__} is a DTensor on a device mesh that "
-                f"rank {rank} is not part of (mesh {tensor.device_mesh}), so this rank cannot "
-                f"assemble it; call this on the ranks of the model's mesh only.")
+                f"rank {ranks.rank} is not part of (mesh {tensor.device_mesh}), so this rank "
+                f"cannot assemble it; call this on the ranks of the model's mesh only.")
+        spanned.update(dict.fromkeys(int(r) for r in tensor.device_mesh.mesh.flatten().tolist()))
+    if spanned and sorted(spanned) != sorted(ranks.members):
+        raise FxdebugError(
+            f"{type(model).__name__}'s device meshes hold ranks {ranks_text(sorted(spanned))}, "
+            f"not the process group's {ranks_text(ranks.members)} (a pipeline stage?); the "
+            f"unsharded copy gathers the same whole model on every rank of the group, so call "
+            f"it where the model is sharded over the whole default group.")
 
 
 def _full(tensor: Any) -> torch.Tensor:
@@ -109,7 +120,7 @@ def unsharded_copy(model: torch.nn.Module, group=None) -> torch.nn.Module:
     >>> dist.destroy_process_group()
     """
     ranks = RankGroup.of(group, what="fxdebug's unsharded copy")
-    _, error = attempt(lambda: _check(model, ranks.rank))
+    _, error = attempt(lambda: _check(model, ranks))
     raise_if_any_failed(ranks, error, f"copying {type(model).__name__} unsharded")
     full: dict[int, torch.Tensor] = {}
     for kind, _, tensor in _named_tensors(model):
