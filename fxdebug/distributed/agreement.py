@@ -44,14 +44,25 @@ def attempt(work: Callable[[], T]) -> tuple[T | None, Exception | None]:
 
 def collective_device(group: RankGroup) -> torch.device:
     """Where this process's tensors for a collective on ``group`` go: the CPU for gloo, the
-    current CUDA device for another backend where CUDA is in use."""
+    current CUDA device for another backend where CUDA is in use.
+
+    >>> import torch.distributed as dist
+    >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> collective_device(RankGroup.of())
+    device(type='cpu')
+    >>> dist.destroy_process_group()
+    """
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     return group.backend_device(torch.device("cuda", torch.cuda.current_device()) if cuda
                                 else torch.device("cpu"))
 
 
 def failed_ranks(group: RankGroup, flags: torch.Tensor) -> list[int]:
-    """The global ranks whose slot of the all-reduced ``flags`` is set, in group order."""
+    """The global ranks whose slot of the all-reduced ``flags`` is set, in group order.
+
+    >>> failed_ranks(RankGroup(None, (0, 2, 5), 0), torch.tensor([0.0, 1.0, 1.0]))
+    [2, 5]
+    """
     return [group.members[slot] for slot in range(group.size) if float(flags[slot]) > 0]
 
 
@@ -63,7 +74,10 @@ def raise_on_failure(group: RankGroup, failed: list[int], error: Exception | Non
                      what: str) -> None:
     """Where ``failed`` (the same list on every rank) names ranks: gather their messages and
     raise the same :class:`~fxdebug.errors.FxdebugError` on every rank (chained from the
-    rank's own exception where it failed itself). A collective, only when ``failed``."""
+    rank's own exception where it failed itself). A collective, only when ``failed``.
+
+    >>> raise_on_failure(RankGroup(None, (0, 1), 0), [], None, "work")  # none failed: nothing
+    """
     if not failed:
         return
     messages: list[Any] = group.gather(None if error is None else _text(error))
@@ -76,6 +90,16 @@ def raise_on_failure(group: RankGroup, failed: list[int], error: Exception | Non
 def raise_if_any_failed(group: RankGroup, error: Exception | None, what: str) -> None:
     """Raise on every rank of ``group`` where ``error`` is not None on any: the failing
     rank(s) named with their messages. A collective: every rank of ``group`` calls it.
+
+    >>> import torch.distributed as dist
+    >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> raise_if_any_failed(RankGroup.of(), None, "work")   # none failed: nothing
+    >>> try:
+    ...     raise_if_any_failed(RankGroup.of(), ValueError("a bad batch"), "work")
+    ... except FxdebugError as error:
+    ...     print(str(error).split(". ")[-1])
+    rank 0: ValueError: a bad batch
+    >>> dist.destroy_process_group()
     """
     flags = torch.zeros(group.size, dtype=torch.float64, device=collective_device(group))
     if error is not None:

@@ -7,9 +7,10 @@ buffer a full plain tensor, and none of torch.distributed's machinery::
 
     unsharded_copy(model)                                           a collective
       ├─ checks, on every rank: no tensor on the meta device, every DTensor's mesh
-      │    holds this rank; an error on one rank is raised on all  (agreement.py)
-      ├─ full values: DTensor.full_tensor() of each parameter, then each buffer, in
-      │    named_parameters() / named_buffers() order (the same on every rank)
+      │    holds this rank, the meshes span the group; an error on one rank is raised
+      │    on all  (agreement.py)
+      ├─ full values: ``DTensor.full_tensor()`` of each parameter, then each buffer, in
+      │    ``named_parameters()`` / ``named_buffers()`` order (the same on every rank)
       └─ each module copied (shared modules and tied parameters stay shared): the class
            before fully_shard's swap, its attributes, torch.distributed's forward hooks
            and flags left out, the user's hooks kept  (torch_compat.module_shell)

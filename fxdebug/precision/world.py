@@ -47,7 +47,11 @@ def squared_norms(value: torch.Tensor, reference: torch.Tensor) -> list[float]:
 
 def global_error(differences: Sequence[float], norms: Sequence[float]) -> float:
     """``relative_error`` from squared norms summed over ranks: ``sqrt(sum d / sum n)``
-    (``sqrt(sum d)`` where the reference is zero; ``inf`` where not finite)."""
+    (``sqrt(sum d)`` where the reference is zero; ``inf`` where not finite).
+
+    >>> global_error([1.0, 3.0], [0.0, 0.0]), global_error([float("nan")], [1.0])
+    (2.0, inf)
+    """
     difference, norm = math.fsum(differences), math.fsum(norms)
     if difference != difference or difference == float("inf"):
         return float("inf")
@@ -55,7 +59,19 @@ def global_error(differences: Sequence[float], norms: Sequence[float]) -> float:
 
 
 class World:
-    """The ranks of a process group as the sensitivity analysis combines its steps over them."""
+    """The ranks of a process group as the sensitivity analysis combines its steps over them.
+
+    >>> import torch.distributed as dist
+    >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> world = World(RankGroup.of())
+    >>> world.sum([1.0, 2.0]), world.max([3.0])
+    ([1.0, 2.0], [3.0])
+    >>> step, extras = world.step(lambda: Step(torch.tensor(2.0), [torch.ones(2)], {}, {}),
+    ...                           [torch.Size([2])], lambda step: [5.0], count=1)
+    >>> step.loss.item(), step.grads[0].tolist(), extras
+    (2.0, [1.0, 1.0], [5.0])
+    >>> dist.destroy_process_group()
+    """
 
     def __init__(self, group: RankGroup) -> None:
         self.group = group
