@@ -190,38 +190,6 @@ def test_module_filter_is_accepted_by_torchao(planted):
     assert all(kinds[key] == "Float8Linear" for key in choice.linear_modules)
 
 
-def _sharded(rank, world, config):
-    from torch.distributed.device_mesh import init_device_mesh
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
-    mesh = init_device_mesh("cpu", (world,))
-    if config == "fsdp":
-        from torch.distributed.fsdp import fully_shard
-        fully_shard(net[0], mesh=mesh)
-        fully_shard(net, mesh=mesh)
-    else:
-        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                       parallelize_module)
-        parallelize_module(net, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    messages = []
-    for call in (lambda: fxdebug.precision_sensitivity(net, torch.randn(4, 8)),
-                 lambda: fxdebug.fake_precision(net, ["0"], "float8_e4m3fn")):
-        try:
-            call()
-            messages.append("")
-        except FxdebugError as error:
-            messages.append(str(error))
-    return messages
-
-
-@pytest.mark.parametrize("config", ["fsdp", "tp"])
-def test_sharded_models_are_refused_with_the_way_around(config):
-    pytest.importorskip("torch.distributed.fsdp")
-    from ranks import on_ranks
-    for messages in on_ranks(_sharded, 2, config):
-        assert all("sharded" in m and "full_state_dict" in m for m in messages), messages
-
-
 def test_the_callers_model_and_rng_are_left_as_they_were():
     torch.manual_seed(3)
     net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5), torch.nn.Linear(4, 1))

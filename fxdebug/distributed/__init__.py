@@ -12,6 +12,9 @@
     moment summaries reduced over ranks (the monitor)   summaries.py
     find_nonfinite / the watch on a sharded model       sharded_replay.py: full parameters,
                                                         the outcome agreed by every rank
+    the precision what-if on a sharded model            unsharded_copy.py: the model as plain
+                                                        modules, full parameters, every rank
+    an error on one rank stops every rank               agreement.py
 
 (The NaN watch across ranks is :mod:`fxdebug.nonfinite.watch_ranks`: it is the rank half of
 the watch and files its findings with the watch's own localizer and report.)

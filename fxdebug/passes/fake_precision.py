@@ -302,9 +302,10 @@ class FakePrecision(Pass):
 def refuse_sharded(model: torch.nn.Module, where: str) -> None:
     """Raise :class:`~fxdebug.errors.FxdebugError` for an FSDP2 or tensor-parallel model.
 
-    A float8 scale is the amax of the *whole* tensor, and an error is measured on full
-    values: on one rank's shard both would be that shard's, silently. Until the precision
-    what-if gathers them, a sharded model is refused with the way around it.
+    The pass rewrites one graph that runs on one process; a sharded model's forward runs
+    collectives, and a float8 scale on one rank's shard would be that shard's amax, not
+    the full tensor's. :func:`fxdebug.precision_sensitivity` runs on sharded models (on an
+    unsharded copy, every rank at once); the pass is refused with the way around it.
 
     >>> refuse_sharded(torch.nn.Linear(1, 1), "fxdebug.fake_precision")  # not sharded: nothing
     """
@@ -318,12 +319,15 @@ def refuse_sharded(model: torch.nn.Module, where: str) -> None:
         why = f"parameter {name!r} is a DTensor (tensor parallelism)" if name else ""
     if why:
         raise FxdebugError(
-            f"{where}: {type(model).__name__} is sharded ({why}); fxdebug's precision what-if "
-            f"does not run on sharded models yet: float8 amax scales and errors would be one "
-            f"rank's shard's, not the full tensors'. Run it on the unsharded model: on one "
-            f"rank, build the model unsharded and load the full state dict "
-            f"(torch.distributed.checkpoint.state_dict.get_model_state_dict(model, "
-            f"options=StateDictOptions(full_state_dict=True))), with the same batch.")
+            f"{where}: {type(model).__name__} is sharded ({why}); the pass rewrites a graph "
+            f"that runs on one process, and on one rank's shard a float8 amax scale would be "
+            f"the shard's, not the full tensor's. To measure what lower precision costs this "
+            f"model, call fxdebug.precision_sensitivity(model, *batch) on every rank at once: "
+            f"it runs on sharded models (on an unsharded copy, errors on full values), and "
+            f"its report's choose() gives the nodes to convert. For the converted graph "
+            f"itself, pass the unsharded model: build it unsharded and load the full state "
+            f"dict (torch.distributed.checkpoint.state_dict.get_model_state_dict(model, "
+            f"options=StateDictOptions(full_state_dict=True))).")
 
 
 def copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:

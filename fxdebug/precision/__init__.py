@@ -7,7 +7,8 @@ and backward against float64, and the recipe to hand to the trainer.
     rep = precision_sensitivity(model, *inputs)     sensitivity.py -> SensitivityReport (report.py)
     choice = rep.choose(budget=...)                 choice.py -> PrecisionChoice
     rep.first_beyond(budget=...)                    choice.py -> Breakpoint
-    (each step measured as steps.py runs it)
+    (each step measured as steps.py runs it; on a sharded model, a collective: an
+    unsharded copy on every rank, each step's numbers combined over the ranks, world.py)
 
 >>> import torch, fxdebug
 >>> net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))

@@ -184,7 +184,8 @@ class SensitivityReport(Report):
         or ``"grad"``), as a number or, with ``relative_to="autocast"`` / ``"float32"``,
         as a multiple of bfloat16 autocast's / the float32 model's error. ``dtype``: one of
         the report's (default: its last, the lowest precision asked). See
-        :mod:`fxdebug.precision.choice`.
+        :mod:`fxdebug.precision.choice`. On a sharded model's report it measures on every
+        rank at once: a collective, every rank calls it.
         """
         return choose(self, budget, relative_to, metric, dtype)
 
@@ -192,7 +193,8 @@ class SensitivityReport(Report):
                      metric: str = "loss", dtype: str | None = None):
         """Converting every candidate in graph order: the first node at which the
         measured error passes ``budget`` (None if converting all stays within it), with
-        its cause. See :func:`fxdebug.precision.choice.first_beyond`."""
+        its cause. See :func:`fxdebug.precision.choice.first_beyond`. On a sharded model's
+        report, a collective like :meth:`choose`."""
         return first_beyond(self, budget, relative_to, metric, dtype)
 
     def _size(self) -> str:

@@ -13,6 +13,7 @@ package never touches one: it calls the functions of this package, by topic::
       ├─ module_internals.py  nn.Module: parameter/buffer/child registries, hooks, dropout
       ├─ autograd.py          version counters, a grad_fn's saved tensors and their hooks
       ├─ dtensor.py           tensor parallelism: the layout a ParallelStyle hook gives
+      ├─ sharding.py          FSDP2's class swap, torch.distributed's hooks, a plain module copy
       ├─ ops.py               torch.ops overloads, dispatch mode, _foreach kernels, tolerances
       └─ dynamo.py            torch.compile: wrapped module, backends, inductor, graph breaks
 
@@ -60,6 +61,8 @@ from .module_internals import (BUFFERS_ATTR, CHILDREN_ATTR, DROPOUT_TYPES,  # no
                                set_own_buffer)
 from .ops import (TorchDispatchMode, assert_close_tolerances, flatten_dense,  # noqa: E402
                   foreach_copy_, foreach_norm, is_op_overload, is_op_packet, op_schema)
+from .sharding import (SHARDING_FLAGS, class_before_sharding, module_shell,  # noqa: E402
+                       registered_by_torch_distributed)
 from .pytree import (tree_flatten, tree_flatten_with_path, tree_is_leaf,  # noqa: E402
                      tree_leaves, tree_unflatten, treespec_parts)
 
@@ -97,6 +100,8 @@ __all__ = [
     # ops
     "TorchDispatchMode", "assert_close_tolerances", "flatten_dense", "foreach_copy_", "foreach_norm",
     "is_op_overload", "is_op_packet", "op_schema",
+    # sharding
+    "SHARDING_FLAGS", "class_before_sharding", "module_shell", "registered_by_torch_distributed",
     # pytree
     "tree_flatten", "tree_flatten_with_path", "tree_is_leaf", "tree_leaves",
     "tree_unflatten", "treespec_parts",
