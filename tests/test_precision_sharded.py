@@ -315,3 +315,40 @@ def _choose_ranks(rank, world):
     rep = fxdebug.precision_sensitivity(net, _batch(0), loss=_loss, dtypes=("float8_e4m3fn",))
     choice = rep.choose(budget=2, relative_to="autocast")
     return list(choice.keys), choice.measured["loss"]
+
+
+class _Heads(torch.nn.Module):
+    """Two heads of 8 from ``q``; a tensor-parallel plan that splits ``q`` by columns must
+    set ``heads`` to this rank's count, so the module computes another function when whole."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.out, self.heads = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8), 2
+
+    def forward(self, x):
+        h = self.q(x)
+        return self.out(h.unflatten(-1, (self.heads, -1)).softmax(-1).flatten(-2))
+
+
+def _attribute_plan_ranks(rank, world):
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    net = _Heads()
+    plain_out = net(_batch(0))
+    parallelize_module(net, _mesh(world), {"q": ColwiseParallel(), "out": RowwiseParallel()})
+    net.heads = 2 // world  # the plan's attribute change: this rank's heads
+    same = torch.allclose(net(_batch(0)), plain_out, atol=1e-6)  # the sharded model is right
+    try:
+        fxdebug.precision_sensitivity(net, _batch(0), loss=_loss, dtypes=("bfloat16",))
+    except FxdebugError as error:
+        return same, str(error)
+    return same, ""
+
+
+def test_a_plan_that_changes_module_attributes_is_refused_not_measured():
+    from ranks import on_ranks
+    found = on_ranks(_attribute_plan_ranks, 2)
+    assert all(same for same, _ in found)
+    assert found[0][1] == found[1][1] and "does not compute what the sharded model" in found[0][1]
+    assert "full_state_dict" in found[0][1]

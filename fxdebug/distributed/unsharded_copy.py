@@ -15,6 +15,12 @@ buffer a full plain tensor, and none of torch.distributed's machinery::
            before fully_shard's swap, its attributes, torch.distributed's forward hooks
            and flags left out, the user's hooks kept  (torch_compat.module_shell)
 
+    forward_difference(eval_outputs(copy, x), eval_outputs(model, x))    the latter a collective
+      └─ both forwards on this rank's batch (eval mode, no grad, the same seed): how far
+           the copy's output is from the sharded model's. A tensor-parallel plan that also
+           changes a module's attributes (a per-rank head count) makes a copy that computes
+           another function: this is how the caller finds out, instead of measuring it.
+
 The model is not changed: not its parameters, their ``.grad``, nor FSDP2's sharded or
 unsharded state. The copy's parameters are its own (cloned), on the device the shards
 were on.
@@ -28,10 +34,12 @@ import torch
 
 from ..base import torch_compat
 from ..errors import FxdebugError
+from ..runtime.values import flatten_tensors
 from .agreement import attempt, raise_if_any_failed
 from .rank_group import RankGroup, ranks_text
+from .sharded_replay import kept_parameters
 
-__all__ = ["unsharded_copy", "is_dtensor", "sharded_reason"]
+__all__ = ["unsharded_copy", "is_dtensor", "sharded_reason", "eval_outputs", "forward_difference"]
 
 
 def is_dtensor(tensor: object) -> bool:
@@ -150,3 +158,40 @@ def _copy(module: torch.nn.Module, full: dict[int, torch.Tensor],
         else:
             torch_compat.set_child(copied, name, _copy(child, full, done))
     return copied
+
+
+def eval_outputs(module: torch.nn.Module, inputs: tuple) -> list[torch.Tensor]:
+    """The tensors of ``module(*inputs)`` (a DTensor as its full value), run in eval mode
+    (each module's mode put back after), without grad, from a fixed random state (the
+    caller's left as it was), the parameters as they were after (FSDP2's shards registered
+    again). A collective where ``module`` is sharded: every rank calls it.
+
+    >>> [t.shape for t in eval_outputs(torch.nn.Linear(3, 2), (torch.ones(1, 3),))]
+    [torch.Size([1, 2])]
+    """
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        with kept_parameters(module), torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return [_full(t) for _, t in flatten_tensors(module(*inputs))]
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
+def forward_difference(found: list[torch.Tensor], wanted: list[torch.Tensor]) -> float:
+    """``||found - wanted|| / ||wanted||`` in float64 over the floating tensors of two
+    :func:`eval_outputs` (``inf`` where their structure differs or a value is NaN).
+
+    >>> round(forward_difference([torch.tensor([3.0, 4.0])], [torch.tensor([3.0, 4.5])]), 4)
+    0.0925
+    """
+    if len(found) != len(wanted) or any(a.shape != b.shape for a, b in zip(found, wanted)):
+        return float("inf")
+    pairs = [(a.double(), b.double()) for a, b in zip(found, wanted) if b.is_floating_point()]
+    difference = sum((float(torch.linalg.vector_norm(a - b)) ** 2 for a, b in pairs), 0.0)
+    norm = sum((float(torch.linalg.vector_norm(b)) ** 2 for _, b in pairs), 0.0)
+    if difference != difference:
+        return float("inf")
+    return (difference / norm) ** 0.5 if norm > 0 else difference ** 0.5

@@ -5,6 +5,8 @@
     precision_sensitivity(model, *inputs, loss=None, dtypes=(...), select=None)
       ├─ a sharded model (FSDP2, tensor parallel): a collective, every rank its own batch
       │    ├─ unsharded_copy(model): full parameters, plain modules  (distributed/)
+      │    ├─ eval_outputs, forward_difference: the copy computes what the model computes
+      │    │    on each rank's batch, or an error (a plan that changed module attributes)
       │    └─ every step's numbers combined over the ranks           (world.py)
       ├─ gm = fxdebug.trace(model, *inputs, frontend="auto"), on a private copy
       ├─ reference: the step in float64 (float64_copy)        steps.py
@@ -29,7 +31,8 @@ import torch.fx as fx
 
 from ..distributed.agreement import attempt
 from ..distributed.rank_group import RankGroup
-from ..distributed.unsharded_copy import sharded_reason, unsharded_copy
+from ..distributed.unsharded_copy import (eval_outputs, forward_difference, sharded_reason,
+                                          unsharded_copy)
 from ..errors import FxdebugError, renamed_arguments
 from ..passes.fake_precision import (FakePrecision, copy_graph_module, fake_output_key,
                                      owning_module, precision_nodes)
@@ -256,7 +259,8 @@ def precision_sensitivity(model: torch.nn.Module, *inputs: Any, loss: Callable |
                                where=sharded)) if sharded else None
     names = _agreed(world, lambda: _checked(dtypes, inputs))
     if world is not None:
-        model = unsharded_copy(model, world.group.group)
+        sharded_model, model = model, unsharded_copy(model, world.group.group)
+        _check_copy(world, sharded_model, model, inputs)
     loss_fn = loss if loss is not None else default_loss
 
     def setup() -> tuple[fx.GraphModule, Measurer, list[fx.Node]]:
@@ -296,6 +300,33 @@ def precision_sensitivity(model: torch.nn.Module, *inputs: Any, loss: Callable |
         autocast=step_errors(autocast, reference), everything=everything,
         seconds=seconds, scaling=scaling,
         _measurer=measurer, _reference=reference, _candidates=tuple(candidates))
+
+
+def _check_copy(world: World, sharded: torch.nn.Module, copy: torch.nn.Module,
+                inputs: tuple) -> None:
+    """Raise on every rank unless the unsharded copy's output is the sharded model's (to
+    1e-3 in float32 and float64, 5e-2 in 16 bits: collectives sum in another order) on every
+    rank's batch."""
+    copied = _agreed(world, lambda: eval_outputs(copy, inputs))  # local: a bad batch fails here
+    difference = forward_difference(copied, eval_outputs(sharded, inputs))
+    group = world.group
+    per_rank = [0.0] * group.size
+    per_rank[group.slot] = difference
+    per_rank = world.sum(per_rank)
+    dtype = next((p.dtype for p in copy.parameters() if p.is_floating_point()), torch.float32)
+    tolerance = 1e-3 if dtype in (torch.float32, torch.float64) else 5e-2
+    worst = max(range(len(per_rank)), key=lambda i: (per_rank[i] != per_rank[i], per_rank[i]))
+    if not per_rank[worst] <= tolerance:
+        raise FxdebugError(
+            f"fxdebug.precision_sensitivity: the unsharded copy of {type(sharded).__name__} "
+            f"does not compute what the sharded model computes: on rank "
+            f"{group.members[worst]}'s batch their outputs differ by {per_rank[worst]:.3g} "
+            f"(relative; allowed {tolerance:g}). A sharding plan that also changes module "
+            f"attributes (a per-rank head count, a hidden size) makes the full-weight copy "
+            f"another function, and its errors would be another model's. Run the what-if on "
+            f"the unsharded model instead: build it unsharded on one rank and load the full "
+            f"state dict (torch.distributed.checkpoint.state_dict.get_model_state_dict(model, "
+            f"options=StateDictOptions(full_state_dict=True))).")
 
 
 def _float32_out_errors(candidates: list[fx.Node], float32: Step, reference: Step,
