@@ -260,16 +260,26 @@ int fxdebug_moments(const void* data, const void* minus, void* copy_to, int64_t 
     return 0;
 }
 
-/* fxdebug_moments on `count` tensors (minus, copy_to: NULL or an entry each, NULL for none) */
+/* fxdebug_moments on `count` tensors (minus, copy_to: NULL or an entry each, NULL for none):
+   the tensors of fewer than parallel_rows rows shared among the threads, one thread each, then
+   the larger ones one by one, their rows shared (each tensor's bits as on one thread). */
 int fxdebug_moments_many(const void** data, const void** minus, void** copy_to,
                          const int64_t* numel, const int* kind, int count, int64_t row,
                          int threads, int64_t parallel_rows, int64_t wide_numel, double* out,
                          int* status) {
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if(threads > 1 && count > 1)
     for (int i = 0; i < count; i++)
-        status[i] = fxdebug_moments(data[i], minus ? minus[i] : NULL,
-                                    copy_to ? copy_to[i] : NULL, numel[i], row, kind[i],
-                                    threads, parallel_rows, numel[i] <= wide_numel,
-                                    out + 10 * (int64_t)i);
+        if ((numel[i] + row - 1) / row < parallel_rows)
+            status[i] = fxdebug_moments(data[i], minus ? minus[i] : NULL,
+                                        copy_to ? copy_to[i] : NULL, numel[i], row, kind[i], 1,
+                                        parallel_rows, numel[i] <= wide_numel,
+                                        out + 10 * (int64_t)i);
+    for (int i = 0; i < count; i++)
+        if ((numel[i] + row - 1) / row >= parallel_rows)
+            status[i] = fxdebug_moments(data[i], minus ? minus[i] : NULL,
+                                        copy_to ? copy_to[i] : NULL, numel[i], row, kind[i],
+                                        threads, parallel_rows, numel[i] <= wide_numel,
+                                        out + 10 * (int64_t)i);
     return 0;
 }
 """
