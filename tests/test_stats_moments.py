@@ -165,3 +165,22 @@ def test_summaries_of_differences_and_copies_made_while_reading(kernel, monkeypa
     if kernel == "1" and stats_native._compiler() is not None:  # which ones the C call took
         found = stats_native.moments_many(after, minus=before)
         assert [f is not None for f in found] == [True, False, False, True, False, False]
+
+
+@needs_compiler
+def test_many_tensors_give_the_same_bits_on_any_number_of_threads():
+    """moments_many shares small tensors among the threads and splits the rows of large ones:
+    each tensor's summary is the same bits either way."""
+    g = torch.Generator().manual_seed(21)
+    tensors = [torch.randn(n, generator=g) * 3 + 1 for n in (5, 3000, 70_000, 200_000, 40_000)]
+    tensors += [torch.randn(300 * 2048 + 9, generator=g), torch.randn(9000, generator=g).half()]
+    threads = torch.get_num_threads()
+    try:
+        found = []
+        for count in (1, 2, 3, 4):
+            torch.set_num_threads(count)
+            found.append(torch.stack(stats_native.moments_many(tensors)))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(found[0], other) for other in found[1:])
+    assert torch.equal(found[0][3], stats_native.moments(tensors[3]))
