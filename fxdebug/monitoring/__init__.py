@@ -4,6 +4,8 @@
 
     training_monitor.py  fxdebug.monitor(model, every=N, ...): the monitor you leave on;
                          step(loss)
+    update_copies.py     the parameters' copy for the update, in buffers kept between
+                         logged steps
     selection.py   select= by module-name pattern and module class
     statistics.py  the stats of a moment summary and their names <key>.<kind>.<stat>
     folder.py      the series folder: a JSON-lines file per rank, global lines, a manifest

@@ -8,7 +8,8 @@ Records, the saved runs, the monitor and the sharded assembly build on it::
     kernel.py          the summary of one tensor: which implementation, for which size
     native.py          the CPU's C kernel (built with the system's C compiler, where one
                        is): the summary, and the monitor's ten numbers, of many tensors
-                       from one call
+                       from one call (a difference taken, or a copy made, in the same read)
+    native_source.py   its C source
     triton_kernel.py   the Triton kernel, on a GPU with triton
     batch.py           the summaries of many small tensors at once (stats mode's captures)
     moments.py         the monitor's ten numbers (the summary with M3, M4), pooled over keys
