@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import math
 from typing import Callable, Mapping, Sequence
 
@@ -33,7 +34,8 @@ import torch
 from ..distributed.rank_group import RankGroup
 from ..errors import FxdebugError
 from .drift import drift_rows
-from .replay import StepForwards, float64_copy, instrument_all, replay_step
+from .replay import (ReplayFindings, StepForwards, float64_copy, instrument_all,
+                     replay_step)
 from .spike_report import SpikeReport
 from .spikes import NonFinite, Rule
 from .statistics import derived, split_slot
@@ -192,14 +194,10 @@ class SpikeWatch:
                 if self.ranks is None:
                     raise
                 error = exc
-        mine = {"reproduced": None, "why": "", "nonfinite": None, "where": "",
-                "divergence": None, "eps": 0.0, "compared": False, "notes": notes,
+        if findings is None:  # what a rank that did not replay says
+            findings = ReplayFindings(None, "", None, "", None, 0.0, False, [])
+        mine = {**dataclasses.asdict(findings), "notes": notes + findings.notes,
                 "error": None if error is None else repr(error)}
-        if findings is not None:
-            mine.update(reproduced=findings.reproduced, why=findings.reproduced_why,
-                        nonfinite=findings.first_nonfinite, where=findings.first_nonfinite_where,
-                        divergence=findings.first_divergence, eps=findings.divergence_eps,
-                        compared=findings.compared, notes=notes + findings.notes)
         everyone = [mine] if self.ranks is None else self.ranks.gather(mine)
         if error is not None:  # this rank's own error, after the collective that told the others
             raise FxdebugError(f"fxdebug.monitor: the replay of spike step {step} failed on "
@@ -299,15 +297,18 @@ def _report(step: int, reason: str, rank_ids: Sequence[int], everyone: list[dict
 
     replayed = [e["reproduced"] for e in everyone if e["reproduced"] is not None]
     reproduced = None if not replayed else all(replayed)
-    rank_nf, nf = lowest("nonfinite")
-    rank_div, div = lowest("divergence")
+    rank_nf, nf = lowest("first_nonfinite")
+    rank_div, div = lowest("first_divergence")
     why_entry = next((e for e in everyone if e["reproduced"] is False), everyone[0])
     notes = list(dict.fromkeys(n for e in everyone for n in e["notes"]))
-    rank = rank_div if div["divergence"] is not None else rank_nf
-    ranks = [{"rank": r, "differs": "" if e["reproduced"] is not False else e["why"]}
+    rank = rank_div if div["first_divergence"] is not None else rank_nf
+    ranks = [{"rank": r, "differs": "" if e["reproduced"] is not False else e["reproduced_why"]}
              for r, e in zip(rank_ids, everyone)] if per_rank else []
     return SpikeReport(step=step, trigger=reason, reproduced=reproduced,
-                       reproduced_why=why_entry["why"], first_nonfinite=nf["nonfinite"],
-                       first_nonfinite_where=nf["where"], first_divergence=div["divergence"],
-                       divergence_eps=div["eps"], compared=all(e["compared"] for e in everyone),
+                       reproduced_why=why_entry["reproduced_why"],
+                       first_nonfinite=nf["first_nonfinite"],
+                       first_nonfinite_where=nf["first_nonfinite_where"],
+                       first_divergence=div["first_divergence"],
+                       divergence_eps=div["divergence_eps"],
+                       compared=all(e["compared"] for e in everyone),
                        rank=rank, moved=moved, notes=notes, per_rank=ranks)
