@@ -328,8 +328,8 @@ class Monitor:
             entries += self._parameter_rows(step, "param", [
                 (key, [p.detach() for p in own]) for key, own in parameters],
                 copy_to=self._copies.targets())
-            copies = [(key, kept[begin:begin + len(own)])
-                      for (key, own), begin in zip(parameters, _starts(parameters))]
+            buffers = iter(kept)
+            copies = [(key, [next(buffers) for _ in own]) for key, own in parameters]
             entries += self._parameter_rows(step, "param_grad", [
                 (key, [p.grad.detach() for p in own if p.grad is not None])
                 for key, own in parameters])
@@ -561,15 +561,6 @@ def _value(rec, key: str, notes: list[str]) -> tuple:
     except FxdebugError as exc:  # a view written in place after its capture: not shown
         _note(notes, f"{key}: not recorded ({type(exc).__name__})")
         return None, None
-
-
-def _starts(parameters: list[tuple[str, list]]) -> list[int]:
-    """Where each module's parameters begin in the flat list of all of them."""
-    starts, begin = [], 0
-    for _, own in parameters:
-        starts.append(begin)
-        begin += len(own)
-    return starts
 
 
 def _stack(rows: list[torch.Tensor]) -> torch.Tensor:
