@@ -15,11 +15,11 @@ buffer a full plain tensor, and none of torch.distributed's machinery::
            before fully_shard's swap, its attributes, torch.distributed's forward hooks
            and flags left out, the user's hooks kept  (torch_compat.module_shell)
 
-    forward_difference(eval_outputs(copy, x), eval_outputs(model, x))    the latter a collective
-      └─ both forwards on this rank's batch (eval mode, no grad, the same seed): how far
-           the copy's output is from the sharded model's. A tensor-parallel plan that also
-           changes a module's attributes (a per-rank head count) makes a copy that computes
-           another function: this is how the caller finds out, instead of measuring it.
+    eval_outputs(copy, x), eval_outputs(model, x)                   the latter a collective
+      └─ both forwards on this rank's batch (eval mode, no grad, the same seed), for the
+           caller to compare: a tensor-parallel plan that also changes a module's
+           attributes (a per-rank head count) makes a copy that computes another function,
+           and this is how the caller finds out, instead of measuring it.
 
 The model is not changed: not its parameters, their ``.grad``, nor FSDP2's sharded or
 unsharded state. The copy's parameters are its own (cloned), on the device the shards
@@ -39,7 +39,7 @@ from .agreement import attempt, raise_if_any_failed
 from .rank_group import RankGroup, ranks_text
 from .sharded_replay import kept_parameters
 
-__all__ = ["unsharded_copy", "is_dtensor", "sharded_reason", "eval_outputs", "forward_difference"]
+__all__ = ["unsharded_copy", "is_dtensor", "sharded_reason", "eval_outputs"]
 
 
 def is_dtensor(tensor: object) -> bool:
@@ -178,20 +178,3 @@ def eval_outputs(module: torch.nn.Module, inputs: tuple) -> list[torch.Tensor]:
     finally:
         for m, mode in modes:
             m.training = mode
-
-
-def forward_difference(found: list[torch.Tensor], wanted: list[torch.Tensor]) -> float:
-    """``||found - wanted|| / ||wanted||`` in float64 over the floating tensors of two
-    :func:`eval_outputs` (``inf`` where their structure differs or a value is NaN).
-
-    >>> round(forward_difference([torch.tensor([3.0, 4.0])], [torch.tensor([3.0, 4.5])]), 4)
-    0.0925
-    """
-    if len(found) != len(wanted) or any(a.shape != b.shape for a, b in zip(found, wanted)):
-        return float("inf")
-    pairs = [(a.double(), b.double()) for a, b in zip(found, wanted) if b.is_floating_point()]
-    difference = sum((float(torch.linalg.vector_norm(a - b)) ** 2 for a, b in pairs), 0.0)
-    norm = sum((float(torch.linalg.vector_norm(b)) ** 2 for _, b in pairs), 0.0)
-    if difference != difference:
-        return float("inf")
-    return (difference / norm) ** 0.5 if norm > 0 else difference ** 0.5

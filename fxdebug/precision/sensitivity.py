@@ -5,8 +5,8 @@
     precision_sensitivity(model, *inputs, loss=None, dtypes=(...), select=None)
       ├─ a sharded model (FSDP2, tensor parallel): a collective, every rank its own batch
       │    ├─ unsharded_copy(model): full parameters, plain modules  (distributed/)
-      │    ├─ eval_outputs, forward_difference: the copy computes what the model computes
-      │    │    on each rank's batch, or an error (a plan that changed module attributes)
+      │    ├─ eval_outputs, relative_error: the copy computes what the model computes on
+      │    │    each rank's batch, or an error (a plan that changed module attributes)
       │    └─ every step's numbers combined over the ranks           (world.py)
       ├─ gm = fxdebug.trace(model, *inputs, frontend="auto"), on a private copy
       ├─ reference: the step in float64 (float64_copy)        steps.py
@@ -31,8 +31,7 @@ import torch.fx as fx
 
 from ..distributed.agreement import attempt
 from ..distributed.rank_group import RankGroup
-from ..distributed.unsharded_copy import (eval_outputs, forward_difference, sharded_reason,
-                                          unsharded_copy)
+from ..distributed.unsharded_copy import eval_outputs, sharded_reason, unsharded_copy
 from ..errors import FxdebugError, renamed_arguments
 from ..passes.fake_precision import (FakePrecision, copy_graph_module, fake_output_key,
                                      owning_module, precision_nodes)
@@ -40,7 +39,8 @@ from ..runtime.fake_casts import FLOAT8, check_dtype, range_stats
 from ..base.progress import progress
 from ..tracing.keys import META_KEY, node_key
 from .report import SensitivityEntry, SensitivityReport
-from .steps import Step, as_float64, default_loss, float64_copy, run_step, step_errors
+from .steps import (Step, as_float64, default_loss, float64_copy, relative_error, run_step,
+                    step_errors)
 from .world import World, global_error, squared_norms
 
 __all__ = ["precision_sensitivity", "Measurer"]
@@ -308,11 +308,14 @@ def _check_copy(world: World, sharded: torch.nn.Module, copy: torch.nn.Module,
     1e-3 in float32 and float64, 5e-2 in 16 bits: collectives sum in another order) on every
     rank's batch."""
     copied = _agreed(world, lambda: eval_outputs(copy, inputs))  # local: a bad batch fails here
-    difference = forward_difference(copied, eval_outputs(sharded, inputs))
+    wanted = eval_outputs(sharded, inputs)
+    same_layout = len(copied) == len(wanted) and all(
+        a.shape == b.shape for a, b in zip(copied, wanted))
+    floating = [(a, b) for a, b in zip(copied, wanted) if b.is_floating_point()]
+    difference = relative_error([a for a, _ in floating], [b for _, b in floating]) \
+        if same_layout else float("inf")
     group = world.group
-    per_rank = [0.0] * group.size
-    per_rank[group.slot] = difference
-    per_rank = world.sum(per_rank)
+    per_rank = group.gather(difference)
     dtype = next((p.dtype for p in copy.parameters() if p.is_floating_point()), torch.float32)
     tolerance = 1e-3 if dtype in (torch.float32, torch.float64) else 5e-2
     worst = max(range(len(per_rank)), key=lambda i: (per_rank[i] != per_rank[i], per_rank[i]))
