@@ -352,3 +352,25 @@ def test_a_plan_that_changes_module_attributes_is_refused_not_measured():
     assert all(same for same, _ in found)
     assert found[0][1] == found[1][1] and "does not compute what the sharded model" in found[0][1]
     assert "full_state_dict" in found[0][1]
+
+
+class _Noisy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) + torch.randn_like(x)  # random in eval mode too
+
+
+def test_eval_outputs_leave_the_rng_and_modes_as_they_were():
+    from fxdebug.distributed.unsharded_copy import eval_outputs
+    net, x = _Noisy(), torch.ones(2, 4)
+    state = torch.get_rng_state()
+    first, second = eval_outputs(net, (x,)), eval_outputs(net, (x,))
+    assert torch.equal(torch.get_rng_state(), state)  # the caller's random state untouched
+    assert torch.equal(first[0], second[0])  # both from the caller's state
+    torch.set_rng_state(state)
+    with torch.no_grad():  # ... which is the state a plain call starts from
+        assert torch.equal(net.lin(x) + torch.randn_like(x), first[0])
+    assert net.training and net.lin.training

@@ -162,9 +162,10 @@ def _copy(module: torch.nn.Module, full: dict[int, torch.Tensor],
 
 def eval_outputs(module: torch.nn.Module, inputs: tuple) -> list[torch.Tensor]:
     """The tensors of ``module(*inputs)`` (a DTensor as its full value), run in eval mode
-    (each module's mode put back after), without grad, from a fixed random state (the
-    caller's left as it was), the parameters as they were after (FSDP2's shards registered
-    again). A collective where ``module`` is sharded: every rank calls it.
+    (each module's mode put back after), without grad, from the caller's random state, which
+    is put back after (the CPU's and that of every CUDA device the module or inputs are on:
+    two calls start from the same state), the parameters as they were after (FSDP2's shards
+    registered again). A collective where ``module`` is sharded: every rank calls it.
 
     >>> [t.shape for t in eval_outputs(torch.nn.Linear(3, 2), (torch.ones(1, 3),))]
     [torch.Size([1, 2])]
@@ -172,9 +173,15 @@ def eval_outputs(module: torch.nn.Module, inputs: tuple) -> list[torch.Tensor]:
     modes = [(m, m.training) for m in module.modules()]
     module.eval()
     try:
-        with kept_parameters(module), torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
+        with kept_parameters(module), torch.no_grad(), \
+                torch.random.fork_rng(devices=_cuda_devices(module, inputs)):
             return [_full(t) for _, t in flatten_tensors(module(*inputs))]
     finally:
         for m, mode in modes:
             m.training = mode
+
+
+def _cuda_devices(module: torch.nn.Module, inputs: tuple) -> list[int]:
+    """The CUDA devices of ``module``'s parameters and buffers and of ``inputs``' tensors."""
+    tensors = [*module.parameters(), *module.buffers(), *(t for _, t in flatten_tensors(inputs))]
+    return sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
