@@ -4,6 +4,7 @@
 
     training_monitor.py  fxdebug.monitor(model, every=N, ...): the monitor you leave on;
                          step(loss)
+    moment_records.py    the logged forward's captures: the large ones summarized as made
     update_copies.py     the parameters' copy for the update, in buffers kept between
                          logged steps
     selection.py   select= by module-name pattern and module class

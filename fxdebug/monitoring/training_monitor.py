@@ -45,10 +45,12 @@ from ..distributed.rank_group import RankGroup, distributed_ready, unwrap
 from ..distributed.summaries import NO_GROUP, empty_summaries, reduce_summaries
 from ..errors import FidelityWarning, FxdebugError
 from ..instrumenting import instrument, records
+from ..runtime import RECORDER_ATTR, Recorder
 from ..stats.moments import combine_moments, pool_moments, summarize_many, summarize_moments
 from ..base.torch_compat import run_eagerly_from_compiled_code, skip_frame
 from .compiled_copy import CompiledCopy, compiled_model, runs_compiled, summary_of
 from .folder import SeriesFolder
+from .moment_records import MomentRecords
 from .pooling import RankLayout, Share
 from .selection import module_of_key, own_parameters, selected_modules
 from .sinks import check_stats, check_writer, emit
@@ -157,7 +159,7 @@ class Monitor:
         # logged forward runs under torch.compile, the eager instrumented copy
         self._compiled: CompiledCopy | None = None if inner is None else CompiledCopy(target, model)
         self._copy: torch.nn.Module | None = (
-            instrument(target, capture="modules", grads=True) if inner is None else None)
+            _logged_copy(target) if inner is None else None)
         self._folder = None if folder is None else SeriesFolder(
             folder, rank=self._ranks.rank if self._ranks else 0,
             world=self._ranks.size if self._ranks else 1,
@@ -508,6 +510,16 @@ def _warn_instance_forward(target: torch.nn.Module, own) -> None:
         f"that replacement (an autocast or output-casting wrapper does not apply to them). "
         f"Attach the monitor before wrapping forward, or put the wrapper's effect in the "
         f"model (e.g. torch.autocast around the training step).", FidelityWarning, stacklevel=4)
+
+
+def _logged_copy(target: torch.nn.Module) -> torch.nn.Module:
+    """The eager copy a logged forward runs: every selected module's output and gradient
+    captured, the large ones summarized as they are made (:mod:`.moment_records`)."""
+    copy = instrument(target, capture="modules", grads=True)
+    recorder = getattr(copy, RECORDER_ATTR, None)
+    if isinstance(recorder, Recorder):
+        recorder.records_type = MomentRecords
+    return copy
 
 
 def _check_steps(every, start, end) -> None:

@@ -105,7 +105,8 @@ def start_run(recorder) -> None:
                                                     getattr(recorder, "notes", ()),
                                                     getattr(recorder, "step", None))
     else:
-        latest = Records(grads_recorded=getattr(recorder, "records_grads", None))
+        make = getattr(recorder, "records_type", None) or Records
+        latest = make(grads_recorded=getattr(recorder, "records_grads", None))
         latest.notes.extend(getattr(recorder, "notes", ()))
         latest.step = getattr(recorder, "step", None)  # fxdebug.set_step
         recorder.latest = latest

@@ -62,6 +62,8 @@ class Recorder(torch.nn.Module):
     # (class defaults: nn.Module finds a missing attribute only after a costly failed lookup)
     run_writer = None
     step = None
+    # the Records class each forward's captures go to (a subclass of Records; None: Records)
+    records_type: type | None = None
 
     def __init__(self) -> None:
         super().__init__()
