@@ -16,7 +16,9 @@ of step over the rounds (ms, wall clock) and its ratio to the plain step (compil
 compiled plain step; the logged step also to the floor). Goals: off-step <= 1.01x plain, a
 logged step <= stats mode's step, and compiled, a logged step <= 1.05x the floor, with one
 graph per cadence (``dynamo graphs`` counts every graph compiled; it must not grow after the
-first round).
+first round). Below the table, each logged step against what it must do at least: stats
+mode's step (compiled: the floor) plus the parameters' floor (the reading row's time over the
+plain step's), a bound computed from the medians, not a step of its own.
 
 Models: a torchvision model (resnet50, input 2x3x64x64) and a GPT-2-small-shaped Hugging Face
 ``GPT2LMHeadModel`` (12 layers, 768 wide, 12 heads, random weights, a 1x64 sequence). torch.fx
@@ -209,6 +211,18 @@ def bench(label, model, inputs, loss, args):
         print(note + "\n")
     print(table(rows, ["variant", "median ms", "min ms", "vs plain (compiled: vs compiled plain)",
                        "vs floor", "dynamo graphs (round 1 -> end)"]))
+    # what a logged step must do at least: stats mode's work on the activations, plus the
+    # parameters' floor (the reading row's time over the plain step's)
+    parameters = median(times["plain step + torch reading the parameters"]) - base
+    bounds = [("logged step", median(times["fxdebug stats mode step"]) + parameters,
+               "stats mode step + the parameters' floor")]
+    if cbase is not None:
+        bounds.append(("compiled logged step", floor + parameters,
+                       "floor: leaf hooks keeping output.sum() + the parameters' floor"))
+    for name, bound, what in bounds:
+        if times.get(name):
+            print(f"\n{name} / ({what}: {1e3 * bound:.2f} ms) = "
+                  f"{median(times[name]) / bound:.3f}x")
 
 
 def main() -> None:
