@@ -320,13 +320,27 @@ def test_tensorboard_event_files_read_back_give_the_same_numbers(tmp_path):
             assert math.isclose(scalar.value, value, rel_tol=1e-6), (key, kind, stat)
 
 
-def test_a_hugging_face_gpt2_is_monitored_through_its_instrumented_parts(tmp_path):
+def one_layer_gpt2(vocab: int, positions: int) -> torch.nn.Module:
+    """A Hugging Face GPT-2 of one layer, 16 wide, random weights (seed 0)."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2,
-                                     n_positions=16, use_cache=False,
+    config = transformers.GPT2Config(vocab_size=vocab, n_embd=16, n_layer=1, n_head=2,
+                                     n_positions=positions, use_cache=False,
                                      attn_implementation="eager")
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def assert_out_and_grad(series, key: str, output: torch.Tensor) -> None:
+    """``key``'s first logged out and grad series equal float64 statistics of ``output`` (a
+    forward hook's, with retain_grad) and of its gradient."""
+    for kind, tensor in (("out", output), ("grad", output.grad)):
+        expected = reference(tensor)
+        assert_stats({stat: series.get(key, stat, kind=kind)[1][0] for stat in expected},
+                     expected, f"{key}.{kind}")
+
+
+def test_a_hugging_face_gpt2_is_monitored_through_its_instrumented_parts(tmp_path):
+    model = one_layer_gpt2(vocab=50, positions=16)
     x = torch.randint(0, 50, (2, 8))
     kept = hooked(model, ["transformer.h.0.attn.c_proj"])
     with pytest.warns(fxdebug.EagerFallbackWarning):
@@ -336,11 +350,7 @@ def test_a_hugging_face_gpt2_is_monitored_through_its_instrumented_parts(tmp_pat
             mon.step(loss)
     series = fxdebug.load_series(tmp_path)
     assert "transformer.h.0.mlp.c_fc" in series.keys() and "transformer.wte" not in series.keys()
-    value = kept["transformer.h.0.attn.c_proj"]
-    for kind, tensor in (("out", value), ("grad", value.grad)):
-        expected = reference(tensor)
-        assert_stats({stat: series.get("transformer.h.0.attn.c_proj", stat, kind=kind)[1][0]
-                      for stat in expected}, expected, f"c_proj.{kind}")
+    assert_out_and_grad(series, "transformer.h.0.attn.c_proj", kept["transformer.h.0.attn.c_proj"])
 
 
 DETERMINISM = textwrap.dedent("""

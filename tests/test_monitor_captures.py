@@ -14,7 +14,8 @@ import torch
 import fxdebug
 from fxdebug.monitoring.moment_records import AT_ONCE_NUMEL
 
-from test_monitor import assert_stats, check_series, hooked, reference, train
+from test_monitor import (assert_out_and_grad, assert_stats, check_series, hooked,
+                          one_layer_gpt2, reference, train)
 
 WIDE = 4096  # a batch of 40 makes every hidden activation 163840 values: over AT_ONCE_NUMEL
 
@@ -73,12 +74,7 @@ def test_large_activations_and_their_gradients_are_let_go_as_in_a_plain_step():
 
 
 def test_a_hugging_face_gpt2_large_logits_equal_float64_statistics(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(vocab_size=2048, n_embd=16, n_layer=1, n_head=2,
-                                     n_positions=64, use_cache=False,
-                                     attn_implementation="eager")
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config)
+    model = one_layer_gpt2(vocab=2048, positions=64)
     x = torch.randint(0, 2048, (2, 64))
     assert 2 * 64 * 2048 >= AT_ONCE_NUMEL  # the logits are summarized when made
     kept = hooked(model, ["lm_head"])
@@ -87,8 +83,4 @@ def test_a_hugging_face_gpt2_large_logits_equal_float64_statistics(tmp_path):
             loss = model(input_ids=x, labels=x).loss
             loss.backward()
             mon.step(loss)
-    series = fxdebug.load_series(tmp_path)
-    for kind, tensor in (("out", kept["lm_head"]), ("grad", kept["lm_head"].grad)):
-        expected = reference(tensor)
-        assert_stats({stat: series.get("lm_head", stat, kind=kind)[1][0] for stat in expected},
-                     expected, f"lm_head.{kind}")
+    assert_out_and_grad(fxdebug.load_series(tmp_path), "lm_head", kept["lm_head"])
