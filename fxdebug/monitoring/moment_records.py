@@ -28,13 +28,11 @@ step's end, where one call for all of them costs less than one each::
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
 import torch
 
-from ..base import torch_compat
 from ..runtime.placement import grad_layouts
-from ..runtime.records import Record, Records
+from ..runtime.records import Record, Records, SummaryCache, reused_summary
 from ..runtime.stats_batch import READY
 from ..runtime.values import flatten_tensors
 from ..stats.moments import summarize_moments
@@ -54,7 +52,7 @@ class MomentRecords(Records):
         super().__init__(grads_recorded, _of=_of)
         # this run's summaries by tensor identity: a container module's output is usually its
         # last child's, summarized once
-        self._moments: dict[int, tuple[weakref.ref, int | None, torch.Tensor]] = {}
+        self._moments: SummaryCache = {}
 
     @property
     def grads(self) -> Records:
@@ -78,16 +76,9 @@ class MomentRecords(Records):
             self.pending.append((name, op, record, READY, None))
 
     def _moments_of(self, tensor: torch.Tensor, reuse: bool) -> torch.Tensor:
-        version = torch_compat.tensor_version(tensor)
-        seen = self._moments.get(id(tensor)) if reuse else None
-        if seen is not None and seen[0]() is tensor and version is not None and seen[1] == version:
-            return seen[2]
-        summary = summarize_moments(tensor)
-        try:
-            self._moments[id(tensor)] = (weakref.ref(tensor), version, summary)
-        except TypeError:  # no weak reference to it: no reuse
-            pass
-        return summary
+        if not reuse:
+            return summarize_moments(tensor)
+        return reused_summary(self._moments, tensor, summarize_moments)
 
     def __getstate__(self):
         state = super().__getstate__()

@@ -34,9 +34,12 @@ from .stats_batch import (READY, SMALL, PendingBatch, batchable, capture_summary
 from .values import flatten_tensors
 from ..base.torch_compat import read_version
 
-__all__ = ["Records", "Record", "Stats", "tensor_stats"]
+__all__ = ["Records", "Record", "Stats", "tensor_stats", "SummaryCache", "reused_summary"]
 
 _GRAD_LOCK = threading.Lock()
+
+SummaryCache = dict[int, tuple[weakref.ref, "int | None", torch.Tensor]]
+"""Summaries taken this run, by tensor identity (a weak reference), with the version counter."""
 
 
 # Columns of Records.table a narrow terminal gives up first, and short header names.
@@ -77,7 +80,7 @@ class Records(Report):
         self._of = _of
         # Summaries taken this run, by tensor identity: a container module's output is
         # usually its last child's, and its statistics are not computed twice.
-        self._summaries: dict[int, tuple[weakref.ref, int | None, torch.Tensor]] = {}
+        self._summaries: SummaryCache = {}
         # stats mode: the small captures whose summaries are computed together (flush_stats);
         # _graphed: filled by a CUDA graph replay
         self._small = PendingBatch()
@@ -306,16 +309,7 @@ class Records(Report):
 
     def _summary(self, tensor: torch.Tensor) -> torch.Tensor:
         """``summarize(tensor)``, reused when this very tensor, unchanged, was summarized this run."""
-        seen = self._summaries.get(id(tensor))
-        version = torch_compat.tensor_version(tensor)
-        if seen is not None and seen[0]() is tensor and version is not None and seen[1] == version:
-            return seen[2]
-        summary = capture_summary(tensor)
-        try:
-            self._summaries[id(tensor)] = (weakref.ref(tensor), version, summary)
-        except TypeError:  # a tensor subclass without weak references: no reuse
-            pass
-        return summary
+        return reused_summary(self._summaries, tensor, capture_summary)
 
     def _read_stats(self) -> None:
         """Read every pending summary at once (one host read per device), after the run."""
@@ -538,6 +532,29 @@ class Records(Report):
         """The table as HTML, for Jupyter (non-finite rows marked)."""
         return (f"<div><p>{len(self._records)} tensors captured, "
                 f"{_human_bytes(self.nbytes)} held</p>{records_table_html(self)}</div>")
+
+
+def reused_summary(cache: SummaryCache, tensor: torch.Tensor, summarize) -> torch.Tensor:
+    """``summarize(tensor)``, or the summary ``cache`` holds of this very tensor at this very
+    version: a container module's output is usually its last child's, summarized once.
+
+    >>> cache: SummaryCache = {}; t = torch.ones(3)
+    >>> first = reused_summary(cache, t, torch.sum)
+    >>> reused_summary(cache, t, torch.sum) is first  # the same tensor, unchanged: reused
+    True
+    >>> _ = t.add_(1); reused_summary(cache, t, torch.sum).item()  # written since: summed again
+    6.0
+    """
+    seen = cache.get(id(tensor))
+    version = torch_compat.tensor_version(tensor)
+    if seen is not None and seen[0]() is tensor and version is not None and seen[1] == version:
+        return seen[2]
+    summary = summarize(tensor)
+    try:
+        cache[id(tensor)] = (weakref.ref(tensor), version, summary)
+    except TypeError:  # a tensor subclass without weak references: no reuse
+        pass
+    return summary
 
 
 def _key_type_message(key) -> str:
